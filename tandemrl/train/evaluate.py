@@ -69,7 +69,8 @@ def evaluate(
 
 def evaluate_config(cfg: Config) -> EvalResult:
     """`tandemrl eval`: load the configured model and score it on the test split."""
-    from tandemrl.train.setup import load_policy, resolve_device
+    from tandemrl.models.load import resolve_device
+    from tandemrl.train.setup import load_policy
 
     device = resolve_device(cfg.model.device)
     samples = load_task(cfg.data.task, cfg.data.test_split, path=cfg.data.path, limit=cfg.eval.limit,

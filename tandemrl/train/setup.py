@@ -14,9 +14,8 @@ from tandemrl.backends.hf_backend import HFBackend
 from tandemrl.config import Config, ModelConfig
 from tandemrl.data.iterator import PromptIterator
 from tandemrl.data.tasks import load_task
-from tandemrl.models.load import load_model, load_tokenizer
+from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
-from tandemrl.models.tiny import make_tiny_model
 from tandemrl.rewards.composite import CompositeReward, build_reward
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder
@@ -56,27 +55,8 @@ def default_out_dir(cfg: Config) -> Path:
     return Path("runs") / f"{task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device = {name!r} but CUDA is not available on this machine; use 'cpu' or 'auto'")
-    return device
-
-
-def resolve_model_path(cfg: ModelConfig) -> str:
-    """'tiny' means the project's own offline model, built on first use."""
-    if cfg.name_or_path != "tiny":
-        return cfg.name_or_path
-    path = Path(cfg.tiny_dir)
-    if not (path / "config.json").is_file():
-        make_tiny_model(path, seed=cfg.tiny_seed)
-    return str(path)
-
-
 def load_policy(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, object]:
-    path = resolve_model_path(cfg)
+    path = resolve_name_or_path(cfg.name_or_path, tiny_dir=cfg.tiny_dir, tiny_seed=cfg.tiny_seed)
     tokenizer = load_tokenizer(path)
     model = load_model(
         path, dtype=cfg.dtype, device=device, gradient_checkpointing=cfg.gradient_checkpointing,
