@@ -64,7 +64,7 @@ class RolloutConfig(Section):
 
 class RewardConfig(Section):
     # name (registered, or "package.module:function") -> weight
-    weights: dict[str, float] = {"accuracy": 1.0, "format": 0.1}
+    weights: dict[str, float] = {"accuracy": 1.0}
 
 
 class TrainConfig(Section):
