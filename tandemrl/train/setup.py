@@ -57,11 +57,11 @@ def default_out_dir(cfg: Config) -> Path:
 
 def load_policy(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, object]:
     path = resolve_name_or_path(cfg.name_or_path, tiny_dir=cfg.tiny_dir, tiny_seed=cfg.tiny_seed)
-    tokenizer = load_tokenizer(path)
     model = load_model(
         path, dtype=cfg.dtype, device=device, gradient_checkpointing=cfg.gradient_checkpointing,
         attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
     )
+    tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
     if cfg.lora.enabled:
         lora = cfg.lora
         model = apply_lora(model, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.target_modules)))

@@ -90,6 +90,6 @@ def _accumulate_gradients(
             return None
         loss_out.loss.backward()
         entropy = float((out.entropy * micro.loss_mask).sum()) / max(norm.total_tokens, 1e-9)
-        for key, value in {**loss_out.metrics, "loss": float(loss_out.loss), "entropy": entropy}.items():
+        for key, value in {**loss_out.metrics, "loss": float(loss_out.loss.detach()), "entropy": entropy}.items():
             totals[key] = totals.get(key, 0.0) + value
     return totals
