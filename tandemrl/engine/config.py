@@ -1,0 +1,49 @@
+"""The engine's knobs, validated with errors that name the bad field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """How the rollout engine sizes its KV cache and its batches.
+
+    ``num_blocks=None`` lets the model runner size the cache: a ``gpu_memory_utilization`` share of the GPU
+    (on CPU, the runner's own default). ``max_num_batched_tokens`` bounds the tokens COMPUTED by one prefill
+    step (prefix-cache hits are free); a single sequence longer than it still runs, alone in its step.
+    ``max_model_len=None`` means no limit beyond the pool's size (the backend fills in the model's own).
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    gpu_memory_utilization: float = 0.3
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
+    max_model_len: int | None = None
+
+    def validate(self) -> None:
+        _positive_int("block_size", self.block_size)
+        if self.num_blocks is not None:
+            _positive_int("num_blocks", self.num_blocks)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], "
+                             f"got {self.gpu_memory_utilization}")
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # a decode step computes one token per running sequence; it must fit the budget
+            raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs})")
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        for name in ("enable_prefix_caching", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")

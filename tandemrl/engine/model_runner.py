@@ -1,0 +1,234 @@
+"""The model runner: owns the paged KV cache, turns scheduled Sequences into one forward, samples the next tokens.
+
+`run(seqs, is_prefill)` builds packed input ids, positions, slot mappings and block tables from the Sequence
+objects, runs `forward.forward_hidden` over the trainer's own modules (zero copy) under inference mode with the
+model in eval mode, takes logits of the sampled positions only, and samples with the shared sampler. On CUDA,
+decode replays CUDA graphs captured per batch bucket (see cuda_graphs.py). One host sync per step: the result.
+
+The cache holds one extra block past `num_blocks` (the scratch block): CUDA-graph padding rows write there, so
+block ids 0 .. num_blocks-1 all belong to the block manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence as Seq
+
+import torch
+from torch import Tensor, nn
+
+from tandemrl.backends.sampler import sample_tokens
+from tandemrl.engine.attention import DecodeMeta, build_prefill_meta, triton_decode_available
+from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
+from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
+from tandemrl.engine.sequence import Sequence
+from tandemrl.types import SamplingParams
+
+CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
+# Kept free on the GPU beside the cache: the sampler's [rows, vocab] float32 temporaries for a full decode batch
+# (about a dozen of them, sort indices included) plus a fixed slack for prefill activations and graph pools.
+_SAMPLER_ROWS, _SAMPLER_TEMPS, _SLACK_BYTES = 256, 12, 512 * 1024 * 1024
+
+
+class ModelRunner:
+    """Forward + sampling over a paged KV cache for Qwen2/Qwen3/Llama/Mistral models (maybe peft-wrapped).
+
+    model: the trainer's model, used in place. device: where the model lives (default: its embedding's device).
+    max_model_len: longest sequence (default the config's max_position_embeddings). enforce_eager: no CUDA
+    graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
+    """
+
+    def __init__(
+        self, model: nn.Module, device: torch.device | str | None = None, block_size: int = 16, *,
+        max_model_len: int | None = None, enforce_eager: bool = False, attention_backend: str = "auto",
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.model = model
+        self.spec = inspect_decoder(model)
+        self.device = torch.device(device) if device is not None else self.spec.device
+        self.block_size = block_size
+        self.max_model_len = int(max_model_len or self.spec.max_position_embeddings or 4096)
+        self.enforce_eager = enforce_eager or self.device.type != "cuda"
+        self.use_triton = _pick_backend(attention_backend, self.device)
+        self.num_blocks = 0
+        self.k_caches: list[Tensor] = []
+        self.v_caches: list[Tensor] = []
+        self._graphs: DecodeGraphs | None = None
+        self._rng: tuple[int, torch.Generator] | None = None
+        self._modules = list(model.modules())
+
+    # ------------------------------------------------------------------ KV cache
+
+    def bytes_per_block(self, block_size: int | None = None) -> int:
+        """K and V of every layer for one block."""
+        s = self.spec
+        elem = torch.empty((), dtype=s.dtype).element_size()
+        return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * elem
+
+    def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
+        """Blocks the cache may have. CUDA: a `gpu_memory_utilization` share of the device's memory, bounded by
+        what is free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB."""
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            reserve = _SAMPLER_ROWS * _SAMPLER_TEMPS * self.spec.vocab_size * 4 + _SLACK_BYTES
+            budget = min(gpu_memory_utilization * total, free - reserve)
+        else:
+            budget = CPU_KV_BUDGET_BYTES
+        return max(0, int(budget // self.bytes_per_block(block_size)) - 1)  # minus the scratch block
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocate (zeroed, so masked-out slots are finite) K/V for `num_blocks` blocks plus the scratch block."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.free_kv_cache()
+        s = self.spec
+        shape = (2, s.num_layers, num_blocks + 1, self.block_size, s.num_kv_heads, s.head_dim)
+        kv = torch.zeros(shape, dtype=s.dtype, device=self.device)
+        self.k_caches = list(kv[0].unbind(0))
+        self.v_caches = list(kv[1].unbind(0))
+        self.num_blocks = num_blocks
+
+    def free_kv_cache(self) -> None:
+        """Drop the cache and the CUDA graphs (their buffers and pool) and hand the memory back to the device."""
+        self._graphs = None
+        self.k_caches, self.v_caches = [], []
+        self.num_blocks = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def reset_rng(self) -> None:
+        """Forget the seeded generator: the next seeded step starts its stream afresh (call at each new run)."""
+        self._rng = None
+
+    # ------------------------------------------------------------------ one step
+
+    def run(self, seqs: Seq[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]:
+        """One forward for `seqs` and one sampled token per sequence: (token ids, their log-probs)."""
+        if not seqs:
+            return [], []
+        if not self.k_caches:
+            raise RuntimeError("ModelRunner has no KV cache: call allocate_kv_cache(num_blocks) first")
+        with _eval_mode(self._modules), torch.inference_mode():
+            hidden = self._prefill(seqs) if is_prefill else self._decode(seqs)
+            logits = compute_logits(self.spec, hidden)
+            tokens, logprobs = self._sample(seqs, logits)
+            host = torch.stack((tokens.double(), logprobs.double())).cpu()  # the step's one host sync
+        return [int(t) for t in host[0].tolist()], host[1].tolist()
+
+    def _prefill(self, seqs: Seq[Sequence]) -> Tensor:
+        ids: list[int] = []
+        query_lens, context_lens = [], []
+        for seq in seqs:
+            self._check(seq, whole_table=True)
+            # A fully cached sequence still recomputes its last token: we need that position's logits.
+            start = min(seq.num_cached_tokens, seq.num_tokens - 1)
+            ids.extend(seq.token_ids[start:])
+            query_lens.append(seq.num_tokens - start)
+            context_lens.append(seq.num_tokens)
+        meta = build_prefill_meta(query_lens, context_lens, self._block_tables(seqs), self.block_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
+        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows)
+
+    def _decode(self, seqs: Seq[Sequence]) -> Tensor:
+        bs = self.block_size
+        rows = []
+        for seq in seqs:
+            self._check(seq, whole_table=False)
+            pos = seq.num_tokens - 1
+            rows.append((seq.last_token, pos, seq.block_table[pos // bs] * bs + pos % bs, seq.num_tokens))
+        columns = torch.tensor(list(zip(*rows)), dtype=torch.long, device=self.device)  # [4, B]: rows contiguous
+        ids, positions, slots, context_lens = columns.unbind(0)
+        tables = self._block_tables(seqs).to(self.device, non_blocking=True)
+        if not self.enforce_eager and batch_bucket(len(seqs)) is not None:
+            return self._decode_graphs().run(ids, positions, slots, context_lens, tables)
+        meta = DecodeMeta(positions=positions, slot_mapping=slots, block_tables=tables, context_lens=context_lens,
+                          use_triton=self.use_triton)
+        return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches)
+
+    def _decode_graphs(self) -> DecodeGraphs:
+        if self._graphs is None:
+            spec, k_caches, v_caches = self.spec, self.k_caches, self.v_caches
+
+            def forward(input_ids: Tensor, meta: DecodeMeta) -> Tensor:
+                return forward_hidden(spec, input_ids, meta, k_caches, v_caches)
+
+            self._graphs = DecodeGraphs(
+                forward, self.device, scratch_block=self.num_blocks, block_size=self.block_size,
+                max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
+                use_triton=self.use_triton)
+        return self._graphs
+
+    def _block_tables(self, seqs: Seq[Sequence]) -> Tensor:
+        """[S, W] long on the host: the blocks holding each context (blocks reserved beyond it are left out),
+        rows padded with the scratch block (a valid id nobody owns)."""
+        bs = self.block_size
+        tables = [seq.block_table[:-(-seq.num_tokens // bs)] for seq in seqs]
+        width = max(len(t) for t in tables)
+        pad = self.num_blocks
+        return torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
+
+    def _check(self, seq: Sequence, whole_table: bool) -> None:
+        """Clear errors for what would otherwise be an out-of-bounds write on the device."""
+        n, bs = seq.num_tokens, self.block_size
+        if n == 0:
+            raise ValueError(f"sequence {seq.seq_id} has no tokens")
+        if n > self.max_model_len:
+            raise ValueError(f"sequence {seq.seq_id} has {n} tokens, more than max_model_len {self.max_model_len}")
+        if len(seq.block_table) * bs < n:
+            raise ValueError(f"sequence {seq.seq_id} has {n} tokens but {len(seq.block_table)} blocks of {bs}")
+        blocks = seq.block_table if whole_table else seq.block_table[(n - 1) // bs:(n - 1) // bs + 1]
+        if any(not 0 <= b < self.num_blocks for b in blocks):
+            raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {self.num_blocks}): {seq.block_table}")
+
+    # ------------------------------------------------------------------ sampling
+
+    def _sample(self, seqs: Seq[Sequence], logits: Tensor) -> tuple[Tensor, Tensor]:
+        params = [seq.params for seq in seqs]
+
+        def col(values: list, dtype: torch.dtype) -> Tensor:
+            return torch.tensor(values, dtype=dtype, device=logits.device)
+
+        return sample_tokens(
+            logits, col([p.temperature for p in params], torch.float32), col([p.top_p for p in params], torch.float32),
+            col([p.top_k for p in params], torch.long), self._generator(params),
+            apply_filters=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params))
+
+    def _generator(self, params: list[SamplingParams]) -> torch.Generator | None:
+        """One generator, seeded from the first seeded sequence and kept across steps (reseeded when that seed
+        changes), so a seeded run with the same schedule reproduces its tokens."""
+        seed = next((p.seed for p in params if p.seed is not None), None)
+        if seed is None:
+            return None
+        if self._rng is None or self._rng[0] != seed:
+            self._rng = (seed, torch.Generator(device=self.device).manual_seed(int(seed)))
+        return self._rng[1]
+
+
+def _pick_backend(name: str, device: torch.device) -> bool:
+    """Whether decode uses the Triton kernel."""
+    if name == "auto":
+        return triton_decode_available(device)
+    if name == "triton":
+        if not triton_decode_available(device):
+            raise ValueError(f"attention_backend='triton' needs the triton package and a CUDA device (got {device})")
+        return True
+    if name == "sdpa":
+        return False
+    raise ValueError(f"attention_backend must be 'auto', 'triton' or 'sdpa', got {name!r}")
+
+
+@contextlib.contextmanager
+def _eval_mode(modules: list[nn.Module]) -> Iterator[None]:
+    """Eval mode (dropout off, e.g. LoRA dropout) for the step; modules that were training get it back after."""
+    training = [m for m in modules if m.training]
+    for m in training:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True
