@@ -18,7 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from tandemrl.algo.advantages import ADVANTAGES
+from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.hf_backend import HFBackend
+from tandemrl.engine.config import EngineConfig
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import build_batch
 from tandemrl.train.optim import build_optimizer, build_scheduler
@@ -77,6 +79,15 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, seed: int)
     return StepTiming(rollout_s, train_s, peak, sum(len(r.completion_ids) for r in rollouts))
 
 
+def make_backend(args: argparse.Namespace, model, device: torch.device):
+    if args.backend == "hf":
+        return HFBackend(model, None, max_batch_size=args.prompts * args.group, device=device)
+    per_block = 2 * model.config.num_hidden_layers * 16 * model.config.num_key_value_heads * \
+        (model.config.hidden_size // model.config.num_attention_heads) * model.dtype.itemsize
+    num_blocks = int(args.kv_gib * 2**30 // per_block)
+    return EngineBackend(model, None, EngineConfig(num_blocks=num_blocks), device=device)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -92,13 +103,15 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--backend", choices=["hf", "engine"], default="hf")
+    parser.add_argument("--kv-gib", type=float, default=1.0, help="engine KV cache size")
     parser.add_argument("--out", type=Path, default=Path("bench/out/grpo_step.json"))
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, args.gradient_checkpointing)
-    backend = HFBackend(model, None, max_batch_size=args.prompts * args.group, device=device)
+    backend = make_backend(args, model, device)
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
@@ -110,7 +123,7 @@ def main() -> None:
         "date": date.today().isoformat(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "arch": args.arch, "prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
+        "arch": args.arch, "backend": args.backend, "prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "micro_batch": args.micro_batch,
         "gradient_checkpointing": args.gradient_checkpointing,
         "runs": [t.__dict__ for t in timings],
@@ -120,8 +133,8 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| device | arch | shape | rollout s | train s | step s | peak GiB | rollout tok/s |")
-    print(f"| {result['device']} | {args.arch} | {args.prompts}x{args.group}x{args.new_tokens} | "
+    print(f"| device | backend | arch | shape | rollout s | train s | step s | peak GiB | rollout tok/s |")
+    print(f"| {result['device']} | {args.backend} | {args.arch} | {args.prompts}x{args.group}x{args.new_tokens} | "
           f"{best.rollout_s:.2f} | {best.train_s:.2f} | {result['step_s']:.2f} | {result['peak_gib']:.1f} | "
           f"{result['rollout_tokens_per_s']:.0f} |")
 

@@ -50,7 +50,7 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["engine", "hf"] = "engine"  # engine: paged KV cache; hf: plain batched decoding
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2, description="samples per prompt; GRPO needs at least 2")
     max_tokens: int = Field(6, ge=1)
@@ -60,6 +60,18 @@ class RolloutConfig(Section):
     stop: list[str] = []
     ignore_eos: bool = False
     max_batch_size: int = Field(256, ge=1)
+
+
+class EngineSection(Section):
+    """The paged rollout engine (rollout.backend = "engine")."""
+
+    block_size: int = Field(16, ge=1)
+    num_blocks: int | None = Field(None, ge=1, description="KV blocks; None = gpu_memory_utilization of the GPU")
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(16384, ge=1)
+    enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
 
 
 class RewardConfig(Section):
@@ -112,6 +124,7 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
+    engine: EngineSection = EngineSection()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()

@@ -7,7 +7,6 @@ tokenizer and config into an ``LLMEngine`` and maps the backend protocol onto it
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any, Sequence
 
 import torch
@@ -33,7 +32,8 @@ class EngineBackend:
         config.validate()
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.runner = ModelRunner(model, self.device, config.block_size, **_runner_options(ModelRunner, config))
+        self.runner = ModelRunner(model, self.device, config.block_size, max_model_len=config.max_model_len,
+                                  enforce_eager=not config.cuda_graphs)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, _eos_ids(model, tokenizer))
@@ -73,15 +73,3 @@ class EngineBackend:
         self.model = None  # type: ignore[assignment]  # the trainer owns the model; drop our references
         self.runner = None  # type: ignore[assignment]
 
-
-def _runner_options(runner_cls: type, config: EngineConfig) -> dict[str, Any]:
-    """The config's knobs that this ModelRunner's constructor takes (its keyword names are its own)."""
-    names = inspect.signature(runner_cls).parameters
-    options: dict[str, Any] = {}
-    if "max_model_len" in names:
-        options["max_model_len"] = config.max_model_len
-    if "enforce_eager" in names:
-        options["enforce_eager"] = not config.cuda_graphs
-    elif "cuda_graphs" in names:
-        options["cuda_graphs"] = config.cuda_graphs
-    return options

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tandemrl.backends.base import RolloutBackend
-from tandemrl.backends.hf_backend import HFBackend
+from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config
 from tandemrl.data.tasks import load_task
 from tandemrl.rewards.composite import CompositeReward, build_reward
@@ -76,6 +76,6 @@ def evaluate_config(cfg: Config) -> EvalResult:
     samples = load_task(cfg.data.task, cfg.data.test_split, path=cfg.data.path, limit=cfg.eval.limit,
                         seed=cfg.train.seed)
     model, tokenizer = load_policy(cfg.model, device)
-    backend = HFBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device)
+    backend = make_backend(cfg, model, tokenizer, device)
     encoder = PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt)
     return evaluate(backend, encoder, samples, build_reward(cfg.reward.weights), cfg, policy_version=0)

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tandemrl.backends.hf_backend import HFBackend
+from tandemrl.backends.base import RolloutBackend
+from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config, ModelConfig
 from tandemrl.data.iterator import PromptIterator
 from tandemrl.data.tasks import load_task
@@ -41,7 +42,7 @@ class Run:
     model: nn.Module
     tokenizer: object
     encoder: PromptEncoder
-    backend: HFBackend
+    backend: RolloutBackend
     reward: CompositeReward
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -86,7 +87,7 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
         encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt),
-        backend=HFBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device),
+        backend=make_backend(cfg, model, tokenizer, device),
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model,
