@@ -422,7 +422,7 @@ def test_engine_backend_wires_the_runner(monkeypatch):
 
     made = []
 
-    def fake_runner(model, device, block_size):
+    def fake_runner(model, device, block_size, **options):
         assert block_size == BS and isinstance(device, torch.device)
         made.append(FakeRunner(blocks_that_fit=32))
         return made[-1]

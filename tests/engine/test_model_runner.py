@@ -86,7 +86,7 @@ def runner_for(model, num_blocks: int = 64, **kwargs) -> ModelRunner:
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, output_logits=True,
+    out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=new_tokens, do_sample=False, output_logits=True,
                          return_dict_in_generate=True)
     ids = out.sequences[0, len(prompt):].tolist()
     lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(out.logits, ids)]
@@ -95,7 +95,7 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], lis
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
+        return model(torch.tensor([ids], device=model.device)).logits[0].float()
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

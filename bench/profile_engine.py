@@ -1,0 +1,48 @@
+"""Where a decode step's time goes: cProfile of the host side and torch.profiler of the device side.
+
+python -m bench.profile_engine --arch qwen2.5-0.5b --batch 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+
+import torch
+
+from bench.engine_throughput import engine_run, random_prompts
+from bench.grpo_step import ARCHITECTURES, build_model
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.engine.config import EngineConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()
+    backend = EngineBackend(model, None, EngineConfig(num_blocks=4096), device=device)
+    prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
+    engine_run(backend, prompts, args.new_tokens)  # warm-up and graph capture
+    profile = cProfile.Profile()
+    profile.enable()
+    engine_run(backend, prompts, args.new_tokens)
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        engine_run(backend, prompts, args.new_tokens)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
