@@ -53,7 +53,7 @@ class RolloutConfig(Section):
     backend: Literal["engine", "hf"] = "engine"  # engine: paged KV cache; hf: plain batched decoding
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2, description="samples per prompt; GRPO needs at least 2")
-    max_tokens: int = Field(6, ge=1)
+    max_tokens: int = Field(3, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
@@ -80,9 +80,9 @@ class RewardConfig(Section):
 
 
 class TrainConfig(Section):
-    max_steps: int = Field(150, ge=1)
+    max_steps: int = Field(800, ge=1)
     seed: int = 0
-    lr: float = Field(3e-3, gt=0.0)
+    lr: float = Field(1e-3, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -110,7 +110,7 @@ class EvalConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every_steps: int = Field(50, ge=0)  # 0 = only at the end
+    every_steps: int = Field(200, ge=0)  # 0 = only at the end
     keep_last: int = Field(2, ge=1)
 
 
