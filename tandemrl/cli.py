@@ -55,6 +55,13 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
                         help="override one config value (repeatable)")
 
 
+def _quiet_transformers() -> None:
+    """Our own progress display replaces transformers' per-file loading bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _train(args: argparse.Namespace) -> int:
     from tandemrl.config import load_config
     from tandemrl.train.loop import train
@@ -66,6 +73,7 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError("--resume needs --out DIR: the run directory to continue")
         config_path = config_path or args.out / "config.toml"
     cfg = load_config(config_path, args.overrides)
+    _quiet_transformers()
     out_dir = args.out or (Path(cfg.log.out_dir) if cfg.log.out_dir else default_out_dir(cfg))
     summary = train(cfg, out_dir, resume=args.resume)
     initial, final = summary["initial"]["accuracy"], summary["final"]["accuracy"]
@@ -78,6 +86,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tandemrl.train.evaluate import evaluate_config
 
     overrides = list(args.overrides) + ([f'model.name_or_path="{args.model}"'] if args.model else [])
+    _quiet_transformers()
     result = evaluate_config(load_config(args.config, overrides))
     if args.json:
         print(json.dumps(result.to_dict()))

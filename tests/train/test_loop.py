@@ -142,3 +142,21 @@ def test_the_same_loop_trains_in_bf16_on_a_gpu(tmp_path):
     rows = read_rows(tmp_path / "run")
     assert summary["steps"] == 3
     assert all(rows[s]["skipped_nonfinite"] == 0 and rows[s]["memory/peak_gb"] > 0 for s in (1, 2, 3))
+
+
+@pytest.mark.parametrize("overrides", [
+    ("model.lora.enabled=true", "model.lora.rank=4", "train.kl_beta=0.05"),  # reference = base model, adapter off
+    ("train.kl_beta=0.05", "train.epochs_per_batch=2", "train.mini_batches=2", "train.micro_batch_size=3"),
+    ("rollout.backend=hf", "train.aggregation=seq-mean-token-sum-norm", "train.advantage=dr_grpo"),
+    ("model.gradient_checkpointing=true", "train.aggregation=seq-mean-token-mean", "train.lr_schedule=cosine"),
+])
+def test_training_variants_run_and_report_finite_metrics(tmp_path, overrides):
+    cfg = small_config(tmp_path, "train.max_steps=2", "checkpoint.every_steps=0", "eval.pass_k=0", *overrides)
+    summary = train(cfg, tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
+    assert summary["steps"] == 2
+    for step in (1, 2):
+        assert rows[step]["skipped_nonfinite"] == 0
+        assert all(rows[step][k] is not None for k in ("loss", "kl", "entropy", "grad_norm"))
+    if cfg.train.kl_beta > 0:
+        assert rows[2]["kl"] >= 0.0
