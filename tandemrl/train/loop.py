@@ -18,7 +18,7 @@ from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
 from tandemrl.telemetry.writers import make_writers
-from tandemrl.train.batch import build_batch
+from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.logprobs import completion_logprobs
 from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params
@@ -105,7 +105,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     }
 
 
-def attach_fixed_logprobs(run: Run, batch) -> None:
+def attach_fixed_logprobs(run: Run, batch: TrainBatch) -> None:
     """Log-probs that stay fixed through the update: the sampling policy's (when it is reused) and the reference's."""
     cfg = run.cfg.train
     temperature, chunk = run.cfg.rollout.temperature, cfg.logprob_chunk_size

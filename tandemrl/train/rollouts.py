@@ -10,7 +10,7 @@ from torch import Tensor
 from tandemrl.algo.advantages import ADVANTAGES
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.config import RolloutConfig
-from tandemrl.data.tasks import format_prompt
+from tandemrl.data.tasks import format_prompt, reward_columns
 from tandemrl.rewards.composite import CompositeReward, RewardResult
 from tandemrl.rewards.functions import REWARD_FUNCTIONS
 from tandemrl.types import Request, Rollout, Sample, SamplingParams
@@ -39,16 +39,6 @@ class ScoredRollouts:
     reward: RewardResult
     correct: list[bool]
 
-    def columns(self) -> dict[str, list]:
-        return columns_of(self.samples)
-
-
-def columns_of(samples: list[Sample]) -> dict[str, list]:
-    columns: dict[str, list] = {"answer": [s.answer for s in samples]}
-    for key in samples[0].columns if samples else []:
-        columns[key] = [s.columns.get(key) for s in samples]
-    return columns
-
 
 def generate_and_score(
     backend: RolloutBackend,
@@ -68,7 +58,7 @@ def generate_and_score(
     ]
     rollouts = backend.generate(requests, policy_version=policy_version)
     completions = [r.text for r in rollouts]
-    columns = columns_of(expanded)
+    columns = reward_columns(expanded)
     result = reward(prompts, completions, columns)
     accuracy = REWARD_FUNCTIONS["accuracy"](prompts, completions, **columns)
     correct = [a == 1.0 for a in accuracy]
