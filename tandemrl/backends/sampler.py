@@ -34,10 +34,12 @@ def sample_tokens(
     vocab = logits.shape[-1]
     greedy = temperature <= 0
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
-    scaled = logits / temp.unsqueeze(-1)
+    scaled = logits / temp.unsqueeze(-1)  # greedy rows: exactly the raw logits (x / 1.0 == x)
 
-    noise = torch.empty_like(scaled).exponential_(1.0, generator=generator)
-    neg_log_noise = -noise.clamp_min_(torch.finfo(noise.dtype).tiny).log_()
+    # -log E, E ~ Exp(1), computed in place: argmax(logp - log E) draws from softmax(logp)
+    neg_log_noise = torch.empty_like(scaled).exponential_(1.0, generator=generator)
+    neg_log_noise.clamp_min_(torch.finfo(neg_log_noise.dtype).tiny).log_().neg_()
+    greedy_tok = logits.argmax(dim=-1, keepdim=True)
 
     if apply_filters:
         sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
@@ -55,14 +57,16 @@ def sample_tokens(
         choice = (logp + neg_log_noise).argmax(dim=-1, keepdim=True)
         sampled = sorted_idx.gather(-1, choice).squeeze(-1)
         sampled_logp = logp.gather(-1, choice).squeeze(-1)
+        # greedy rows report the raw distribution's log-prob: a reduction, not a second full log_softmax
+        greedy_logp = logits.gather(-1, greedy_tok).squeeze(-1) - logits.logsumexp(dim=-1)
     else:
+        # One full-vocabulary log_softmax serves the sampled rows and the greedy ones (whose scaled == logits).
         logp = scaled.log_softmax(dim=-1)
-        choice = (logp + neg_log_noise).argmax(dim=-1, keepdim=True)
+        choice = neg_log_noise.add_(logp).argmax(dim=-1, keepdim=True)
         sampled = choice.squeeze(-1)
         sampled_logp = logp.gather(-1, choice).squeeze(-1)
+        greedy_logp = logp.gather(-1, greedy_tok).squeeze(-1)
 
-    greedy_tok = logits.argmax(dim=-1, keepdim=True)
-    greedy_logp = logits.log_softmax(dim=-1).gather(-1, greedy_tok).squeeze(-1)
     tokens = torch.where(greedy, greedy_tok.squeeze(-1), sampled)
     logprobs = torch.where(greedy, greedy_logp, sampled_logp)
     return tokens, logprobs

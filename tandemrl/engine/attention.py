@@ -52,6 +52,7 @@ class DecodeMeta:
     block_tables: Tensor  # [B, W] long
     context_lens: Tensor  # [B] long: tokens in each context, the new one included (= position + 1)
     use_triton: bool = False
+    opaque_attention: bool = False  # hide the attention call from torch.compile (see compile.py)
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -145,9 +146,21 @@ def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta, scale: float, window: int | None
 ) -> Tensor:
     """q [B, H, D] (one token per sequence, at position context_len - 1) -> [B, H, D]."""
+    if meta.opaque_attention:
+        return _opaque_decode_attention(q, k_cache, v_cache, meta, scale, window)
+    return _decode_attention(q, k_cache, v_cache, meta, scale, window)
+
+
+def _decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta, scale: float, window: int | None
+) -> Tensor:
     if meta.use_triton:
         return triton_paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
     return sdpa_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
+
+
+# torch.compile runs this eagerly (a graph break) when it cannot trace the Triton launcher.
+_opaque_decode_attention = torch.compiler.disable(_decode_attention)
 
 
 def sdpa_decode(
@@ -186,15 +199,16 @@ def triton_paged_decode(
     B, H, D = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     group = H // kv_heads
-    # The kernel indexes context_lens and each block-table row with unit stride.
-    q, context_lens, block_tables = q.contiguous(), context_lens.contiguous(), block_tables.contiguous()
+    # The kernel indexes context_lens with unit stride; block tables may be strided (CUDA graphs stage them
+    # column-major).
+    q, context_lens = q.contiguous(), context_lens.contiguous()
     out = torch.empty_like(q)
     _paged_decode_kernel[(B, kv_heads)](
         q, k_cache, v_cache, block_tables, context_lens, out,
         scale, window if window is not None else 0,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
+        block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=64,
@@ -211,7 +225,7 @@ if triton is not None:
         scale, window,
         stride_qb, stride_qh,
         stride_kblk, stride_kslot, stride_kh,
-        stride_btb,
+        stride_btb, stride_btn,
         stride_ob, stride_oh,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -234,7 +248,8 @@ if triton is not None:
         for n0 in range(start, ctx, BLOCK_N):
             tok = n0 + tl.arange(0, BLOCK_N)
             t_mask = tok < ctx
-            blk = tl.load(bt_ptr + b * stride_btb + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+            bt_off = b * stride_btb + (tok // BLOCK_SIZE) * stride_btn
+            blk = tl.load(bt_ptr + bt_off, mask=t_mask, other=0).to(tl.int64)
             off = blk * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
             nd_mask = t_mask[:, None] & (d < HEAD_DIM)[None, :]
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)

@@ -129,9 +129,24 @@ class BlockManager:
 
         The block just filled (all its tokens computed by now) is registered in the prefix cache.
         """
-        if self._blocks_missing(seq) == 0:
-            return
-        if self._blocks_missing(seq) > 1:
+        missing = self._blocks_missing(seq)
+        if missing:
+            self._append_block(seq, missing)
+
+    def try_append_all(self, seqs: list[Sequence]) -> bool:
+        """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
+        case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
+        bs = self.block_size
+        missing = [(len(s.token_ids) + bs - 1) // bs - len(s.block_table) for s in seqs]
+        if sum(m for m in missing if m > 0) > len(self._free):
+            return False
+        for seq, m in zip(seqs, missing):
+            if m > 0:
+                self._append_block(seq, m)
+        return True
+
+    def _append_block(self, seq: Sequence, missing: int) -> None:
+        if missing > 1:
             raise RuntimeError(f"sequence {seq.seq_id} holds {len(seq.block_table)} blocks for "
                                f"{seq.num_tokens} tokens: more than one token appended since the last step")
         if self.enable_prefix_caching and seq.block_table:
@@ -141,7 +156,7 @@ class BlockManager:
     # ------------------------------------------------------------------ helpers
 
     def _blocks_missing(self, seq: Sequence) -> int:
-        return max(0, seq.num_blocks(self.block_size) - len(seq.block_table))
+        return max(0, (len(seq.token_ids) + self.block_size - 1) // self.block_size - len(seq.block_table))
 
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
         return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]

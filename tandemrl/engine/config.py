@@ -22,6 +22,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 16384
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
+    compile_decode: bool = True  # torch.compile the graphed decode forward (CUDA graphs on CUDA only)
     max_model_len: int | None = None
 
     def validate(self) -> None:
@@ -39,7 +40,7 @@ class EngineConfig:
                              f"max_num_seqs ({self.max_num_seqs})")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
-        for name in ("enable_prefix_caching", "cuda_graphs"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "compile_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

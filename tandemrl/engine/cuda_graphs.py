@@ -8,12 +8,21 @@ an in-place optimizer update is seen by the next replay; replacing a parameter t
 so call ``free_kv_cache()`` on the runner (which drops the graphs) after doing that. For the same reason, toggling
 peft adapters (merge, disable) needs the graphs dropped too.
 
+Staging is one host-to-device copy per step: the host writes every input of the step (ids, positions, slots,
+context lengths, block table) into one pinned buffer, laid out as the graph of that (bucket, width) reads them from
+the matching device buffer: ``[ids | positions | slots | context_lens | table]`` with the table column-major
+(``[width, bucket]`` viewed as ``[bucket, width]``), so the columns a batch uses form one contiguous prefix and
+the copy moves only those (the Triton kernel never reads past a row's context; SDPA graphs copy every column).
+
+The forward may be a ``torch.compile``d callable (see compile.py): its warm-up run compiles, then we capture.
+
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
 graph's private output stays small and the sampler's generator is never captured.
 """
 
 from __future__ import annotations
 
+import array
 from typing import Callable
 
 import torch
@@ -32,7 +41,7 @@ def batch_bucket(batch: int) -> int | None:
 
 
 class DecodeGraphs:
-    """Captured decode forwards over static input buffers; see the module docstring."""
+    """Captured decode forwards over one static input buffer; see the module docstring."""
 
     def __init__(
         self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
@@ -46,11 +55,12 @@ class DecodeGraphs:
         self.fixed_width = fixed_width  # the Triton kernel reads only context_len tokens: one width suffices
         self.use_triton = use_triton
         rows = BATCH_BUCKETS[-1]
-        self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.slots = torch.zeros(rows, dtype=torch.long, device=device)
-        self.context_lens = torch.ones(rows, dtype=torch.long, device=device)
-        self.tables: dict[int, Tensor] = {}  # width -> [rows, width] block ids
+        size = 4 * rows + rows * max_width
+        pinned = device.type == "cuda"
+        # Every slot starts as a valid block id / scratch value, so no column a graph may read is ever garbage.
+        self.host = torch.empty(size, dtype=torch.long, pin_memory=pinned).fill_(scratch_block)
+        self.static = torch.full((size,), scratch_block, dtype=torch.long, device=device)
+        self._copied = torch.cuda.Event() if pinned else None  # the host buffer is free once this completes
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # shared by captures
 
@@ -62,53 +72,58 @@ class DecodeGraphs:
             return self.max_width
         return min(self.max_width, 1 << max(0, blocks - 1).bit_length())
 
-    def run(self, input_ids: Tensor, positions: Tensor, slots: Tensor, context_lens: Tensor,
-            block_tables: Tensor) -> Tensor:
-        """Inputs for B <= 256 rows (any device); block_tables [B, w]. Returns hidden [B, hidden] (a view of
-        the graph's output, valid until the next replay of that graph)."""
-        B, w = block_tables.shape
+    def run(self, input_ids: list[int], positions: list[int], slots: list[int], context_lens: list[int],
+            block_tables: list[list[int]]) -> Tensor:
+        """Host-side inputs for B <= 256 rows; block_tables[i] lists the blocks holding row i's context.
+        Returns hidden [B, hidden] (a view of the graph's output, valid until the next replay of that graph)."""
+        B = len(input_ids)
         bucket = batch_bucket(B)
         if bucket is None:
             raise ValueError(f"batch {B} is larger than the largest CUDA graph bucket {BATCH_BUCKETS[-1]}")
+        w = max(len(t) for t in block_tables)
         width = self.width_for(w)
-        table = self._table(width)
-        self._stage(self.input_ids, input_ids, bucket, 0)
-        self._stage(self.positions, positions, bucket, 0)
-        self._stage(self.slots, slots, bucket, self.scratch_slot)
-        self._stage(self.context_lens, context_lens, bucket, 1)
-        table[:B, :w].copy_(block_tables, non_blocking=True)
-        table[:B, w:width].fill_(self.scratch_block)
-        table[B:bucket].fill_(self.scratch_block)
+        cols = w if self.fixed_width else width  # SDPA gathers every column of its width: copy them all
+        n = self._fill_host(bucket, cols, (input_ids, positions, slots, context_lens), block_tables)
+        self.static[:n].copy_(self.host[:n], non_blocking=True)  # the step's one H2D copy
+        if self._copied is not None:
+            self._copied.record()
         key = (bucket, width)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(bucket, table)
+            self.graphs[key] = self._capture(bucket, width)
         graph, out = self.graphs[key]
         graph.replay()
         return out[:B]
 
-    @staticmethod
-    def _stage(buffer: Tensor, values: Tensor, bucket: int, pad: int) -> None:
-        B = values.shape[0]
-        buffer[:B].copy_(values, non_blocking=True)
-        buffer[B:bucket].fill_(pad)
+    def _fill_host(self, bucket: int, cols: int, columns: tuple[list[int], ...], tables: list[list[int]]) -> int:
+        """Write a step's inputs into the host buffer in the (bucket, width) layout; returns the elements used."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy may still read the buffer
+        B, pad = len(tables), bucket - len(tables)
+        ids, positions, slots, context_lens = columns
+        scratch = self.scratch_block
+        flat = ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad
+        rows = [t + [scratch] * (cols - len(t)) for t in tables]  # short rows padded with the scratch block
+        tail = [scratch] * pad  # padding rows attend to one token of the scratch block
+        for column in zip(*rows):  # the table column-major, as the graphs' views read it
+            flat += column
+            flat += tail
+        n = len(flat)
+        # array -> frombuffer converts the ints in C, several times faster than torch.tensor(list)
+        self.host[:n].copy_(torch.frombuffer(array.array("q", flat), dtype=torch.long))
+        return n
 
-    def _table(self, width: int) -> Tensor:
-        if width not in self.tables:
-            self.tables[width] = torch.full((BATCH_BUCKETS[-1], width), self.scratch_block, dtype=torch.long,
-                                            device=self.device)
-        return self.tables[width]
+    def static_inputs(self, bucket: int, width: int) -> tuple[Tensor, DecodeMeta]:
+        """The views of the static buffer a graph of (`bucket` rows, `width` table columns) reads."""
+        buf = self.static
+        table = buf[4 * bucket:4 * bucket + width * bucket].view(width, bucket).t()
+        meta = DecodeMeta(positions=buf[bucket:2 * bucket], slot_mapping=buf[2 * bucket:3 * bucket],
+                          block_tables=table, context_lens=buf[3 * bucket:4 * bucket], use_triton=self.use_triton)
+        return buf[:bucket], meta
 
-    def static_inputs(self, bucket: int, table: Tensor) -> tuple[Tensor, DecodeMeta]:
-        """The views of the static buffers a graph of `bucket` rows reads."""
-        meta = DecodeMeta(positions=self.positions[:bucket], slot_mapping=self.slots[:bucket],
-                          block_tables=table[:bucket], context_lens=self.context_lens[:bucket],
-                          use_triton=self.use_triton)
-        return self.input_ids[:bucket], meta
-
-    def _capture(self, bucket: int, table: Tensor) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        ids, meta = self.static_inputs(bucket, table)
-        # Warm up outside the capture (Triton compiles, cuBLAS picks its workspace). It runs the real step:
-        # the K/V it writes are the same values the replay below writes again.
+    def _capture(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        ids, meta = self.static_inputs(bucket, width)
+        # Warm up outside the capture (Triton and torch.compile compile, cuBLAS picks its workspace). It runs the
+        # real step: the K/V it writes are the same values the replay below writes again.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):

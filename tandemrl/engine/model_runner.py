@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from tandemrl.backends.sampler import sample_tokens
 from tandemrl.engine.attention import DecodeMeta, build_prefill_meta, triton_decode_available
+from tandemrl.engine.compile import CompiledDecode
 from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.sequence import Sequence
@@ -36,11 +37,14 @@ class ModelRunner:
     model: the trainer's model, used in place. device: where the model lives (default: its embedding's device).
     max_model_len: longest sequence (default the config's max_position_embeddings). enforce_eager: no CUDA
     graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
+    compile_decode: compile the graphed decode forward with torch.compile before capture (CUDA graphs only;
+    falls back to eager with a warning if compilation fails, see compile.py).
     """
 
     def __init__(
         self, model: nn.Module, device: torch.device | str | None = None, block_size: int = 16, *,
         max_model_len: int | None = None, enforce_eager: bool = False, attention_backend: str = "auto",
+        compile_decode: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -51,6 +55,9 @@ class ModelRunner:
         self.max_model_len = int(max_model_len or self.spec.max_position_embeddings or 4096)
         self.enforce_eager = enforce_eager or self.device.type != "cuda"
         self.use_triton = _pick_backend(attention_backend, self.device)
+        self.compile_decode = compile_decode and self.device.type == "cuda"  # CPU keeps the eager forward
+        self._compiled: CompiledDecode | None = None  # kept across cache reallocations: compiled once
+        self._sample_cols: tuple[tuple, tuple[Tensor, ...]] | None = None  # last batch's sampling columns
         self.num_blocks = 0
         self.k_caches: list[Tensor] = []
         self.v_caches: list[Tensor] = []
@@ -134,39 +141,57 @@ class ModelRunner:
         return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows)
 
     def _decode(self, seqs: Seq[Sequence]) -> Tensor:
-        bs = self.block_size
-        rows = []
+        bs, num_blocks, max_len = self.block_size, self.num_blocks, self.max_model_len
+        ids, positions, slots, context_lens, tables = [], [], [], [], []
         for seq in seqs:
-            self._check(seq, whole_table=False)
-            pos = seq.num_tokens - 1
-            rows.append((seq.last_token, pos, seq.block_table[pos // bs] * bs + pos % bs, seq.num_tokens))
-        columns = torch.tensor(list(zip(*rows)), dtype=torch.long, device=self.device)  # [4, B]: rows contiguous
-        ids, positions, slots, context_lens = columns.unbind(0)
-        tables = self._block_tables(seqs).to(self.device, non_blocking=True)
+            tokens, table = seq.token_ids, seq.block_table
+            n = len(tokens)
+            last = (n - 1) // bs
+            # Decode checks only what can go out of bounds now (earlier blocks were checked when they were used).
+            if not (0 < n <= max_len and last < len(table) and 0 <= table[last] < num_blocks):
+                self._check(seq, whole_table=False)
+            ids.append(tokens[-1])
+            positions.append(n - 1)
+            slots.append(table[last] * bs + (n - 1) % bs)
+            context_lens.append(n)
+            tables.append(table[:last + 1])
         if not self.enforce_eager and batch_bucket(len(seqs)) is not None:
             return self._decode_graphs().run(ids, positions, slots, context_lens, tables)
-        meta = DecodeMeta(positions=positions, slot_mapping=slots, block_tables=tables, context_lens=context_lens,
+        columns = torch.tensor([ids, positions, slots, context_lens], dtype=torch.long).to(self.device)
+        ids_t, positions_t, slots_t, context_lens_t = columns.unbind(0)
+        meta = DecodeMeta(positions=positions_t, slot_mapping=slots_t, context_lens=context_lens_t,
+                          block_tables=self._pad_tables(tables).to(self.device, non_blocking=True),
                           use_triton=self.use_triton)
-        return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches)
+        return forward_hidden(self.spec, ids_t, meta, self.k_caches, self.v_caches)
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None:
-            spec, k_caches, v_caches = self.spec, self.k_caches, self.v_caches
-
-            def forward(input_ids: Tensor, meta: DecodeMeta) -> Tensor:
-                return forward_hidden(spec, input_ids, meta, k_caches, v_caches)
-
             self._graphs = DecodeGraphs(
-                forward, self.device, scratch_block=self.num_blocks, block_size=self.block_size,
+                self._graph_forward(), self.device, scratch_block=self.num_blocks, block_size=self.block_size,
                 max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
                 use_triton=self.use_triton)
         return self._graphs
+
+    def _graph_forward(self):
+        """The decode forward the graphs capture: reads the current caches; compiled once per runner if asked."""
+        spec = self.spec
+
+        def forward(input_ids: Tensor, meta: DecodeMeta, k_caches: list[Tensor], v_caches: list[Tensor]) -> Tensor:
+            return forward_hidden(spec, input_ids, meta, k_caches, v_caches)
+
+        if self.compile_decode and self._compiled is None:
+            self._compiled = CompiledDecode(forward)
+        inner = self._compiled if self.compile_decode else forward
+        k_caches, v_caches = self.k_caches, self.v_caches
+        return lambda input_ids, meta: inner(input_ids, meta, k_caches, v_caches)
 
     def _block_tables(self, seqs: Seq[Sequence]) -> Tensor:
         """[S, W] long on the host: the blocks holding each context (blocks reserved beyond it are left out),
         rows padded with the scratch block (a valid id nobody owns)."""
         bs = self.block_size
-        tables = [seq.block_table[:-(-seq.num_tokens // bs)] for seq in seqs]
+        return self._pad_tables([seq.block_table[:-(-seq.num_tokens // bs)] for seq in seqs])
+
+    def _pad_tables(self, tables: list[list[int]]) -> Tensor:
         width = max(len(t) for t in tables)
         pad = self.num_blocks
         return torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
@@ -188,14 +213,20 @@ class ModelRunner:
 
     def _sample(self, seqs: Seq[Sequence], logits: Tensor) -> tuple[Tensor, Tensor]:
         params = [seq.params for seq in seqs]
-
-        def col(values: list, dtype: torch.dtype) -> Tensor:
-            return torch.tensor(values, dtype=dtype, device=logits.device)
-
+        temperature, top_p, top_k = self._sampling_columns(params, logits.device)
         return sample_tokens(
-            logits, col([p.temperature for p in params], torch.float32), col([p.top_p for p in params], torch.float32),
-            col([p.top_k for p in params], torch.long), self._generator(params),
+            logits, temperature, top_p, top_k, self._generator(params),
             apply_filters=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params))
+
+    def _sampling_columns(self, params: list[SamplingParams], device: torch.device) -> tuple[Tensor, ...]:
+        """Per-row temperature, top_p (float32) and top_k (long) on the device: one copy, and none at all while
+        the batch's values stay the same (decode steps of the same requests)."""
+        key = tuple((p.temperature, p.top_p, p.top_k) for p in params)
+        cached = self._sample_cols
+        if cached is None or cached[0] != key or cached[1][0].device != device:
+            host = torch.tensor(key, dtype=torch.float64).t().to(device)  # float64 holds any top_k exactly
+            cached = self._sample_cols = (key, (host[0].float(), host[1].float(), host[2].long()))
+        return cached[1]
 
     def _generator(self, params: list[SamplingParams]) -> torch.Generator | None:
         """One generator, seeded from the first seeded sequence and kept across steps (reseeded when that seed

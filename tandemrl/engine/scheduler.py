@@ -113,6 +113,8 @@ class Scheduler:
 
     def _schedule_decode(self) -> list[Sequence]:
         bm = self.block_manager
+        if bm.try_append_all(self.running):  # enough free blocks for everyone: nobody is preempted
+            return list(self.running)
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:
@@ -141,9 +143,16 @@ class Scheduler:
             raise RuntimeError(f"the model runner returned {len(token_ids)} tokens and {len(logprobs)} "
                                f"log-probs for {len(seqs)} sequences")
         finished = []
+        eos_ids = self.eos_ids
         for seq, token, logprob in zip(seqs, token_ids, logprobs):
             seq.append_token(token, logprob)
-            reason = self._finish_reason(seq, int(token))
+            token = seq.token_ids[-1]  # as a plain int
+            params = seq.params
+            # Cheap test first: most tokens of most steps finish nothing.
+            if (not params.stop and len(seq.token_ids) - seq.num_prompt_tokens < params.max_tokens
+                    and (params.ignore_eos or token not in eos_ids)):
+                continue
+            reason = self._finish_reason(seq, token)
             if reason is not None:
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
