@@ -22,7 +22,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 16384
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
-    compile_decode: bool = True  # torch.compile the graphed decode forward (CUDA graphs on CUDA only)
+    # torch.compile the graphed decode forward (CUDA only). Off by default: on torch 2.11 inductor fails on the
+    # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
+    compile_decode: bool = False
     max_model_len: int | None = None
 
     def validate(self) -> None:
