@@ -30,8 +30,6 @@ import os
 import pickle
 import re
 import shutil
-import sys
-import uuid
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,7 +37,9 @@ from typing import Any
 
 import torch
 
+from tandemrl.train import atomic_dir
 from tandemrl.train.rng import capture_rng_state, restore_rng_state
+from tandemrl.train.weights_io import CheckpointError, is_peft_model, prepare_model_load, read_json
 
 COMPLETE = "COMPLETE"
 LATEST = "latest"
@@ -51,14 +51,6 @@ META_KEY = "_checkpoint"  # reserved key inside trainer_state.json
 FORMAT = 1
 
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
-_TMP_RE = re.compile(r"^\.tmp-step-(\d{8,})-(\d+)$")
-_OLD_RE = re.compile(r"^\.old-step-(\d{8,})-(\d+)$")
-_TRASH_PREFIX = ".trash-"
-_SHOW = 5  # how many mismatching keys an error names
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; the message says which, where, and what is left intact."""
 
 
 def step_dir_name(step: int) -> str:
@@ -96,29 +88,24 @@ def save_checkpoint(
     name = step_dir_name(step)
     final = root / name
     previous = find_latest(root)
-    pid = os.getpid()
-    tmp = root / f".tmp-{name}-{pid}"
+    tmp = atomic_dir.staging_path(root, name)
     aside: Path | None = None
     renamed = published = False
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp)
+        atomic_dir.clear(tmp)
         tmp.mkdir()
         _write_contents(tmp, model, tokenizer, optimizer, scheduler, rng_state, state_text)
-        _fsync_tree(tmp)
+        atomic_dir.fsync_tree(tmp)
         _write_complete(tmp, step)
-        if os.path.lexists(final):  # an earlier save of this step: keep it until the new one is in place
-            aside = root / f".old-{name}-{pid}"
-            if os.path.lexists(aside):
-                shutil.rmtree(aside)
-            os.replace(final, aside)
+        # an earlier save of this step: keep it until the new one is in place
+        aside = atomic_dir.move_aside(root, final)
         os.replace(tmp, final)
         renamed = True
-        _fsync_dir(root)
+        atomic_dir.fsync_dir(root)
         _write_latest(root, name)
         published = True
-        _fsync_dir(root)
+        atomic_dir.fsync_dir(root)
     except BaseException as exc:
         if published and isinstance(exc, Exception):  # only the last fsync failed: the new checkpoint is current
             warnings.warn(f"checkpoint {final} is written, but syncing {root} failed: {exc}", stacklevel=2)
@@ -148,7 +135,7 @@ def _meta(step: int, model: Any, optimizer: Any, scheduler: Any) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    if _is_peft_model(model):
+    if is_peft_model(model):
         meta["model_format"] = "peft_adapter"
         meta["adapters"] = list(model.peft_config)
         meta["note"] = (
@@ -206,17 +193,15 @@ def _write_contents(
 
 
 def _write_complete(folder: Path, step: int) -> None:
-    files = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        files[path.relative_to(folder).as_posix()] = path.stat().st_size
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
     manifest = {"format": FORMAT, "step": step, "files": files}
-    _write_synced(folder / COMPLETE, json.dumps(manifest, indent=1) + "\n")
-    _fsync_dir(folder)
+    atomic_dir.write_synced(folder / COMPLETE, json.dumps(manifest, indent=1) + "\n")
+    atomic_dir.fsync_dir(folder)
 
 
 def _write_latest(root: Path, name: str) -> None:
     tmp = root / f"{LATEST}.tmp"
-    _write_synced(tmp, name + "\n")
+    atomic_dir.write_synced(tmp, name + "\n")
     os.replace(tmp, root / LATEST)
 
 
@@ -225,15 +210,12 @@ def _undo(root: Path, tmp: Path, final: Path, renamed: bool, aside: Path | None)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         if renamed:
-            _remove_dir(root, final)
+            atomic_dir.remove_dir(root, final)
         if aside is not None and os.path.lexists(aside) and not os.path.lexists(final):
             os.replace(aside, final)
-        try:
-            os.unlink(root / f"{LATEST}.tmp")
-        except FileNotFoundError:
-            pass
+        (root / f"{LATEST}.tmp").unlink(missing_ok=True)
         if root.is_dir():
-            _fsync_dir(root)
+            atomic_dir.fsync_dir(root)
     except Exception as exc:  # the original error matters more; find_latest still skips whatever is left
         warnings.warn(f"cleaning up after a failed checkpoint save under {root} failed: {exc}", stacklevel=3)
 
@@ -242,80 +224,20 @@ def _cleanup(root: Path, step: int, keep_last: int | None, aside: Path | None) -
     """After a successful save: drop the replaced folder, old steps beyond keep_last, leftovers of crashes."""
     try:
         if aside is not None:
-            _remove_dir(root, aside)
-        older = sorted(
-            ((int(m.group(1)), root / e.name) for e in os.scandir(root) if (m := _STEP_RE.match(e.name))),
-            reverse=True,
-        )
-        older = [(s, p) for s, p in older if s < step]  # newer folders (an abandoned branch) are left alone
+            atomic_dir.remove_dir(root, aside)
         if keep_last is not None:
-            for _, path in older[keep_last - 1 :]:
-                _remove_dir(root, path)
-        for entry in os.scandir(root):
-            match = _TMP_RE.match(entry.name) or _OLD_RE.match(entry.name)
-            if match and (int(match.group(2)) == os.getpid() or not _pid_alive(int(match.group(2)))):
-                _remove_dir(root, root / entry.name)
-            elif entry.name.startswith(_TRASH_PREFIX):
-                shutil.rmtree(root / entry.name, ignore_errors=True)
+            steps = sorted((int(m.group(1)), e.name) for e in os.scandir(root) if (m := _STEP_RE.match(e.name)))
+            older = [name for s, name in reversed(steps) if s < step]  # newer ones (an abandoned branch) stay
+            for name in older[keep_last - 1 :]:
+                atomic_dir.remove_dir(root, root / name)
+        atomic_dir.sweep_leftovers(root, _STEP_RE)
     except Exception as exc:
         warnings.warn(f"checkpoint saved, but pruning old checkpoints under {root} failed: {exc}", stacklevel=3)
-
-
-def _remove_dir(root: Path, path: Path) -> None:
-    """Rename to .trash-* first (atomic), so a kill during the delete never leaves a half checkpoint visible."""
-    trash = root / f"{_TRASH_PREFIX}{path.name.lstrip('.')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    os.replace(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0 or os.name == "nt":
-        return os.name == "nt"  # on Windows os.kill(pid, 0) would terminate the process: assume alive
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def _reason(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# ------------------------------------------------------------------------------------------------ durability
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_file(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str | Path) -> None:
-    if os.name == "nt":  # directories cannot be opened for fsync there
-        return
-    _fsync_file(path)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for dirpath, _, filenames in os.walk(folder, topdown=False):
-        for filename in filenames:
-            _fsync_file(os.path.join(dirpath, filename))
-        _fsync_dir(dirpath)
 
 
 # ------------------------------------------------------------------------------------------------- find
@@ -359,7 +281,7 @@ def find_latest(root: Path) -> Path | None:
     for entry in os.scandir(root):
         if match := _STEP_RE.match(entry.name):
             candidates.append((int(match.group(1)), 1, root / entry.name))
-        elif match := _OLD_RE.match(entry.name):  # an earlier save of a step being re-saved when a kill landed
+        elif match := _STEP_RE.match(atomic_dir.moved_aside_from(entry.name) or ""):  # moved aside by a killed re-save
             candidates.append((int(match.group(1)), 0, root / entry.name))
     for _, _, path in sorted(candidates, reverse=True):
         if is_complete_checkpoint(path):
@@ -376,7 +298,7 @@ def _read_latest(root: Path) -> str:
 
 def checkpoint_info(path: Path) -> dict:
     """The metadata save_checkpoint recorded (format, step, model_format, versions, ...)."""
-    return dict(_read_json(Path(path) / TRAINER_STATE).get(META_KEY) or {})
+    return dict(read_json(Path(path) / TRAINER_STATE).get(META_KEY) or {})
 
 
 # ------------------------------------------------------------------------------------------------- load
@@ -396,40 +318,23 @@ def load_checkpoint(
     path = Path(path)
     problem = checkpoint_problem(path)
     if problem is not None:
-        raise CheckpointError(
-            f"cannot load checkpoint {path}: {problem}; pass a folder that find_latest(root) returns"
-        )
-    trainer_state = _read_json(path / TRAINER_STATE)
+        raise CheckpointError(f"cannot load checkpoint {path}: {problem}; pass a folder that find_latest(root) returns")
+    trainer_state = read_json(path / TRAINER_STATE)
     trainer_state.pop(META_KEY, None)
-    optimizer_state = _load_pt(path, OPTIMIZER, "an optimizer") if optimizer is not None else None
-    scheduler_state = _load_pt(path, SCHEDULER, "a scheduler") if scheduler is not None else None
+    components = [(optimizer, OPTIMIZER, "an optimizer"), (scheduler, SCHEDULER, "a scheduler")]
+    states = [(obj, name, _load_pt(path, name, what)) for obj, name, what in components if obj is not None]
     rng_state = _load_pt(path, RNG, "RNG state") if restore_rng else None
 
-    apply_weights = _prepare_model_load(path, model)
+    apply_weights = prepare_model_load(path, model)
     apply_weights()
-    if optimizer is not None:
+    for obj, name, state in states:
         try:
-            optimizer.load_state_dict(optimizer_state)
+            obj.load_state_dict(state)
         except (ValueError, KeyError, RuntimeError, TypeError) as exc:
-            raise CheckpointError(f"cannot load {path / OPTIMIZER} into {type(optimizer).__name__}: {exc}") from exc
-    if scheduler is not None:
-        try:
-            scheduler.load_state_dict(scheduler_state)
-        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
-            raise CheckpointError(f"cannot load {path / SCHEDULER} into {type(scheduler).__name__}: {exc}") from exc
+            raise CheckpointError(f"cannot load {path / name} into {type(obj).__name__}: {exc}") from exc
     if rng_state is not None:
         restore_rng_state(rng_state)
     return trainer_state
-
-
-def _read_json(file: Path) -> dict:
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from exc
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{file} holds a {type(value).__name__}, expected a JSON object")
-    return value
 
 
 def _load_pt(folder: Path, name: str, what: str) -> Any:
@@ -445,125 +350,3 @@ def _load_pt(folder: Path, name: str, what: str) -> Any:
         return torch.load(file, map_location="cpu", weights_only=False)
     except Exception as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
-
-
-def _is_peft_model(model: Any) -> bool:
-    peft = sys.modules.get("peft")  # a PeftModel exists only if peft was imported: don't pay for importing it
-    return peft is not None and isinstance(model, peft.PeftModel)
-
-
-def _prepare_model_load(path: Path, model: Any):
-    """Read and check the weights; return a function that copies them in place."""
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    has_adapter = (path / "adapter_model.safetensors").is_file()
-    if _is_peft_model(model):
-        if not has_adapter:
-            raise CheckpointError(
-                f"checkpoint {path} holds full model weights but the model is a PeftModel; load it into the base "
-                "model (model.get_base_model()) or resume with the same LoRA setup it was saved with"
-            )
-        return _prepare_adapter_load(path, model)
-    if has_adapter:
-        raise CheckpointError(
-            f"checkpoint {path} holds a PEFT adapter, not full weights; wrap the base model with the same LoRA "
-            "config (peft.get_peft_model) before loading"
-        )
-    return _prepare_full_load(path, model)
-
-
-def _safetensors_shapes(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """key -> (file, shape) for the model weights, from the headers only (nothing is read into memory)."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    single = folder / "model.safetensors"
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map") or {}
-        files, listed = sorted({folder / shard for shard in weight_map.values()}), set(weight_map)
-    elif single.is_file():
-        files, listed = [single], None
-    else:
-        raise CheckpointError(f"checkpoint {folder} has neither model.safetensors nor model.safetensors.index.json")
-    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    found[key] = (file, tuple(f.get_slice(key).get_shape()))
-        except Exception as exc:
-            raise CheckpointError(f"cannot read {file}: {exc}") from exc
-    if listed is not None and (absent := sorted(listed - set(found))):
-        raise CheckpointError(f"{index} lists tensors its shards do not hold: {absent[:_SHOW]}")
-    return found
-
-
-def _prepare_full_load(path: Path, model: torch.nn.Module):
-    saved = _safetensors_shapes(path)
-    targets = model.state_dict(keep_vars=True)
-    unexpected = sorted(k for k in saved if k not in targets)
-    loaded_storage = {_storage_id(targets[k]) for k in saved if k in targets}
-    # save_pretrained writes tied weights (lm_head tied to embed_tokens) once; the other name shares storage
-    missing = [k for k in targets if k not in saved and _storage_id(targets[k]) not in loaded_storage]
-    _raise_on_mismatch(path, missing, unexpected, {k: shape for k, (_, shape) in saved.items()}, targets)
-
-    def apply() -> None:
-        from safetensors import safe_open
-
-        by_file: dict[Path, list[str]] = {}
-        for key, (file, _) in saved.items():
-            by_file.setdefault(file, []).append(key)
-        with torch.no_grad():
-            for file, keys in by_file.items():
-                with safe_open(str(file), framework="pt", device="cpu") as f:
-                    for key in keys:  # one tensor at a time: peak extra memory is the largest tensor
-                        targets[key].copy_(f.get_tensor(key))
-
-    return apply
-
-
-def _prepare_adapter_load(path: Path, model: Any):
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    loaded = []
-    for name in model.peft_config:
-        file = (path if name == "default" else path / name) / "adapter_model.safetensors"
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} has no weights for the adapter {name!r} (no {file})")
-        saved = load_file(file)  # adapters are small
-        expected = get_peft_model_state_dict(model, adapter_name=name)
-        missing = [k for k in expected if k not in saved]
-        unexpected = sorted(k for k in saved if k not in expected)
-        _raise_on_mismatch(file, missing, unexpected, {k: tuple(v.shape) for k, v in saved.items()}, expected)
-        loaded.append((name, saved, file))
-
-    def apply() -> None:
-        for name, saved, file in loaded:
-            result = set_peft_model_state_dict(model, saved, adapter_name=name)
-            unexpected = list(getattr(result, "unexpected_keys", []) or [])
-            if unexpected:
-                raise CheckpointError(f"{file}: the model did not take {len(unexpected)} keys: {unexpected[:_SHOW]}")
-
-    return apply
-
-
-def _storage_id(tensor: torch.Tensor) -> tuple:
-    return (tensor.device, tensor.data_ptr(), tuple(tensor.shape))
-
-
-def _raise_on_mismatch(where: Path, missing: list, unexpected: list, saved_shapes: dict, targets: dict) -> None:
-    shapes = [
-        f"{k}: saved {shape}, model {tuple(targets[k].shape)}"
-        for k, shape in saved_shapes.items()
-        if k in targets and shape != tuple(targets[k].shape)
-    ]
-    if not (missing or unexpected or shapes):
-        return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing keys (in the model, not the checkpoint): {missing[:_SHOW]}")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected keys (in the checkpoint, not the model): {unexpected[:_SHOW]}")
-    if shapes:
-        parts.append(f"{len(shapes)} shape mismatches: {shapes[:_SHOW]}")
-    raise CheckpointError(f"checkpoint {where} does not fit the model: " + "; ".join(parts))
