@@ -44,6 +44,9 @@ class StepTiming:
     train_s: float
     peak_gib: float
     tokens: int
+    allocated_before_sleep_gib: float  # GPU memory held by tensors around the backend's sleep/wake
+    allocated_after_sleep_gib: float
+    allocated_after_wake_gib: float
 
 
 def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool):
@@ -69,14 +72,17 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, seed: int)
     rewards = torch.rand(len(rollouts), generator=gen)
     advantages = ADVANTAGES.get("grpo")(rewards, torch.ones_like(rewards, dtype=torch.bool), args.group)
     start = time.perf_counter()
+    before_sleep = _allocated_gib(device)
     backend.sleep()
+    after_sleep = _allocated_gib(device)
     batch = build_batch(rollouts, advantages, pad_id=0, device=device)
     policy_update(model, batch, optimizer, scheduler, cfg, temperature=1.0, max_completion_length=args.new_tokens)
     backend.wake()
     _sync(device)
     train_s = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    return StepTiming(rollout_s, train_s, peak, sum(len(r.completion_ids) for r in rollouts))
+    return StepTiming(rollout_s, train_s, peak, sum(len(r.completion_ids) for r in rollouts),
+                      before_sleep, after_sleep, _allocated_gib(device))
 
 
 def make_backend(args: argparse.Namespace, model, device: torch.device):
@@ -86,6 +92,10 @@ def make_backend(args: argparse.Namespace, model, device: torch.device):
         (model.config.hidden_size // model.config.num_attention_heads) * model.dtype.itemsize
     num_blocks = int(args.kv_gib * 2**30 // per_block)
     return EngineBackend(model, None, EngineConfig(num_blocks=num_blocks), device=device)
+
+
+def _allocated_gib(device: torch.device) -> float:
+    return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
 def _sync(device: torch.device) -> None:
@@ -133,6 +143,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    last = timings[-1]
+    print(f"memory allocated: before sleep {last.allocated_before_sleep_gib:.2f} GiB, after sleep "
+          f"{last.allocated_after_sleep_gib:.2f} GiB, after wake {last.allocated_after_wake_gib:.2f} GiB")
     print(f"| device | backend | arch | shape | rollout s | train s | step s | peak GiB | rollout tok/s |")
     print(f"| {result['device']} | {args.backend} | {args.arch} | {args.prompts}x{args.group}x{args.new_tokens} | "
           f"{best.rollout_s:.2f} | {best.train_s:.2f} | {result['step_s']:.2f} | {result['peak_gib']:.1f} | "

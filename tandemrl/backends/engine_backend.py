@@ -33,7 +33,8 @@ class EngineBackend:
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.runner = ModelRunner(model, self.device, config.block_size, max_model_len=config.max_model_len,
-                                  enforce_eager=not config.cuda_graphs, compile_decode=config.compile_decode)
+                                  enforce_eager=not config.cuda_graphs, compile_decode=config.compile_decode,
+                                  fused_kernels=config.fused_kernels)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, _eos_ids(model, tokenizer))

@@ -26,6 +26,8 @@ class EngineConfig:
     # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
     compile_decode: bool = False
     max_model_len: int | None = None
+    # Triton kernels for RMSNorm + residual add, RoPE and the SiLU product (CUDA with Triton only; CPU: torch ops).
+    fused_kernels: bool = True
 
     def validate(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -42,7 +44,7 @@ class EngineConfig:
                              f"max_num_seqs ({self.max_num_seqs})")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
-        for name in ("enable_prefix_caching", "cuda_graphs", "compile_decode"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "compile_decode", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tandemrl.engine import fused as fk
 from tandemrl.engine.attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention, store_kv
 from tandemrl.models.lora import unwrap_causal_lm
 
@@ -103,14 +104,17 @@ def _sliding_window(cfg, attn: nn.Module, model_type: str) -> int | None:
 
 def forward_hidden(
     spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | DecodeMeta, k_caches: list[Tensor],
-    v_caches: list[Tensor], rows: Tensor | None = None,
+    v_caches: list[Tensor], rows: Tensor | None = None, fused: bool = False,
 ) -> Tensor:
     """Run the decoder on packed tokens input_ids [N]; write their K/V to the caches.
 
     Returns the final-norm hidden states of `rows` (default: all tokens) — the only positions we take logits of.
+    fused: use the Triton kernels of fused.py where they apply (CUDA with Triton only; elsewhere ignored).
     """
     hidden = spec.embed(input_ids)
     cos, sin = spec.rotary(hidden, meta.positions.unsqueeze(0))  # [1, N, D], cast to hidden's dtype by HF
+    if fused and fk.fused_available(hidden.device):
+        return _forward_fused(spec, hidden, cos[0], sin[0], meta, k_caches, v_caches, rows)
     cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]: broadcast over heads
     for i, layer in enumerate(spec.layers):
         residual = hidden
@@ -124,6 +128,47 @@ def forward_hidden(
     return spec.norm(hidden)  # a per-row op: normalising only the rows we keep is exact
 
 
+def _forward_fused(
+    spec: DecoderSpec, hidden: Tensor, cos: Tensor, sin: Tensor, meta: PrefillMeta | DecodeMeta,
+    k_caches: list[Tensor], v_caches: list[Tensor], rows: Tensor | None,
+) -> Tensor:
+    """The same maths with each sublayer's residual add fused into the next norm: `hidden` is a sublayer's
+    output still to be added to `residual` (None before the first layer). cos, sin: [N, D]."""
+    residual: Tensor | None = None
+    for i, layer in enumerate(spec.layers):
+        x, residual = _add_norm(layer.input_layernorm, hidden, residual)
+        hidden = _self_attention(spec, layer.self_attn, x, cos, sin, k_caches[i], v_caches[i], meta,
+                                 spec.windows[i], fused=True)
+        x, residual = _add_norm(layer.post_attention_layernorm, hidden, residual)
+        hidden = _mlp(layer.mlp, x)
+    if rows is not None:
+        hidden = hidden[rows]
+        residual = None if residual is None else residual[rows]
+    return _add_norm(spec.norm, hidden, residual)[0]
+
+
+def _add_norm(norm: nn.Module, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(norm(residual + x), residual + x); one kernel for a plain RMSNorm, else the module itself."""
+    if fk.is_plain_rmsnorm(norm):
+        return fk.add_rmsnorm(x, residual, norm.weight, norm.variance_epsilon)
+    new_residual = x if residual is None else residual + x
+    return norm(new_residual), new_residual
+
+
+def _head_norm(norm: nn.Module, x: Tensor, fused: bool) -> Tensor:
+    """Qwen3's per-head q/k RMSNorm over the last dim."""
+    if fused and fk.is_plain_rmsnorm(norm):
+        return fk.add_rmsnorm(x, None, norm.weight, norm.variance_epsilon)[0]
+    return norm(x)
+
+
+def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+    """A SiLU-gated MLP with its activation product fused; projections stay module calls (LoRA wraps them)."""
+    if not fk.is_silu_mlp(mlp):
+        return mlp(x)
+    return mlp.down_proj(fk.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+
+
 def compute_logits(spec: DecoderSpec, hidden: Tensor) -> Tensor:
     """[S, hidden] final-norm states -> [S, vocab] logits, through the model's own lm_head."""
     return spec.lm_head(hidden)
@@ -131,15 +176,19 @@ def compute_logits(spec: DecoderSpec, hidden: Tensor) -> Tensor:
 
 def _self_attention(
     spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-    meta: PrefillMeta | DecodeMeta, window: int | None,
+    meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False,
 ) -> Tensor:
+    """cos, sin: [N, 1, D] on the torch path, [N, D] on the fused path (which rotates q and k in place)."""
     N = x.shape[0]
     q = attn.q_proj(x).view(N, spec.num_heads, spec.head_dim)
     k = attn.k_proj(x).view(N, spec.num_kv_heads, spec.head_dim)
     v = attn.v_proj(x).view(N, spec.num_kv_heads, spec.head_dim)
     if spec.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k = _head_norm(attn.q_norm, q, fused), _head_norm(attn.k_norm, k, fused)
+    if fused:
+        fk.rope_qk_(q, k, cos, sin)
+    else:
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if isinstance(meta, PrefillMeta):
         out = prefill_attention(q, k_cache, v_cache, meta, spec.scale, window)

@@ -21,6 +21,7 @@ from tandemrl.backends.sampler import sample_tokens
 from tandemrl.engine.attention import DecodeMeta, build_prefill_meta, triton_decode_available
 from tandemrl.engine.compile import CompiledDecode
 from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
+from tandemrl.engine.fused import fused_available
 from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.sequence import Sequence
 from tandemrl.types import SamplingParams
@@ -38,13 +39,14 @@ class ModelRunner:
     max_model_len: longest sequence (default the config's max_position_embeddings). enforce_eager: no CUDA
     graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
     compile_decode: compile the graphed decode forward with torch.compile before capture (CUDA graphs only;
-    falls back to eager with a warning if compilation fails, see compile.py).
+    falls back to eager with a warning if compilation fails, see compile.py). fused_kernels: the Triton kernels of
+    fused.py (RMSNorm + residual add, RoPE, SiLU product) on CUDA when Triton is importable; CPU keeps torch ops.
     """
 
     def __init__(
         self, model: nn.Module, device: torch.device | str | None = None, block_size: int = 16, *,
         max_model_len: int | None = None, enforce_eager: bool = False, attention_backend: str = "auto",
-        compile_decode: bool = False,
+        compile_decode: bool = False, fused_kernels: bool = True,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -55,6 +57,7 @@ class ModelRunner:
         self.max_model_len = int(max_model_len or self.spec.max_position_embeddings or 4096)
         self.enforce_eager = enforce_eager or self.device.type != "cuda"
         self.use_triton = _pick_backend(attention_backend, self.device)
+        self.fused_kernels = bool(fused_kernels) and fused_available(self.device)
         self.compile_decode = compile_decode and self.device.type == "cuda"  # CPU keeps the eager forward
         self._compiled: CompiledDecode | None = None  # kept across cache reallocations: compiled once
         self._sample_cols: tuple[tuple, tuple[Tensor, ...]] | None = None  # last batch's sampling columns
@@ -138,7 +141,8 @@ class ModelRunner:
             context_lens.append(seq.num_tokens)
         meta = build_prefill_meta(query_lens, context_lens, self._block_tables(seqs), self.block_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
-        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows)
+        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows,
+                              fused=self.fused_kernels)
 
     def _decode(self, seqs: Seq[Sequence]) -> Tensor:
         bs, num_blocks, max_len = self.block_size, self.num_blocks, self.max_model_len
@@ -162,7 +166,7 @@ class ModelRunner:
         meta = DecodeMeta(positions=positions_t, slot_mapping=slots_t, context_lens=context_lens_t,
                           block_tables=self._pad_tables(tables).to(self.device, non_blocking=True),
                           use_triton=self.use_triton)
-        return forward_hidden(self.spec, ids_t, meta, self.k_caches, self.v_caches)
+        return forward_hidden(self.spec, ids_t, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None:
@@ -174,10 +178,10 @@ class ModelRunner:
 
     def _graph_forward(self):
         """The decode forward the graphs capture: reads the current caches; compiled once per runner if asked."""
-        spec = self.spec
+        spec, fused = self.spec, self.fused_kernels
 
         def forward(input_ids: Tensor, meta: DecodeMeta, k_caches: list[Tensor], v_caches: list[Tensor]) -> Tensor:
-            return forward_hidden(spec, input_ids, meta, k_caches, v_caches)
+            return forward_hidden(spec, input_ids, meta, k_caches, v_caches, fused=fused)
 
         if self.compile_decode and self._compiled is None:
             self._compiled = CompiledDecode(forward)
