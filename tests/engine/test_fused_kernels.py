@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -78,9 +81,11 @@ def test_rope_qk_matches_reference_in_place(dtype, n, hq, hkv, d):
     q_before, k_before = qbuf.clone(), kbuf.clone()
     fk.rope_qk_(qbuf[:, :hq], kbuf[:, :hkv], cos, sin)
     fk.rope_qk_ref_(q_ref, k_ref, cos, sin)
-    exact = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=0, rtol=0)  # fp32: FMA may differ
-    torch.testing.assert_close(qbuf[:, :hq], q_ref, **exact)
-    torch.testing.assert_close(kbuf[:, :hkv], k_ref, **exact)
+    # The kernel rounds once per element; the reference rounds each product first (as HF does): the two may
+    # differ by one unit in the last place of a 16-bit format (fp32: FMA contraction).
+    tols = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(qbuf[:, :hq], q_ref, **tols)
+    torch.testing.assert_close(kbuf[:, :hkv], k_ref, **tols)
     assert torch.equal(qbuf[:, hq:], q_before[:, hq:]) and torch.equal(kbuf[:, hkv:], k_before[:, hkv:])
 
 
@@ -155,7 +160,11 @@ def _qwen05b_like(dtype: torch.dtype) -> nn.Module:
 
 
 def _generate(model: nn.Module, fused: bool, enforce_eager: bool = False) -> list:
-    from test_model_runner import BLOCK, Blocks, generate, make_seq, prompts_of  # tiny helpers, same folder
+    sys.path.insert(0, str(Path(__file__).parent))  # tiny helpers from the sibling test module
+    try:
+        from test_model_runner import BLOCK, Blocks, generate, make_seq, prompts_of
+    finally:
+        sys.path.pop(0)
 
     runner = ModelRunner(model, "cuda", BLOCK, fused_kernels=fused, enforce_eager=enforce_eager)
     assert runner.fused_kernels is fused
