@@ -20,6 +20,7 @@ from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memo
 from tandemrl.telemetry.writers import make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.evaluate import EvalResult, evaluate
+from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import completion_logprobs
 from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params
 from tandemrl.train.setup import Run, TrainerState, build_run
@@ -43,21 +44,21 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
         initial = run_evaluation(run, state)
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
-    with TrainDisplay(cfg.train.max_steps, state.step, console) as display:
-        try:
-            while state.step < cfg.train.max_steps:
-                metrics = train_step(run, state, display)
-                writers.write(state.step, metrics)
-                display.log_step(state.step, metrics)
-                if _due(state.step, cfg.eval.every_steps, cfg.train.max_steps):
-                    writers.write(state.step, run_evaluation(run, state).metrics())
-                if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
-                    save_run(run, state)
-        except KeyboardInterrupt:
-            path = save_run(run, state)
-            console.print(f"[yellow]interrupted: saved {path}; continue with --resume --out {out_dir}")
-            writers.close()
-            raise
+    with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
+        while state.step < cfg.train.max_steps and not interrupt.requested:
+            metrics = train_step(run, state, display)
+            writers.write(state.step, metrics)
+            display.log_step(state.step, metrics)
+            if _due(state.step, cfg.eval.every_steps, cfg.train.max_steps):
+                writers.write(state.step, run_evaluation(run, state).metrics())
+            if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
+                save_run(run, state)
+    if interrupt.requested:
+        path = save_run(run, state)
+        console.print(f"[yellow]interrupted after step {state.step}: saved {path}; "
+                      f"continue with: tandemrl train --resume --out {out_dir}")
+        writers.close()
+        raise KeyboardInterrupt
     final = run_evaluation(run, state)
     writers.write(state.step, final.metrics())
     save_run(run, state)

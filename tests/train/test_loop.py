@@ -1,6 +1,7 @@
 """End-to-end runs of the training loop on the tiny offline model (CPU)."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -51,26 +52,26 @@ def test_run_writes_everything_a_user_expects(tmp_path):
 
 
 def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, monkeypatch):
-    cfg = small_config(tmp_path)
+    cfg = small_config(tmp_path, "train.max_steps=9")
     train(cfg, tmp_path / "whole")
 
     real_step = loop.train_step
 
     def interrupted_step(run, state, display):
         if state.step == 3:
-            raise KeyboardInterrupt  # Ctrl-C between steps 3 and 4
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C during step 4: it finishes, then the run saves and stops
         return real_step(run, state, display)
 
     monkeypatch.setattr(loop, "train_step", interrupted_step)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, tmp_path / "split")
-    assert find_latest(tmp_path / "split" / "checkpoints").name == "step-00000003"
+    assert find_latest(tmp_path / "split" / "checkpoints").name == "step-00000004"
     monkeypatch.setattr(loop, "train_step", real_step)
     resumed = train(cfg, tmp_path / "split", resume=True)
 
     whole, split = read_rows(tmp_path / "whole"), read_rows(tmp_path / "split")
-    assert sorted(split) == list(range(1, 9))
-    for step in range(4, 9):
+    assert sorted(split) == list(range(1, 10))
+    for step in range(5, 10):  # the five steps after the interruption
         assert comparable(split[step]) == comparable(whole[step]), step
     assert resumed["final"] == json.loads((tmp_path / "whole" / "summary.json").read_text())["final"]
 
@@ -160,3 +161,25 @@ def test_training_variants_run_and_report_finite_metrics(tmp_path, overrides):
         assert all(rows[step][k] is not None for k in ("loss", "kl", "entropy", "grad_norm"))
     if cfg.train.kl_beta > 0:
         assert rows[2]["kl"] >= 0.0
+
+
+def test_ctrl_c_on_the_command_line_saves_and_exits_130(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "tandemrl.cli", "train", "--out", str(tmp_path / "run"),
+           "--set", f'model.tiny_dir="{tmp_path / "tiny"}"', "--set", "model.device=cpu",
+           "--set", "train.max_steps=100000", "--set", "eval.limit=4", "--set", "eval.pass_k=0",
+           "--set", "checkpoint.every_steps=0", "--set", "log.tensorboard=false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("step 2/") or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    assert "interrupted after step" in output
+    latest = find_latest(tmp_path / "run" / "checkpoints")
+    assert latest is not None and int(latest.name.split("-")[1]) >= 2
