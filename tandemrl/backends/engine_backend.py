@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from tandemrl.backends.hf_backend import _eos_ids, _eval_mode  # shared with the HF backend
+from tandemrl.backends.hf_backend import eos_token_ids, sampling_mode
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.types import Request, Rollout
@@ -37,7 +37,7 @@ class EngineBackend:
                                   fused_kernels=config.fused_kernels)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
-        self.engine = LLMEngine(self.runner, tokenizer, config, _eos_ids(model, tokenizer))
+        self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer))
         self._closed = False
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
@@ -48,7 +48,7 @@ class EngineBackend:
         reset_rng = getattr(self.runner, "reset_rng", None)
         if reset_rng is not None:  # seeded requests: each call starts its random stream afresh
             reset_rng()
-        with _eval_mode(self.model), torch.no_grad():
+        with sampling_mode(self.model), torch.no_grad():
             return self.engine.generate(requests, policy_version)
 
     def sleep(self) -> None:

@@ -8,21 +8,25 @@ import torch
 from torch import nn
 
 from tandemrl.backends.base import RolloutBackend
+from tandemrl.backends.hf_backend import HFBackend
 from tandemrl.config import Config
 
 
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device) -> RolloutBackend:
-    if cfg.rollout.backend == "hf":
-        from tandemrl.backends.hf_backend import HFBackend
+    if cfg.rollout.backend == "engine" and _engine_supports(model):
+        from tandemrl.backends.engine_backend import EngineBackend
+        from tandemrl.engine.config import EngineConfig
 
-        return HFBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device)
-    from tandemrl.backends.engine_backend import EngineBackend
-    from tandemrl.engine.config import EngineConfig
+        return EngineBackend(model, tokenizer, EngineConfig(**cfg.engine.model_dump()), device=device)
+    # The generic path: any decoder-only architecture, or the user asked for it.
+    return HFBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device)
+
+
+def _engine_supports(model: nn.Module) -> bool:
     from tandemrl.engine.forward import inspect_decoder
-    from tandemrl.backends.hf_backend import HFBackend
 
     try:
         inspect_decoder(model)
-    except NotImplementedError:  # no fast path for this architecture: the generic backend still works
-        return HFBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device)
-    return EngineBackend(model, tokenizer, EngineConfig(**cfg.engine.model_dump()), device=device)
+    except NotImplementedError:
+        return False
+    return True

@@ -74,8 +74,8 @@ class HFBackend:
                 results[i] = Rollout(req.request_id, list(req.prompt_ids), [], [], "error",
                                      policy_version=policy_version, error=err)
         if valid:
-            eos_ids = _eos_ids(self.model, self.tokenizer)
-            with _eval_mode(self.model), torch.inference_mode():
+            eos_ids = eos_token_ids(self.model, self.tokenizer)
+            with sampling_mode(self.model), torch.inference_mode():
                 for start in range(0, len(valid), self.max_batch_size):
                     idx = valid[start:start + self.max_batch_size]
                     chunk = [requests[i] for i in idx]
@@ -287,7 +287,7 @@ class _StopWatch:
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
+def sampling_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode (dropout off) for the duration; then every submodule gets back its own previous mode."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
@@ -319,7 +319,7 @@ def _logits_to_keep_kwargs(model: nn.Module) -> dict[str, int]:
     return {}
 
 
-def _eos_ids(model: nn.Module, tokenizer: Any) -> list[int]:
+def eos_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
     ids: list[int] = []
     sources = [getattr(tokenizer, "eos_token_id", None),
                getattr(getattr(model, "generation_config", None), "eos_token_id", None)]
