@@ -65,7 +65,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     writers.close()
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
     write_summary(out_dir, summary)
-    print_summary(summary, console)
+    print_summary(_headline(summary), console)
     return summary
 
 
@@ -151,6 +151,18 @@ def build_summary(cfg: Config, state: TrainerState, final: EvalResult, seconds: 
     if cfg.data.task.startswith("synthetic:"):
         summary["chance_accuracy"] = synthetic_chance_accuracy(cfg.data.task.split(":", 1)[1])
     return summary
+
+
+def _headline(summary: dict) -> dict:
+    """What the closing table shows: the scores side by side, then the run's facts."""
+    def scores(result: dict) -> dict:
+        named = {"accuracy": result["accuracy"], "reward": result["reward"]}
+        if result.get("pass_at_k") is not None:
+            named[f"pass@{result['k']}"] = result["pass_at_k"]
+        return named
+
+    facts = {k: v for k, v in summary.items() if k not in ("initial", "final")}
+    return {"initial": scores(summary["initial"]), "final": scores(summary["final"]), **facts}
 
 
 def _due(step: int, every: int, last: int) -> bool:
