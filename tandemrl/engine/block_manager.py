@@ -6,8 +6,9 @@ compute the prompt once). The cache map ``digest -> block`` points only at block
 the current step, will be) written for exactly that content:
 - ``allocate`` registers a sequence's full blocks at once, so the samples scheduled after it in the same
   prefill step hit them (the runner writes a layer's K/V for all tokens before attending);
-- ``may_append`` registers a decode block when the NEXT block is needed, i.e. once all its tokens' K/V have
-  been computed (registering earlier could publish a block whose owner is preempted before computing it).
+- decode registers a block once all its tokens' K/V have been computed, i.e. at the first decode schedule after
+  that (registering earlier could publish a block whose owner is preempted before computing it). Decode may
+  reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill.
 A freed block keeps its digest and can be revived by a later hit until it is handed out for new content.
 Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
 """
@@ -120,43 +121,45 @@ class BlockManager:
 
     # ------------------------------------------------------------------ decode
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the next decode step of ``seq`` can get the block it needs (if any)."""
-        return self._blocks_missing(seq) <= len(self._free)
+    def can_append(self, seq: Sequence, lookahead: int = 1) -> bool:
+        """Whether ``seq`` can get the blocks its next ``lookahead`` decode steps write to."""
+        return self._blocks_missing(seq, lookahead) <= len(self._free)
 
-    def may_append(self, seq: Sequence) -> None:
-        """Before a decode step: give ``seq`` a block for its last token if that token starts one.
+    def may_append(self, seq: Sequence, lookahead: int = 1) -> None:
+        """Before decoding: give ``seq`` the blocks its next ``lookahead`` steps write to (positions
+        num_tokens - 1 .. num_tokens - 2 + lookahead), and register its blocks that are now fully computed."""
+        if self.enable_prefix_caching:
+            self._register_computed_blocks(seq)
+        for _ in range(self._blocks_missing(seq, lookahead)):
+            seq.block_table.append(self._take_free_block())
 
-        The block just filled (all its tokens computed by now) is registered in the prefix cache.
-        """
-        missing = self._blocks_missing(seq)
-        if missing:
-            self._append_block(seq, missing)
-
-    def try_append_all(self, seqs: list[Sequence]) -> bool:
+    def try_append_all(self, seqs: list[Sequence], lookaheads: list[int] | None = None) -> bool:
         """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
         case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
-        bs = self.block_size
-        missing = [(len(s.token_ids) + bs - 1) // bs - len(s.block_table) for s in seqs]
-        if sum(m for m in missing if m > 0) > len(self._free):
+        lookaheads = lookaheads or [1] * len(seqs)
+        missing = sum(self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads))
+        if missing > len(self._free):
             return False
-        for seq, m in zip(seqs, missing):
-            if m > 0:
-                self._append_block(seq, m)
+        for seq, n in zip(seqs, lookaheads):
+            self.may_append(seq, n)
         return True
-
-    def _append_block(self, seq: Sequence, missing: int) -> None:
-        if missing > 1:
-            raise RuntimeError(f"sequence {seq.seq_id} holds {len(seq.block_table)} blocks for "
-                               f"{seq.num_tokens} tokens: more than one token appended since the last step")
-        if self.enable_prefix_caching and seq.block_table:
-            self._register_full_block(seq, len(seq.block_table) - 1)
-        seq.block_table.append(self._take_free_block())
 
     # ------------------------------------------------------------------ helpers
 
-    def _blocks_missing(self, seq: Sequence) -> int:
-        return max(0, (len(seq.token_ids) + self.block_size - 1) // self.block_size - len(seq.block_table))
+    def _blocks_missing(self, seq: Sequence, lookahead: int = 1) -> int:
+        """Blocks to add so that positions up to num_tokens - 2 + lookahead have a slot."""
+        needed = (len(seq.token_ids) - 1 + lookahead + self.block_size - 1) // self.block_size
+        return max(0, needed - len(seq.block_table))
+
+    def _register_computed_blocks(self, seq: Sequence) -> None:
+        """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
+        first back to the last registered one: O(1) per step in steady state."""
+        computed = min((seq.num_tokens - 1) // self.block_size, len(seq.block_table))
+        first = computed
+        while first > 0 and self._digest[seq.block_table[first - 1]] is None:
+            first -= 1
+        for i in range(first, computed):
+            self._register_full_block(seq, i)
 
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
         return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]

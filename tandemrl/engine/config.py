@@ -22,6 +22,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 16384
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
+    # Decode steps run back to back per engine step (the sampled tokens feed the next step on the device): the host
+    # schedules, stages inputs and checks stop conditions once per burst. A sequence that finishes inside a burst
+    # wastes at most decode_steps - 1 tokens of compute; waiting requests join at the next burst.
+    decode_steps: int = 8
     # torch.compile the graphed decode forward (CUDA only). Off by default: on torch 2.11 inductor fails on the
     # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
     compile_decode: bool = False
@@ -38,6 +42,7 @@ class EngineConfig:
                              f"got {self.gpu_memory_utilization}")
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("decode_steps", self.decode_steps)
         if self.max_num_batched_tokens < self.max_num_seqs:
             # a decode step computes one token per running sequence; it must fit the budget
             raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "

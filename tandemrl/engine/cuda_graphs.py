@@ -8,11 +8,14 @@ an in-place optimizer update is seen by the next replay; replacing a parameter t
 so call ``free_kv_cache()`` on the runner (which drops the graphs) after doing that. For the same reason, toggling
 peft adapters (merge, disable) needs the graphs dropped too.
 
-Staging is one host-to-device copy per step: the host writes every input of the step (ids, positions, slots,
-context lengths, block table) into one pinned buffer, laid out as the graph of that (bucket, width) reads them from
-the matching device buffer: ``[ids | positions | slots | context_lens | table]`` with the table column-major
-(``[width, bucket]`` viewed as ``[bucket, width]``), so the columns a batch uses form one contiguous prefix and
-the copy moves only those (the Triton kernel never reads past a row's context; SDPA graphs copy every column).
+Staging is one host-to-device copy per decode burst (see decode_plan.py): the host writes the burst's inputs
+into one pinned buffer laid out as ``[ids | positions | slots | context_lens | table | later steps]``: the first
+part is exactly what the graph of that (bucket, width) reads from the matching device buffer, with the table
+column-major (``[width, bucket]`` viewed as ``[bucket, width]``, so the columns a batch uses form one contiguous
+prefix and the copy moves only those; the Triton kernel never reads past a row's context, SDPA graphs copy every
+column); "later steps" holds ``[positions | slots | context_lens]`` of steps 1..K-1. Before step j > 0 one device
+copy moves step j's columns into place and one copies the tokens sampled at step j - 1 into ``ids``: the burst
+needs no host sync until its end.
 
 The forward may be a ``torch.compile``d callable (see compile.py): its warm-up run compiles, then we capture.
 
@@ -22,13 +25,13 @@ graph's private output stays small and the sampler's generator is never captured
 
 from __future__ import annotations
 
-import array
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from tandemrl.engine.attention import DecodeMeta
+from tandemrl.engine.decode_plan import DecodePlan
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -63,6 +66,7 @@ class DecodeGraphs:
         self._copied = torch.cuda.Event() if pinned else None  # the host buffer is free once this completes
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # shared by captures
+        self._burst: tuple[int, int, int, int] = (0, 0, 0, 0)  # (rows, bucket, width, later-steps offset)
 
     def width_for(self, blocks: int) -> int:
         """Block-table width of the graph that serves a batch whose longest table has `blocks` entries."""
@@ -72,45 +76,55 @@ class DecodeGraphs:
             return self.max_width
         return min(self.max_width, 1 << max(0, blocks - 1).bit_length())
 
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int], context_lens: list[int],
-            block_tables: list[list[int]]) -> Tensor:
-        """Host-side inputs for B <= 256 rows; block_tables[i] lists the blocks holding row i's context.
-        Returns hidden [B, hidden] (a view of the graph's output, valid until the next replay of that graph)."""
-        B = len(input_ids)
+    def stage(self, plan: DecodePlan) -> None:
+        """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order."""
+        B, K = len(plan.ids), plan.num_steps
         bucket = batch_bucket(B)
         if bucket is None:
             raise ValueError(f"batch {B} is larger than the largest CUDA graph bucket {BATCH_BUCKETS[-1]}")
-        w = max(len(t) for t in block_tables)
+        w = plan.tables.shape[1]
         width = self.width_for(w)
         cols = w if self.fixed_width else width  # SDPA gathers every column of its width: copy them all
-        n = self._fill_host(bucket, cols, (input_ids, positions, slots, context_lens), block_tables)
-        self.static[:n].copy_(self.host[:n], non_blocking=True)  # the step's one H2D copy
+        head = 4 * bucket + cols * bucket
+        size = head + 3 * bucket * (K - 1)
+        if size > self.host.numel():  # a longer burst than any before: grow both buffers
+            self.host = torch.empty(size, dtype=torch.long, pin_memory=self.host.is_pinned())
+            self.static = torch.cat((self.static, self.static.new_empty(size - self.static.numel())))
+            self.graphs.clear()  # they read the old buffer
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous burst's copy may still read the buffer
+        host = self.host[:size].numpy()
+        pad = (0, 0, self.scratch_slot, 1)  # padding rows: token 0 at position 0, one token of the scratch block
+        columns = host[:4 * bucket].reshape(4, bucket)
+        for c, (values, fill) in enumerate(zip((plan.ids, plan.positions[0], plan.slots[0], plan.context_lens[0]),
+                                               pad)):
+            columns[c, :B], columns[c, B:] = values, fill
+        table = host[4 * bucket:head].reshape(cols, bucket)
+        table.fill(self.scratch_block)
+        table[:w, :B] = plan.tables.T
+        later = host[head:].reshape(K - 1, 3, bucket)
+        for c, values in enumerate((plan.positions, plan.slots, plan.context_lens)):
+            later[:, c, :B], later[:, c, B:] = values[1:], pad[c + 1]
+        self.static[:size].copy_(self.host[:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+        self._burst = (B, bucket, width, head)
+
+    def step(self, j: int, input_ids: Tensor | None) -> Tensor:
+        """Step j of the staged burst; ``input_ids`` [B] on the device (None at step 0: the staged ids).
+        Returns hidden [B, hidden] (a view of the graph's output, valid until the next replay of that graph)."""
+        B, bucket, width, head = self._burst
+        if j > 0:
+            start = head + 3 * bucket * (j - 1)
+            self.static[bucket:4 * bucket].copy_(self.static[start:start + 3 * bucket])
+        if input_ids is not None:
+            self.static[:B].copy_(input_ids)
         key = (bucket, width)
         if key not in self.graphs:
             self.graphs[key] = self._capture(bucket, width)
         graph, out = self.graphs[key]
         graph.replay()
         return out[:B]
-
-    def _fill_host(self, bucket: int, cols: int, columns: tuple[list[int], ...], tables: list[list[int]]) -> int:
-        """Write a step's inputs into the host buffer in the (bucket, width) layout; returns the elements used."""
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copy may still read the buffer
-        B, pad = len(tables), bucket - len(tables)
-        ids, positions, slots, context_lens = columns
-        scratch = self.scratch_block
-        flat = ids + [0] * pad + positions + [0] * pad + slots + [self.scratch_slot] * pad + context_lens + [1] * pad
-        rows = [t + [scratch] * (cols - len(t)) for t in tables]  # short rows padded with the scratch block
-        tail = [scratch] * pad  # padding rows attend to one token of the scratch block
-        for column in zip(*rows):  # the table column-major, as the graphs' views read it
-            flat += column
-            flat += tail
-        n = len(flat)
-        # array -> frombuffer converts the ints in C, several times faster than torch.tensor(list)
-        self.host[:n].copy_(torch.frombuffer(array.array("q", flat), dtype=torch.long))
-        return n
 
     def static_inputs(self, bucket: int, width: int) -> tuple[Tensor, DecodeMeta]:
         """The views of the static buffer a graph of (`bucket` rows, `width` table columns) reads."""

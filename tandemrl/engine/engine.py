@@ -24,6 +24,8 @@ class ModelRunnerProtocol(Protocol):
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]: ...
 
+    def decode(self, seqs: list[Sequence], steps: list[int]) -> tuple[list[list[int]], list[list[float]]]: ...
+
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
 
     def free_kv_cache(self) -> None: ...
@@ -106,21 +108,25 @@ class LLMEngine:
         if self._asleep:
             raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
         out, self._ready = self._ready, []
-        seqs, is_prefill = self.scheduler.schedule()
+        seqs, is_prefill, steps = self.scheduler.schedule()
         if not seqs:
             if self.scheduler.has_unfinished():  # cannot happen for requests add() accepted
                 raise RuntimeError("scheduler made no progress with requests waiting")
             return out
         try:
-            token_ids, logprobs = self.runner.run(seqs, is_prefill)
+            if is_prefill:
+                first, first_logprobs = self.runner.run(seqs, True)
+                token_ids, logprobs = [[t] for t in first], [[lp] for lp in first_logprobs]
+            else:
+                token_ids, logprobs = self.runner.decode(seqs, steps)
         except BaseException:
             self._ready = out + self._ready  # still to be returned
             if is_prefill:  # nothing was computed: requeue the batch and unpublish what it registered
                 self.block_manager.forget_cached_blocks()
                 self.scheduler.requeue(seqs)
             raise  # a failed decode step leaves its sequences as they were: the same step can run again
-        finished = self.scheduler.postprocess(seqs, list(token_ids), list(logprobs))
-        self._count_step(seqs, is_prefill)
+        finished = self.scheduler.postprocess_steps(seqs, token_ids, logprobs)
+        self._count_step(steps, is_prefill)
         for seq in finished:
             self._live.pop(seq.seq_id, None)
             out.append((seq.seq_id, self._to_rollout(seq)))
@@ -195,11 +201,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _count_step(self, seqs: list[Sequence], is_prefill: bool) -> None:
+    def _count_step(self, steps: list[int], is_prefill: bool) -> None:
         self._counts["steps"] += 1
-        self._counts["prefill_steps" if is_prefill else "decode_steps"] += 1
-        if not is_prefill:
-            self._counts["decode_tokens"] += len(seqs)
+        if is_prefill:
+            self._counts["prefill_steps"] += 1
+        else:  # decode tokens computed, including those after a stop inside a burst
+            self._counts["decode_steps"] += max(steps)
+            self._counts["decode_tokens"] += sum(steps)
 
     def _decode(self, ids: Seq[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -2,18 +2,22 @@
 
 `run(seqs, is_prefill)` builds packed input ids, positions, slot mappings and block tables from the Sequence
 objects, runs `forward.forward_hidden` over the trainer's own modules (zero copy) under inference mode with the
-model in eval mode, takes logits of the sampled positions only, and samples with the shared sampler. On CUDA,
-decode replays CUDA graphs captured per batch bucket (see cuda_graphs.py). One host sync per step: the result.
+model in eval mode, takes logits of the sampled positions only, and samples with the shared sampler.
+`decode(seqs, steps)` runs a burst of decode steps (decode_plan.py): each step's sampled tokens are the next
+step's input on the device, so the burst syncs with the host once, at its end. On CUDA, decode replays CUDA
+graphs captured per batch bucket (see cuda_graphs.py).
 
-The cache holds one extra block past `num_blocks` (the scratch block): CUDA-graph padding rows write there, so
+The cache holds one extra block past `num_blocks` (the scratch block): CUDA-graph padding rows and the dead steps
+of a burst write there, so
 block ids 0 .. num_blocks-1 all belong to the block manager.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence as Seq
+from typing import Callable, Iterator, Sequence as Seq
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -21,6 +25,7 @@ from tandemrl.backends.sampler import sample_tokens
 from tandemrl.engine.attention import DecodeMeta, build_prefill_meta, triton_decode_available
 from tandemrl.engine.compile import CompiledDecode
 from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
+from tandemrl.engine.decode_plan import DecodePlan, build_decode_plan
 from tandemrl.engine.fused import fused_available
 from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.sequence import Sequence
@@ -120,20 +125,68 @@ class ModelRunner:
         """One forward for `seqs` and one sampled token per sequence: (token ids, their log-probs)."""
         if not seqs:
             return [], []
-        if not self.k_caches:
-            raise RuntimeError("ModelRunner has no KV cache: call allocate_kv_cache(num_blocks) first")
+        if not is_prefill:
+            tokens, logprobs = self.decode(seqs, [1] * len(seqs))
+            return [t[0] for t in tokens], [lp[0] for lp in logprobs]
+        self._require_cache()
         with _eval_mode(self._modules), torch.inference_mode():
-            hidden = self._prefill(seqs) if is_prefill else self._decode(seqs)
-            logits = compute_logits(self.spec, hidden)
-            tokens, logprobs = self._sample(seqs, logits)
+            hidden = self._prefill(seqs)
+            tokens, logprobs = self._sampler(seqs)(compute_logits(self.spec, hidden))
             host = torch.stack((tokens.double(), logprobs.double())).cpu()  # the step's one host sync
         return [int(t) for t in host[0].tolist()], host[1].tolist()
+
+    def decode(self, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[list[list[int]], list[list[float]]]:
+        """A decode burst (see decode_plan.py): sequence i computes ``steps[i]`` tokens, each step feeding the
+        token sampled at the previous one, with one host sync at the end. Returns per sequence its tokens and
+        their log-probs."""
+        if not seqs:
+            return [], []
+        self._require_cache()
+        plan = build_decode_plan(seqs, steps, self.block_size, self.num_blocks, self.max_model_len)
+        with _eval_mode(self._modules), torch.inference_mode():
+            run_step = self._graph_steps(plan) if self._use_graphs(len(seqs)) else self._eager_steps(plan)
+            sample = self._sampler(seqs)
+            tokens: Tensor | None = None
+            sampled = []
+            for j in range(plan.num_steps):
+                tokens, logprobs = sample(compute_logits(self.spec, run_step(j, tokens)))
+                sampled.append(torch.stack((tokens.double(), logprobs.double())))
+            host = torch.stack(sampled, dim=2).cpu()  # [2, B, K]: the burst's one host sync
+        token_rows, logprob_rows = host[0].long().tolist(), host[1].tolist()
+        return ([row[:k] for row, k in zip(token_rows, steps)], [row[:k] for row, k in zip(logprob_rows, steps)])
+
+    def _require_cache(self) -> None:
+        if not self.k_caches:
+            raise RuntimeError("ModelRunner has no KV cache: call allocate_kv_cache(num_blocks) first")
+
+    def _use_graphs(self, batch: int) -> bool:
+        return not self.enforce_eager and batch_bucket(batch) is not None
+
+    def _graph_steps(self, plan: DecodePlan) -> Callable[[int, Tensor | None], Tensor]:
+        graphs = self._decode_graphs()
+        graphs.stage(plan)
+        return graphs.step
+
+    def _eager_steps(self, plan: DecodePlan) -> Callable[[int, Tensor | None], Tensor]:
+        """Step j's forward without graphs; the burst's columns go to the device in one copy."""
+        columns = torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))).to(self.device)
+        tables = torch.from_numpy(plan.tables).to(self.device)
+        first_ids = torch.from_numpy(plan.ids).to(self.device)
+
+        def run_step(j: int, input_ids: Tensor | None) -> Tensor:
+            positions, slots, context_lens = columns[:, j].unbind(0)
+            meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
+                              block_tables=tables, use_triton=self.use_triton)
+            ids = first_ids if input_ids is None else input_ids
+            return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
+
+        return run_step
 
     def _prefill(self, seqs: Seq[Sequence]) -> Tensor:
         ids: list[int] = []
         query_lens, context_lens = [], []
         for seq in seqs:
-            self._check(seq, whole_table=True)
+            self._check(seq)
             # A fully cached sequence still recomputes its last token: we need that position's logits.
             start = min(seq.num_cached_tokens, seq.num_tokens - 1)
             ids.extend(seq.token_ids[start:])
@@ -143,30 +196,6 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
         return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows,
                               fused=self.fused_kernels)
-
-    def _decode(self, seqs: Seq[Sequence]) -> Tensor:
-        bs, num_blocks, max_len = self.block_size, self.num_blocks, self.max_model_len
-        ids, positions, slots, context_lens, tables = [], [], [], [], []
-        for seq in seqs:
-            tokens, table = seq.token_ids, seq.block_table
-            n = len(tokens)
-            last = (n - 1) // bs
-            # Decode checks only what can go out of bounds now (earlier blocks were checked when they were used).
-            if not (0 < n <= max_len and last < len(table) and 0 <= table[last] < num_blocks):
-                self._check(seq, whole_table=False)
-            ids.append(tokens[-1])
-            positions.append(n - 1)
-            slots.append(table[last] * bs + (n - 1) % bs)
-            context_lens.append(n)
-            tables.append(table[:last + 1])
-        if not self.enforce_eager and batch_bucket(len(seqs)) is not None:
-            return self._decode_graphs().run(ids, positions, slots, context_lens, tables)
-        columns = torch.tensor([ids, positions, slots, context_lens], dtype=torch.long).to(self.device)
-        ids_t, positions_t, slots_t, context_lens_t = columns.unbind(0)
-        meta = DecodeMeta(positions=positions_t, slot_mapping=slots_t, context_lens=context_lens_t,
-                          block_tables=self._pad_tables(tables).to(self.device, non_blocking=True),
-                          use_triton=self.use_triton)
-        return forward_hidden(self.spec, ids_t, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None:
@@ -200,7 +229,7 @@ class ModelRunner:
         pad = self.num_blocks
         return torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
 
-    def _check(self, seq: Sequence, whole_table: bool) -> None:
+    def _check(self, seq: Sequence) -> None:
         """Clear errors for what would otherwise be an out-of-bounds write on the device."""
         n, bs = seq.num_tokens, self.block_size
         if n == 0:
@@ -209,18 +238,18 @@ class ModelRunner:
             raise ValueError(f"sequence {seq.seq_id} has {n} tokens, more than max_model_len {self.max_model_len}")
         if len(seq.block_table) * bs < n:
             raise ValueError(f"sequence {seq.seq_id} has {n} tokens but {len(seq.block_table)} blocks of {bs}")
-        blocks = seq.block_table if whole_table else seq.block_table[(n - 1) // bs:(n - 1) // bs + 1]
-        if any(not 0 <= b < self.num_blocks for b in blocks):
+        if any(not 0 <= b < self.num_blocks for b in seq.block_table):
             raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {self.num_blocks}): {seq.block_table}")
 
     # ------------------------------------------------------------------ sampling
 
-    def _sample(self, seqs: Seq[Sequence], logits: Tensor) -> tuple[Tensor, Tensor]:
+    def _sampler(self, seqs: Seq[Sequence]) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+        """logits [B, vocab] -> (tokens, log-probs) for these sequences; set up once per burst."""
         params = [seq.params for seq in seqs]
-        temperature, top_p, top_k = self._sampling_columns(params, logits.device)
-        return sample_tokens(
-            logits, temperature, top_p, top_k, self._generator(params),
-            apply_filters=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params))
+        temperature, top_p, top_k = self._sampling_columns(params, self.device)
+        generator = self._generator(params)
+        filters = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
+        return lambda logits: sample_tokens(logits, temperature, top_p, top_k, generator, apply_filters=filters)
 
     def _sampling_columns(self, params: list[SamplingParams], device: torch.device) -> tuple[Tensor, ...]:
         """Per-row temperature, top_p (float32) and top_k (long) on the device: one copy, and none at all while

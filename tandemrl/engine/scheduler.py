@@ -1,7 +1,8 @@
 """Continuous batching: which sequences run in the next step, and what a step's sampled tokens finish.
 
 A step is either a prefill (waiting sequences join, each computing the tokens the prefix cache does not hold)
-or a decode (every running sequence computes one token). Prefill goes first whenever a waiting sequence fits
+or a decode (every running sequence computes its next tokens: up to ``decode_steps`` of them, each step feeding
+the last sampled token back on the device; a sequence's burst never passes its ``max_tokens``). Prefill goes first whenever a waiting sequence fits
 the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a prefill is admitted whatever
 its length, so a long prompt is never starved by the budget.
 
@@ -13,7 +14,7 @@ generated tokens; its next prefill recomputes them (often partly from the prefix
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, Sequence as Seq
+from typing import Callable, Iterable, NamedTuple, Sequence as Seq
 
 from tandemrl.backends.stopping import find_stop, tokens_to_keep
 from tandemrl.engine.block_manager import BlockManager
@@ -21,6 +22,12 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 
 Decode = Callable[[Seq[int]], str]
+
+
+class ScheduledBatch(NamedTuple):
+    seqs: list[Sequence]
+    is_prefill: bool
+    steps: list[int]  # tokens each sequence computes this engine step (1 in a prefill)
 
 
 class Scheduler:
@@ -85,12 +92,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
 
-    def schedule(self) -> tuple[list[Sequence], bool]:
-        """The sequences of the next step and whether it is a prefill; ([], False) when idle."""
+    def schedule(self) -> ScheduledBatch:
+        """The sequences of the next step; an empty batch when idle."""
         batch = self._schedule_prefill()
         if batch:
-            return batch, True
-        return self._schedule_decode(), False
+            return ScheduledBatch(batch, True, [1] * len(batch))
+        return self._schedule_decode()
 
     def _schedule_prefill(self) -> list[Sequence]:
         bm, cfg = self.block_manager, self.config
@@ -111,10 +118,15 @@ class Scheduler:
             batch.append(seq)
         return batch
 
-    def _schedule_decode(self) -> list[Sequence]:
+    def _schedule_decode(self) -> ScheduledBatch:
         bm = self.block_manager
-        if bm.try_append_all(self.running):  # enough free blocks for everyone: nobody is preempted
-            return list(self.running)
+        running = list(self.running)
+        if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
+            steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
+            if bm.try_append_all(running, steps):
+                return ScheduledBatch(running, False, steps)
+        if bm.try_append_all(running):  # one step for everyone: nobody is preempted
+            return ScheduledBatch(running, False, [1] * len(running))
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:
@@ -127,7 +139,7 @@ class Scheduler:
             else:  # nobody younger left to evict
                 self._preempt(seq)
         self.running = deque(batch)
-        return batch
+        return ScheduledBatch(batch, False, [1] * len(batch))
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
@@ -138,26 +150,38 @@ class Scheduler:
     # ------------------------------------------------------------------ postprocess
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], logprobs: list[float]) -> list[Sequence]:
-        """Append each sequence's sampled token; return (and free) the sequences that finished."""
+        """One sampled token per sequence: see ``postprocess_steps``."""
         if not len(seqs) == len(token_ids) == len(logprobs):
             raise RuntimeError(f"the model runner returned {len(token_ids)} tokens and {len(logprobs)} "
                                f"log-probs for {len(seqs)} sequences")
+        return self.postprocess_steps(seqs, [[t] for t in token_ids], [[lp] for lp in logprobs])
+
+    def postprocess_steps(self, seqs: list[Sequence], token_ids: list[list[int]],
+                          logprobs: list[list[float]]) -> list[Sequence]:
+        """Append each sequence's sampled tokens in order, up to the one that finishes it (the rest of its burst
+        is dropped); return (and free) the sequences that finished."""
+        if not len(seqs) == len(token_ids) == len(logprobs):
+            raise RuntimeError(f"the model runner returned tokens for {len(token_ids)} and log-probs for "
+                               f"{len(logprobs)} of {len(seqs)} sequences")
         finished = []
         eos_ids = self.eos_ids
-        for seq, token, logprob in zip(seqs, token_ids, logprobs):
-            seq.append_token(token, logprob)
-            token = seq.token_ids[-1]  # as a plain int
+        for seq, tokens, lps in zip(seqs, token_ids, logprobs):
             params = seq.params
-            # Cheap test first: most tokens of most steps finish nothing.
-            if (not params.stop and len(seq.token_ids) - seq.num_prompt_tokens < params.max_tokens
-                    and (params.ignore_eos or token not in eos_ids)):
+            # Fast path, most sequences of most steps: nothing in this burst can finish them.
+            if (not params.stop and seq.num_completion_tokens + len(tokens) < params.max_tokens
+                    and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
+                seq.token_ids.extend(tokens)
+                seq.logprobs.extend(lps)
                 continue
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = reason
-                self.block_manager.deallocate(seq)
-                finished.append(seq)
+            for token, logprob in zip(tokens, lps):
+                seq.append_token(token, logprob)
+                reason = self._finish_reason(seq, seq.token_ids[-1])
+                if reason is not None:
+                    seq.status = SequenceStatus.FINISHED
+                    seq.finish_reason = reason
+                    self.block_manager.deallocate(seq)
+                    finished.append(seq)
+                    break
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished

@@ -86,6 +86,28 @@ class FakeRunner:
             tokens.append(next_token(self.read(seq, seq.num_tokens - 1), seq.params.seed))
         return tokens, [-1.0] * len(seqs)
 
+    def decode(self, seqs: list[Sequence], steps: list[int]) -> tuple[list[list[int]], list[list[float]]]:
+        """A burst: steps[i] tokens for sequence i, each fed back as the next input (the engine's sequences are
+        not touched: the runner only returns tokens)."""
+        assert self.kv is not None and seqs and len(steps) == len(seqs) and min(steps) >= 1
+        live = list(self.live())
+        check_block_tables(seqs, [s for s in live if s not in seqs], steps)
+        self.calls.append((False, [s.seq_id for s in seqs], len(live)))
+        written: set[int] = set()
+        out = []
+        for seq, k in zip(seqs, steps):
+            tokens = list(seq.token_ids)
+            for _ in range(k):
+                t = len(tokens) - 1
+                prev = self.read(seq, t - 1) if t else 0
+                slot = self.slot(seq, t)
+                assert slot not in written, f"slot {slot} written twice in one burst"
+                written.add(slot)
+                self.kv[slot] = (t, kv_value(prev, tokens[t], t))
+                tokens.append(next_token(self.kv[slot][1], seq.params.seed))
+            out.append(tokens[seq.num_tokens:])
+        return out, [[-1.0] * k for k in steps]
+
     @staticmethod
     def slot(seq: Sequence, t: int) -> int:
         return seq.block_table[t // BS] * BS + t % BS
@@ -96,14 +118,17 @@ class FakeRunner:
         return entry[1]
 
 
-def check_block_tables(batch: list[Sequence], idle: list[Sequence]) -> None:
-    """Each sequence of the step holds exactly the blocks its tokens need (a running one outside the step may
-    lack the block of its not yet computed last token); a block held by two sequences is a full block at the
-    same index with the same tokens up to its end (a shared prefix)."""
+def check_block_tables(batch: list[Sequence], idle: list[Sequence], steps: list[int] | None = None) -> None:
+    """Each sequence of the step holds exactly the blocks its tokens need, including the positions its burst of
+    ``steps`` writes (a running one outside the step may lack the block of its not yet computed last token); a
+    block held by two sequences is a full block at the same index with the same tokens up to its end (a shared
+    prefix)."""
     owner: dict[int, tuple[Sequence, int]] = {}
+    lookahead = dict(zip((s.seq_id for s in batch), steps or [1] * len(batch)))
     for seq in batch + idle:
-        computed = seq.num_tokens if seq in batch else seq.num_tokens - 1
-        assert -(-computed // BS) <= len(seq.block_table) <= seq.num_blocks(BS), (seq.seq_id, seq.block_table)
+        written = seq.num_tokens - 1 + lookahead.get(seq.seq_id, 0)
+        assert -(-written // BS) <= len(seq.block_table) <= -(-max(written, seq.num_tokens) // BS), \
+            (seq.seq_id, seq.block_table)
         assert len(set(seq.block_table)) == len(seq.block_table)
         for i, block in enumerate(seq.block_table):
             if block in owner:
@@ -203,9 +228,10 @@ def test_tiny_pool_forces_preemption_and_outputs_still_match(caching):
     assert engine.block_manager.num_free_blocks == 10
 
 
-def test_continuous_batching_admits_new_requests_as_others_finish():
-    engine, runner = make_engine(max_num_seqs=3)
-    requests = [req(f"c{i}", prompt(3 + i, base=i), max_tokens=2 + 3 * (i % 3), seed=i) for i in range(9)]
+@pytest.mark.parametrize("decode_steps", [1, 3])
+def test_continuous_batching_admits_new_requests_as_others_finish(decode_steps):
+    engine, runner = make_engine(max_num_seqs=3, decode_steps=decode_steps)
+    requests = [req(f"c{i}", prompt(3 + i, base=i), max_tokens=2 + 5 * (i % 3), seed=i) for i in range(9)]
     out = engine.generate(requests)
     assert_matches_reference(requests, out)
     assert max(n for _, _, n in runner.calls) <= 3
@@ -303,15 +329,17 @@ def test_stop_string_cuts_text_and_keeps_the_completing_token():
 @pytest.mark.parametrize("fail_on_call", [0, 1])
 def test_a_failed_step_can_be_retried(fail_on_call):
     engine, runner = make_engine()
-    run, calls = runner.run, []
+    calls = []
 
-    def flaky(seqs, is_prefill):
-        calls.append(is_prefill)
-        if len(calls) == fail_on_call + 1:
-            raise MemoryError("out of memory")
-        return run(seqs, is_prefill)
+    def flaky(method):
+        def call(*args):
+            calls.append(method.__name__)
+            if len(calls) == fail_on_call + 1:
+                raise MemoryError("out of memory")
+            return method(*args)
+        return call
 
-    runner.run = flaky
+    runner.run, runner.decode = flaky(runner.run), flaky(runner.decode)
     requests = [req(f"x{j}", prompt(10), max_tokens=5, seed=j) for j in range(3)]
     for q in requests:
         engine.add_request(q)
@@ -328,7 +356,7 @@ def test_generate_that_fails_leaves_a_clean_engine():
     engine, runner = make_engine()
     engine.add_request(req("bad-outside", []))  # an error rollout waiting for step()
     run = runner.run
-    runner.run = lambda seqs, is_prefill: (_ for _ in ()).throw(RuntimeError("device lost"))
+    runner.run = lambda *args: (_ for _ in ()).throw(RuntimeError("device lost"))
     with pytest.raises(RuntimeError, match="device lost"):
         engine.generate([req("a", prompt(6)), req("b", prompt(7))])
     assert engine.block_manager.num_free_blocks == 64 and not engine.scheduler.has_unfinished()

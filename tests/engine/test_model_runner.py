@@ -296,6 +296,50 @@ def test_graph_staging_pads_batches_without_touching_other_blocks(monkeypatch):
         torch.testing.assert_close(mine[:128], ref[:128], atol=1e-6, rtol=1e-6)  # padding only hit the scratch
 
 
+def _burst_vs_single_steps(burst_runner: ModelRunner, step_runner: ModelRunner, lengths: list[int],
+                           steps: list[int], params: SamplingParams) -> None:
+    prompts = prompts_of(lengths, seed=3)
+    blocks = Blocks(burst_runner.num_blocks)
+    tables = [blocks.take(4) for _ in prompts]
+    burst = [make_seq(i, p, t, params) for i, (p, t) in enumerate(zip(prompts, tables))]
+    single = [make_seq(i, p, t, params) for i, (p, t) in enumerate(zip(prompts, tables))]
+    step(burst_runner, burst, True)
+    step(step_runner, single, True)
+    tokens, logprobs = burst_runner.decode(burst, steps)
+    for j in range(max(steps)):
+        step(step_runner, [s for s, k in zip(single, steps) if k > j], False)
+    for seq, toks, lps, ref in zip(burst, tokens, logprobs, single):
+        assert toks == ref.completion_ids[1:]
+        assert lps == pytest.approx(ref.logprobs[1:], abs=1e-5)
+    for mine, theirs in zip(burst_runner.k_caches + burst_runner.v_caches, step_runner.k_caches + step_runner.v_caches):
+        torch.testing.assert_close(mine[:-1], theirs[:-1], atol=1e-6, rtol=1e-6)  # dead steps hit only the scratch
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_decode_burst_equals_one_step_at_a_time(monkeypatch, graphed):
+    """A burst feeds each sampled token back on the device; rows with fewer live steps run dead steps into the
+    scratch block. Greedy with uneven steps, and seeded sampling with even ones (the same random draws)."""
+    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, b, t: ((g := _EagerGraph(self, b, t)), g.out))
+    model = build("qwen2")
+    for lengths, steps, params in [([3, 17, 30], [5, 1, 3], GREEDY),
+                                   ([9, 16, 2], [4, 4, 4], SamplingParams(temperature=0.8, max_tokens=64, seed=5))]:
+        burst_runner, step_runner = runner_for(model, 32), runner_for(model, 32)
+        burst_runner.enforce_eager = not graphed
+        _burst_vs_single_steps(burst_runner, step_runner, lengths, steps, params)
+
+
+def test_decode_burst_rejects_what_would_write_out_of_bounds():
+    model = build("qwen2")
+    runner = runner_for(model, 8)
+    seq = make_seq(0, list(range(3, 18)), [0, 1])
+    with pytest.raises(ValueError, match="only 2 blocks"):
+        runner.decode([seq], [19])  # positions 14..32: position 32 needs a third block
+    with pytest.raises(ValueError, match="block ids outside"):
+        runner.decode([make_seq(1, [5, 6], [9])], [1])
+    with pytest.raises(ValueError, match="max_model_len"):
+        runner.decode([make_seq(2, [5] * 250, list(range(8)))], [10])
+
+
 # ---------------------------------------------------------------------- GPU only
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -1,0 +1,67 @@
+"""The host-side inputs of a decode burst: K steps for B sequences, computed at once with numpy.
+
+Step j of row i feeds the token at position ``n_i - 1 + j`` (n_i: the sequence's tokens before the burst; for
+j > 0 the token is the one sampled at step j - 1, known only on the device) and writes its K/V into that
+position's slot. Row i runs ``steps[i]`` live steps; the burst runs ``max(steps)``, so a row's later steps are
+dead: they repeat the row's last live position but write to the scratch slot (owned by no sequence), and
+their samples are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import numpy as np
+
+from tandemrl.engine.sequence import Sequence
+
+
+@dataclass
+class DecodePlan:
+    ids: np.ndarray  # [B] the last token of each sequence (step 0's input)
+    positions: np.ndarray  # [K, B]
+    slots: np.ndarray  # [K, B] flat KV slot written by each step (the scratch slot for dead steps)
+    context_lens: np.ndarray  # [K, B] tokens attended to, the step's own included
+    tables: np.ndarray  # [B, W] block ids covering every live position, padded with the scratch block
+    steps: list[int]
+
+    @property
+    def num_steps(self) -> int:
+        return self.positions.shape[0]
+
+
+def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num_blocks: int,
+                      max_model_len: int) -> DecodePlan:
+    """The plan for ``seqs`` decoding ``steps[i]`` tokens each; ValueError (naming the sequence) for what would
+    otherwise be an out-of-bounds access on the device. Block ``num_blocks`` is the scratch block."""
+    if len(seqs) != len(steps) or not seqs:
+        raise ValueError(f"a decode burst needs one step count per sequence, got {len(steps)} for {len(seqs)}")
+    n = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=len(seqs))
+    live_steps = np.asarray(steps, dtype=np.int64)
+    last = n - 2 + live_steps  # the last position a row writes
+    for i in np.flatnonzero((n < 1) | (live_steps < 1) | (last >= max_model_len)):
+        raise ValueError(f"sequence {seqs[i].seq_id} has {n[i]} tokens and {live_steps[i]} decode steps: "
+                         f"needs 1 <= tokens, 1 <= steps and tokens - 1 + steps <= max_model_len {max_model_len}")
+    widths = last // block_size + 1
+    tables = np.full((len(seqs), int(widths.max())), -1, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        row = seq.block_table[:widths[i]]
+        if len(row) < widths[i]:
+            raise ValueError(f"sequence {seq.seq_id} has {n[i]} tokens and {steps[i]} decode steps but only "
+                             f"{len(seq.block_table)} blocks of {block_size}")
+        tables[i, :len(row)] = row
+    held = np.arange(tables.shape[1]) < widths[:, None]
+    if ((tables < 0) | (tables >= num_blocks))[held].any():
+        bad = int(np.flatnonzero(((tables < 0) | (tables >= num_blocks)).any(axis=1) & held.any(axis=1))[0])
+        raise ValueError(f"sequence {seqs[bad].seq_id} has block ids outside [0, {num_blocks}): "
+                         f"{seqs[bad].block_table}")
+    tables[~held] = num_blocks
+    step = np.arange(int(live_steps.max()))[:, None]
+    live = step < live_steps
+    positions = np.minimum(n - 1 + step, last)  # a dead step repeats the row's last position (RoPE stays in range)
+    blocks = tables[np.arange(len(seqs)), positions // block_size]
+    slots = np.where(live, blocks * block_size + positions % block_size, num_blocks * block_size)
+    context_lens = positions + 1
+    ids = np.fromiter((s.token_ids[-1] for s in seqs), dtype=np.int64, count=len(seqs))
+    return DecodePlan(ids, positions, slots, context_lens, tables, list(steps))
