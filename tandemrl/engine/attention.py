@@ -14,6 +14,7 @@ Decode is CUDA-graph capturable: fixed shapes for a given (batch, block-table wi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,17 @@ except Exception:  # pragma: no cover - missing or broken install: the SDPA path
 
 # Bound on one prefill SDPA call's padded mask (sequences x Q*G queries x L keys); larger batches go in chunks.
 _PREFILL_MASK_ELEMENTS = 1 << 26
+
+# Triton paged decode: tokens per inner step and warps per program. At head_dim 64 in bf16 on sm_90, 64 x 4
+# compiles to 80 registers and 21 KiB of shared memory (the next K and V tiles prefetched by cp.async): ~6
+# programs fit an SM, so 256 rows x 2 KV heads run in one wave with ~16 KiB each in flight. 128-token tiles
+# (96 registers, 40 KiB) halve the loop trips; 8 warps halve the registers but not the per-program latency.
+_DECODE_BLOCK_N = 64
+_DECODE_WARPS = 4
+_SPLIT_TARGET_WAVES = 2  # split-K aims at this many decode programs per SM
+_MAX_SPLITS = 64  # the merge kernel reads all partitions of a head as one [splits, head_dim] tile
+_FALLBACK_SM_COUNT = 132  # off CUDA (the interpreter): an H100's
+_LOG2E = 1.4426950408889634  # the kernels use exp2 with log2(e) folded into the softmax scale
 
 
 @dataclass
@@ -190,85 +202,195 @@ def triton_decode_available(device: torch.device) -> bool:
 
 def triton_paged_decode(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float,
-    window: int | None,
+    window: int | None, *, num_splits: int | None = None,
 ) -> Tensor:
-    """Same contract as sdpa_decode, fused: one program per (sequence, KV head) walks that sequence's blocks
-    with an online softmax, reading only the first context_len tokens (not the padded width)."""
+    """Same contract as sdpa_decode, fused: reads only each row's first context_len tokens (not the padded width).
+
+    Split-K ("flash-decoding"): each (row, KV head) context is cut into `num_splits` partitions, attended by
+    separate programs into a float32 workspace, then merged by a small second kernel. None picks the count from
+    host-known shapes only (`decode_splits`), so a CUDA graph captured per (rows, width) stays valid for any
+    context_lens; one split runs the single-pass kernel, no workspace, no merge.
+    """
     if triton is None:
         raise RuntimeError("triton_paged_decode needs the triton package")
     B, H, D = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
+    if H % kv_heads or k_cache.shape[-1] != D or v_cache.shape != k_cache.shape:
+        raise ValueError(f"triton_paged_decode: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)} (query heads must be a multiple of the KV heads)")
+    if block_tables.shape[0] != B or context_lens.shape != (B,):
+        raise ValueError(f"triton_paged_decode: block_tables {tuple(block_tables.shape)} / context_lens "
+                         f"{tuple(context_lens.shape)} do not have {B} rows")
+    if num_splits is None:
+        num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, _sm_count(q.device))
+    if not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"triton_paged_decode: num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("triton_paged_decode: the K and V caches need the same strides and a unit last stride")
+    # Every operand is read through its strides (block tables staged column-major by CUDA graphs, q as a view of
+    # a fused projection); only head_dim must be unit-stride.
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     group = H // kv_heads
-    # The kernel indexes context_lens with unit stride; block tables may be strided (CUDA graphs stage them
-    # column-major).
-    q, context_lens = q.contiguous(), context_lens.contiguous()
-    out = torch.empty_like(q)
-    _paged_decode_kernel[(B, kv_heads)](
-        q, k_cache, v_cache, block_tables, context_lens, out,
-        scale, window if window is not None else 0,
+    out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
+    common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D,
+                  BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=_DECODE_BLOCK_N, HAS_WINDOW=window is not None,
+                  IEEE=q.dtype == torch.float32, num_warps=_DECODE_WARPS)
+    if num_splits == 1:
+        part_acc = part_m = part_l = out  # unused by the single-pass variant
+    else:
+        part_acc = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(2, B, H, num_splits, dtype=torch.float32, device=q.device)
+        part_m, part_l = part_ml[0], part_ml[1]
+    _paged_decode_kernel[(B, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_m, part_l,
+        scale * _LOG2E, window if window is not None else 0, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), block_tables.stride(1),
+        block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
         out.stride(0), out.stride(1),
-        BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=64,
-        HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
+        SPLIT=num_splits > 1, **common,
     )
+    if num_splits > 1:
+        _combine_splits_kernel[(B, H)](
+            part_acc, part_m, part_l, context_lens, out,
+            window if window is not None else 0, num_splits, context_lens.stride(0), out.stride(0), out.stride(1),
+            HEAD_DIM=D, BLOCK_D=common["BLOCK_D"], BLOCK_N=_DECODE_BLOCK_N, HAS_WINDOW=window is not None,
+            BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+        )
     return out
+
+
+def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int) -> int:
+    """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only.
+
+    Enough programs for about _SPLIT_TARGET_WAVES programs per SM (a decode program is latency-bound: more of them
+    in flight means more bytes in flight), never more partitions than BLOCK_N-token tiles in the widest context
+    the table allows (the rest would always be empty), at most _MAX_SPLITS (the merge reads them in one tile).
+    When rows x KV heads alone reach that many programs: 1, the single-pass kernel without workspace or merge.
+    """
+    programs = rows * kv_heads
+    target = _SPLIT_TARGET_WAVES * sm_count
+    if programs >= target:
+        return 1
+    tiles = -(-width * block_size // _DECODE_BLOCK_N)
+    return max(1, min(-(-target // programs), tiles, _MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count; off CUDA (Triton's interpreter) an H100's, so tests walk the same split policy."""
+    if device.type != "cuda":
+        return _FALLBACK_SM_COUNT
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 if triton is not None:
 
     @triton.jit
+    def _split_chunk(ctx, window, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+        # A row's first attended token and the tokens of each of its partitions (whole BLOCK_N tiles), from its
+        # context length on the device: partition i holds [start + i * chunk, min(start + (i+1) * chunk, ctx)).
+        start = 0
+        if HAS_WINDOW:
+            start = tl.maximum(ctx - window, 0)
+        per_split = tl.cdiv(ctx - start, num_splits)
+        return start, tl.cdiv(per_split, BLOCK_N) * BLOCK_N
+
+    @triton.jit
     def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr,
-        scale, window,
+        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+        qk_scale, window, num_splits,
         stride_qb, stride_qh,
         stride_kblk, stride_kslot, stride_kh,
-        stride_btb, stride_btn,
+        stride_btb, stride_btn, stride_ctx,
         stride_ob, stride_oh,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
     ):
+        # One program per (row, KV head, partition): an online softmax over the partition's tokens for the GROUP
+        # query heads sharing the KV head. qk_scale carries log2(e): exp2 throughout.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        split = tl.program_id(2)
+        ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
+        start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+        lo = start + split * chunk
+        hi = tl.minimum(lo + chunk, ctx)  # lo >= hi: a partition past a short row's context, nothing to do
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
-        gd_mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
+        d_mask = d < HEAD_DIM
+        gd_mask = (g < GROUP)[:, None] & d_mask[None, :] & (lo < hi)
         heads = kvh * GROUP + g
         q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        start = 0
-        if HAS_WINDOW:
-            start = tl.maximum(ctx - window, 0)
-        for n0 in range(start, ctx, BLOCK_N):
+        for n0 in range(lo, hi, BLOCK_N):
             tok = n0 + tl.arange(0, BLOCK_N)
-            t_mask = tok < ctx
+            t_mask = tok < hi
             bt_off = b * stride_btb + (tok // BLOCK_SIZE) * stride_btn
             blk = tl.load(bt_ptr + bt_off, mask=t_mask, other=0).to(tl.int64)
             off = blk * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
-            nd_mask = t_mask[:, None] & (d < HEAD_DIM)[None, :]
+            nd_mask = t_mask[:, None] & d_mask[None, :]
+            # V is loaded with K, before the softmax needs it: both tiles are in flight at once
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-            s = tl.where(t_mask[None, :], s * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
+            s = tl.where(t_mask[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first tile of a range holds a token
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
             if IEEE:
                 pv = tl.dot(p, v, input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m = m_new
-        out = acc / l[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+        if SPLIT:
+            # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge skips it).
+            part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
+            g_ok = (g < GROUP) & (lo < hi)
+            tl.store(part_m_ptr + part, m, mask=g_ok)
+            tl.store(part_l_ptr + part, l, mask=g_ok)
+            tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+        else:
+            out = acc / l[:, None]
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+    @triton.jit
+    def _combine_splits_kernel(
+        part_acc_ptr, part_m_ptr, part_l_ptr, ctx_ptr, out_ptr, window, num_splits,
+        stride_ctx, stride_ob, stride_oh,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        # One program per (row, query head): merges the partitions that hold tokens (the first `active`, the same
+        # split as the decode kernel's), each rescaled from its own running max to the common one.
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
+        start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+        active = tl.cdiv(ctx - start, chunk)
+        s = tl.arange(0, BLOCK_S)
+        s_mask = s < active
+        part = (b * tl.num_programs(1) + h) * num_splits + s
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
+        l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None] & d_mask[None, :],
+                      other=0.0)
+        w = tl.exp2(m - tl.max(m, axis=0))  # the max is finite (partition 0 holds a token); skipped ones weigh 0
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)

@@ -4,6 +4,8 @@ Fast path for Qwen2/Qwen2.5, Qwen3 and Llama/Mistral. Every weight is used by ca
 (embed_tokens, q_proj, ..., mlp, norm, lm_head), so parameters are read in place (zero copy), an optimizer step
 is seen by the next forward, and peft LoRA layers (which replace q_proj etc. by modules whose forward adds the
 adapter) just work. Tokens are packed: hidden states are [N, hidden] for N tokens across all sequences.
+The fused path may group plain nn.Linear projections into one Triton launch (fused_linear.py); those kernels
+read the same parameter tensors in place and step aside for LoRA-wrapped or hooked modules.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from tandemrl.engine import fused as fk
+from tandemrl.engine import fused_linear as fl
 from tandemrl.engine.attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention, store_kv
 from tandemrl.models.lora import unwrap_causal_lm
 
@@ -163,10 +166,23 @@ def _head_norm(norm: nn.Module, x: Tensor, fused: bool) -> Tensor:
 
 
 def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
-    """A SiLU-gated MLP with its activation product fused; projections stay module calls (LoRA wraps them)."""
+    """A SiLU-gated MLP with its activation product fused: gate/up in the same launch where they are plain
+    Linear layers, else module calls (LoRA wraps them)."""
     if not fk.is_silu_mlp(mlp):
         return mlp(x)
-    return mlp.down_proj(fk.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+    act = fl.gate_up_silu(mlp, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS)  # one launch for small batches
+    if act is None:  # LoRA-wrapped or hooked projections, or prefill-size inputs (cuBLAS)
+        act = fk.silu_mul(mlp.gate_proj(x), mlp.up_proj(x))
+    return mlp.down_proj(act)
+
+
+def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The q, k, v projections: on the fused path one grouped launch for small batches (column views of one
+    buffer), else the modules themselves (LoRA wrappers, hooks, prefill-size inputs)."""
+    grouped = fl.qkv_projection(attn, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
+    if grouped is not None:
+        return grouped
+    return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
 
 
 def compute_logits(spec: DecoderSpec, hidden: Tensor) -> Tensor:
@@ -180,16 +196,17 @@ def _self_attention(
 ) -> Tensor:
     """cos, sin: [N, 1, D] on the torch path, [N, D] on the fused path (which rotates q and k in place)."""
     N = x.shape[0]
-    q = attn.q_proj(x).view(N, spec.num_heads, spec.head_dim)
-    k = attn.k_proj(x).view(N, spec.num_kv_heads, spec.head_dim)
-    v = attn.v_proj(x).view(N, spec.num_kv_heads, spec.head_dim)
+    q, k, v = _qkv(attn, x, fused)
+    q = q.view(N, spec.num_heads, spec.head_dim)
+    k = k.view(N, spec.num_kv_heads, spec.head_dim)
+    v = v.view(N, spec.num_kv_heads, spec.head_dim)
     if spec.qk_norm:
         q, k = _head_norm(attn.q_norm, q, fused), _head_norm(attn.k_norm, k, fused)
-    if fused:
-        fk.rope_qk_(q, k, cos, sin)
+    if fused:  # RoPE and the K/V cache write in one launch
+        fk.rope_qk_store_(q, k, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
     else:
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if isinstance(meta, PrefillMeta):
         out = prefill_attention(q, k_cache, v_cache, meta, spec.scale, window)
     else:

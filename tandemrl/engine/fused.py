@@ -5,6 +5,7 @@ A decode step is hundreds of tiny kernels; these fold HF's op chains into one la
 - ``add_rmsnorm``: the residual add of the previous sublayer and the next RMSNorm (HF Qwen2RMSNorm/LlamaRMSNorm
   order: float32 variance and scaling, cast to the input dtype, then times the weight, in the promoted dtype).
 - ``rope_qk_``: HF's rotate-half RoPE on q and k in place, one launch for both.
+- ``rope_qk_store_``: the same, plus the rotated k and v written into the paged K/V cache (``store_kv``'s job).
 - ``silu_mul``: act(gate) * up of a SiLU MLP (the projections stay module calls, so LoRA wrappers work).
 
 Rounding is emulated step by step: every HF op in a 16-bit dtype computes in float32 and rounds its result, so
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from tandemrl.engine.attention import store_kv
 
 try:  # optional: without Triton (or off CUDA) the forward keeps its plain torch ops
     import triton
@@ -115,6 +118,47 @@ def rope_qk_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Te
     return q, k
 
 
+def rope_qk_store_(
+    q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """``rope_qk_`` then ``attention.store_kv`` in one launch (one program per token): rotates q [N, Hq, D] and
+    k [N, Hkv, D] in place (bit for bit as ``rope_qk_``) and writes token n's rotated k and its v [N, Hkv, D] to
+    flat slot ``slot_mapping[n]`` (= block * block_size + offset) of k_cache / v_cache [blocks, block_size, Hkv, D],
+    cast to the cache dtype. Slots must be valid; a slot named twice gets one of its tokens (as index_copy_)."""
+    N, Hq, D = q.shape
+    Hk = k.shape[1]
+    if D % 2 or k.shape != (N, Hk, D) or v.shape != k.shape or cos.shape != (N, D) or sin.shape != (N, D) \
+            or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (Hk, D) or slot_mapping.shape != (N,):
+        raise ValueError(f"rope_qk_store_: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, cos "
+                         f"{tuple(cos.shape)}, sin {tuple(sin.shape)}, caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)}, slot_mapping {tuple(slot_mapping.shape)} do not fit [N, H, D] "
+                         "rows with D even, [N, D] angles, [blocks, block_size, Hkv, D] caches and [N] slots")
+    if not _rope_store_fits(q, k, v, cos, sin, k_cache, v_cache):
+        rope_qk_(q, k, cos, sin)  # odd layouts or mixed dtypes: rare, the two separate exact ops
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q, k
+    half = D // 2
+    _rope_qk_store_kernel[(N,)](
+        q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        k_cache.stride(1), k_cache.stride(2), slot_mapping.stride(0),
+        HQ=Hq, HK=Hk, HALF=half, BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
+        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+    return q, k
+
+
+def _rope_store_fits(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                     v_cache: Tensor) -> bool:
+    """Whether the fused kernel takes these operands: tokens present, one activation dtype, unit-stride head dims,
+    and caches whose (block, offset) dims flatten to one slot dim with the same strides for K and V."""
+    if q.shape[0] == 0 or len({q.dtype, k.dtype, v.dtype, cos.dtype, sin.dtype}) > 1:
+        return False
+    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache)):
+        return False
+    return k_cache.stride() == v_cache.stride() and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)
+
+
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """Fused ``silu_mul_ref`` (silu rounded to gate's dtype before the product, as torch does)."""
     if gate.shape != up.shape or gate.dtype != up.dtype or not (gate.is_contiguous() and up.is_contiguous()):
@@ -155,6 +199,17 @@ if triton is not None:
         tl.store(out_ptr + row * H + cols, (w * h).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _rope_angles(cos_ptr, sin_ptr, stride_cn, stride_sn, n, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+        d = tl.arange(0, BLOCK_HALF)[None, :]
+        dmask = d < HALF
+        # cos/sin over the full head dim (HF multiplies by all D entries; they need not repeat per half)
+        c1 = tl.load(cos_ptr + n * stride_cn + d, mask=dmask, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + n * stride_cn + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + n * stride_sn + d, mask=dmask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + n * stride_sn + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        return c1, c2, s1, s2
+
+    @triton.jit
     def _rope_one(
         ptr, stride_n, stride_h, c1, c2, s1, s2, n, H: tl.constexpr, HALF: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -170,8 +225,10 @@ if triton is not None:
         # x * cos + rotate_half(x) * sin, each product rounded to the input dtype before the add (as HF in bf16)
         o1 = (f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)
         o2 = (f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)
-        tl.store(p1, o1.to(dt), mask=mask)
-        tl.store(p1 + HALF, o2.to(dt), mask=mask)
+        o1, o2 = o1.to(dt), o2.to(dt)
+        tl.store(p1, o1, mask=mask)
+        tl.store(p1 + HALF, o2, mask=mask)
+        return o1, o2  # the rotated halves [BLOCK_H, BLOCK_HALF] (rope_qk_store_ writes them to the cache)
 
     @triton.jit
     def _rope_qk_kernel(
@@ -180,15 +237,36 @@ if triton is not None:
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
     ):
         n = tl.program_id(0).to(tl.int64)
-        d = tl.arange(0, BLOCK_HALF)[None, :]
-        dmask = d < HALF
-        # cos/sin over the full head dim (HF multiplies by all D entries; they need not repeat per half)
-        c1 = tl.load(cos_ptr + n * stride_cn + d, mask=dmask, other=0.0).to(tl.float32)
-        c2 = tl.load(cos_ptr + n * stride_cn + HALF + d, mask=dmask, other=0.0).to(tl.float32)
-        s1 = tl.load(sin_ptr + n * stride_sn + d, mask=dmask, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_ptr + n * stride_sn + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        c1, c2, s1, s2 = _rope_angles(cos_ptr, sin_ptr, stride_cn, stride_sn, n, HALF, BLOCK_HALF)
         _rope_one(q_ptr, stride_qn, stride_qh, c1, c2, s1, s2, n, HQ, HALF, BLOCK_HQ, BLOCK_HALF)
         _rope_one(k_ptr, stride_kn, stride_kh, c1, c2, s1, s2, n, HK, HALF, BLOCK_HK, BLOCK_HALF)
+
+    @triton.jit
+    def _rope_qk_store_kernel(
+        q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
+        stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_cn, stride_sn,
+        stride_cslot, stride_chead, stride_slot,
+        HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    ):
+        # _rope_qk_kernel's work (the same code, so the same bits), then token n's rotated k and its v rows
+        # copied to cache slot slot_mapping[n].
+        n = tl.program_id(0).to(tl.int64)
+        c1, c2, s1, s2 = _rope_angles(cos_ptr, sin_ptr, stride_cn, stride_sn, n, HALF, BLOCK_HALF)
+        _rope_one(q_ptr, stride_qn, stride_qh, c1, c2, s1, s2, n, HQ, HALF, BLOCK_HQ, BLOCK_HALF)
+        k1, k2 = _rope_one(k_ptr, stride_kn, stride_kh, c1, c2, s1, s2, n, HK, HALF, BLOCK_HK, BLOCK_HALF)
+        d = tl.arange(0, BLOCK_HALF)[None, :]
+        heads = tl.arange(0, BLOCK_HK)[:, None]
+        mask = (heads < HK) & (d < HALF)
+        slot = tl.load(slot_ptr + n * stride_slot).to(tl.int64)
+        dst = slot * stride_cslot + heads * stride_chead + d
+        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        src = v_ptr + n * stride_vn + heads * stride_vh + d
+        v1 = tl.load(src, mask=mask, other=0.0)
+        v2 = tl.load(src + HALF, mask=mask, other=0.0)
+        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):

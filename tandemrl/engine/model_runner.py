@@ -15,6 +15,8 @@ block ids 0 .. num_blocks-1 all belong to the block manager.
 from __future__ import annotations
 
 import contextlib
+import functools
+import random
 from typing import Callable, Iterator, Sequence as Seq
 
 import numpy as np
@@ -29,6 +31,7 @@ from tandemrl.engine.decode_plan import DecodePlan, build_decode_plan
 from tandemrl.engine.fused import fused_available
 from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.triton_sampler import fused_sample, fused_sample_available
 from tandemrl.types import SamplingParams
 
 CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
@@ -45,7 +48,9 @@ class ModelRunner:
     graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
     compile_decode: compile the graphed decode forward with torch.compile before capture (CUDA graphs only;
     falls back to eager with a warning if compilation fails, see compile.py). fused_kernels: the Triton kernels of
-    fused.py (RMSNorm + residual add, RoPE, SiLU product) on CUDA when Triton is importable; CPU keeps torch ops.
+    fused.py (RMSNorm + residual add, RoPE with the K/V store, SiLU product), fused_linear.py (q/k/v and gate/up
+    in one launch each) and triton_sampler.py (temperature sampling in one pass; top-k/top-p batches keep the torch
+    sampler) on CUDA when Triton is importable; CPU keeps torch ops.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class ModelRunner:
         self.v_caches: list[Tensor] = []
         self._graphs: DecodeGraphs | None = None
         self._rng: tuple[int, torch.Generator] | None = None
+        self._seed_stream: tuple[int, random.Random] | None = None
         self._modules = list(model.modules())
 
     # ------------------------------------------------------------------ KV cache
@@ -116,8 +122,9 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     def reset_rng(self) -> None:
-        """Forget the seeded generator: the next seeded step starts its stream afresh (call at each new run)."""
+        """Forget the seeded generators: the next seeded step starts its stream afresh (call at each new run)."""
         self._rng = None
+        self._seed_stream = None
 
     # ------------------------------------------------------------------ one step
 
@@ -247,8 +254,11 @@ class ModelRunner:
         """logits [B, vocab] -> (tokens, log-probs) for these sequences; set up once per burst."""
         params = [seq.params for seq in seqs]
         temperature, top_p, top_k = self._sampling_columns(params, self.device)
-        generator = self._generator(params)
         filters = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
+        if self.fused_kernels and not filters and fused_sample_available(self.device):
+            next_seed = self._seed_source(params)  # one read of the logits instead of a dozen passes
+            return lambda logits: fused_sample(logits, temperature, next_seed())
+        generator = self._generator(params)
         return lambda logits: sample_tokens(logits, temperature, top_p, top_k, generator, apply_filters=filters)
 
     def _sampling_columns(self, params: list[SamplingParams], device: torch.device) -> tuple[Tensor, ...]:
@@ -260,6 +270,16 @@ class ModelRunner:
             host = torch.tensor(key, dtype=torch.float64).t().to(device)  # float64 holds any top_k exactly
             cached = self._sample_cols = (key, (host[0].float(), host[1].float(), host[2].long()))
         return cached[1]
+
+    def _seed_source(self, params: list[SamplingParams]) -> Callable[[], int]:
+        """Per-step seeds of the fused sampler, drawn on the host (no device sync): a stream seeded by the first
+        seeded sequence and kept across steps, like ``_generator``; else torch's global CPU generator."""
+        seed = next((p.seed for p in params if p.seed is not None), None)
+        if seed is None:
+            return lambda: int(torch.randint(0, 2**62, ()))
+        if self._seed_stream is None or self._seed_stream[0] != seed:
+            self._seed_stream = (seed, random.Random(int(seed)))
+        return functools.partial(self._seed_stream[1].getrandbits, 62)
 
     def _generator(self, params: list[SamplingParams]) -> torch.Generator | None:
         """One generator, seeded from the first seeded sequence and kept across steps (reseeded when that seed

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, apply_rotary_pos_emb
 
 from tandemrl.engine import fused as fk
+from tandemrl.engine.attention import store_kv
 from tandemrl.engine.model_runner import ModelRunner
 
 HAS_CUDA = torch.cuda.is_available()
@@ -87,6 +88,72 @@ def test_rope_qk_matches_reference_in_place(dtype, n, hq, hkv, d):
     torch.testing.assert_close(qbuf[:, :hq], q_ref, **tols)
     torch.testing.assert_close(kbuf[:, :hkv], k_ref, **tols)
     assert torch.equal(qbuf[:, hq:], q_before[:, hq:]) and torch.equal(kbuf[:, hkv:], k_before[:, hkv:])
+
+
+def _qkv_views(buf: Tensor, hq: int, hkv: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as head views of one [n, (hq + 2 hkv + 1) * d] buffer, as a grouped q/k/v projection returns them."""
+    n = buf.shape[0]
+    cut = [0, hq * d, (hq + hkv) * d, (hq + 2 * hkv) * d]
+    return tuple(buf[:, a:b].view(n, -1, d) for a, b in zip(cut, cut[1:]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,hq,hkv,d", [(1, 14, 2, 64), (37, 14, 2, 64), (300 if HAS_CUDA else 160, 16, 8, 128),
+                                        (4, 3, 1, 6)])  # a prefill-sized N: fewer tokens for the slow interpreter
+def test_rope_qk_store_matches_rope_then_store_kv(dtype, n, hq, hkv, d):
+    """Bit for bit rope_qk_ on q and k, and exactly store_kv's cache writes, at slots in arbitrary order."""
+    g = torch.Generator().manual_seed(n * hq + d + 1)
+    buf = torch.randn(n, (hq + 2 * hkv + 1) * d, generator=g).to(DEVICE, dtype)
+    angles = (torch.rand(n, d // 2, generator=g) * 100).repeat(1, 2)
+    cos, sin = angles.cos().to(DEVICE, dtype), angles.sin().to(DEVICE, dtype)
+    block_size, blocks = 16, -(-n // 16) + 3
+    slots = torch.randperm(blocks * block_size, generator=g)[:n].to(DEVICE)  # shuffled, some slots left unused
+    k_cache = torch.full((blocks, block_size, hkv, d), float("nan"), dtype=dtype, device=DEVICE)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    ref_buf, hf_buf = buf.clone(), buf.clone()
+    k_cache_ref, v_cache_ref = k_cache.clone(), v_cache.clone()
+    q_ref, k_ref, v_ref = _qkv_views(ref_buf, hq, hkv, d)
+    fk.rope_qk_(q_ref, k_ref, cos, sin)
+    store_kv(k_ref, v_ref, k_cache_ref, v_cache_ref, slots)
+    q, k, v = _qkv_views(buf, hq, hkv, d)
+    fk.rope_qk_store_(q, k, v, cos, sin, k_cache, v_cache, slots)
+    assert torch.equal(buf, ref_buf)  # q, k rotated as rope_qk_ does; v and the padding column untouched
+    assert torch.equal(k_cache.nan_to_num(7.0), k_cache_ref.nan_to_num(7.0))  # written slots exact, others NaN
+    assert torch.equal(v_cache.nan_to_num(7.0), v_cache_ref.nan_to_num(7.0))
+    assert int(k_cache.isnan().all(-1).all(-1).sum()) == blocks * block_size - n
+    q_hf, k_hf, _ = _qkv_views(hf_buf, hq, hkv, d)
+    fk.rope_qk_ref_(q_hf, k_hf, cos, sin)
+    tols = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(buf, hf_buf, **tols)  # HF's rounding, within the kernel's (see the rope test)
+
+
+@needs_kernels
+def test_rope_qk_store_casts_to_the_cache_dtype():
+    g = torch.Generator().manual_seed(11)
+    n, hq, hkv, d = 5, 4, 2, 16
+    q, k, v = (torch.randn(n, h, d, generator=g).to(DEVICE) for h in (hq, hkv, hkv))
+    angles = torch.rand(n, d // 2, generator=g).repeat(1, 2).to(DEVICE)
+    k_cache = torch.full((2, 4, hkv, d), float("nan"), dtype=torch.float16, device=DEVICE)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    slots = torch.tensor([7, 0, 3, 6, 1], device=DEVICE)
+    q_ref, k_ref = fk.rope_qk_(q.clone(), k.clone(), angles.cos(), angles.sin())
+    fk.rope_qk_store_(q, k, v, angles.cos(), angles.sin(), k_cache, v_cache, slots)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(k_cache.view(-1, hkv, d)[slots], k_ref.half())
+    assert torch.equal(v_cache.view(-1, hkv, d)[slots], v.half())
+
+
+def test_rope_qk_store_rejects_mismatched_shapes():
+    q, k, v = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8), torch.zeros(3, 2, 8)
+    cos = sin = torch.zeros(3, 8)
+    cache = torch.zeros(2, 4, 2, 8)
+    with pytest.raises(ValueError, match="rope_qk_store_"):
+        fk.rope_qk_store_(q, k, v, cos, sin, cache, cache.clone(), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="rope_qk_store_"):
+        fk.rope_qk_store_(q, k, v[:, :1], cos, sin, cache, cache.clone(), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="rope_qk_store_"):
+        fk.rope_qk_store_(q, k, v, cos, sin, cache[:, :, :1], cache[:, :, :1], torch.zeros(3, dtype=torch.long))
 
 
 @needs_kernels

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
+import tandemrl.engine.attention as attention_mod
 from tandemrl.engine.attention import (
     DecodeMeta,
     build_prefill_meta,
     decode_attention,
+    decode_splits,
     prefill_attention,
     sdpa_decode,
     store_kv,
@@ -124,7 +127,8 @@ def test_bad_prefill_lengths_raise():
                     reason="the Triton decode kernel needs CUDA and triton")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("H,kvh,D,window", [(14, 2, 64, None), (16, 8, 128, None), (4, 4, 64, 37), (6, 2, 80, None)])
-def test_triton_decode_matches_sdpa(dtype, H, kvh, D, window):
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_triton_decode_matches_sdpa(dtype, H, kvh, D, window, splits):
     torch.manual_seed(3)
     dev = torch.device("cuda")
     nb, bs, B = 300, 16, 9
@@ -134,6 +138,111 @@ def test_triton_decode_matches_sdpa(dtype, H, kvh, D, window):
     ctx = torch.tensor([1, 2, 15, 16, 17, 64, 65, 333, 640], device=dev)
     q = torch.randn(B, H, D, device=dev, dtype=dtype)
     ref = sdpa_decode(q.float(), k_cache.float(), v_cache.float(), tables, ctx, 1 / math.sqrt(D), window)
-    out = triton_paged_decode(q, k_cache, v_cache, tables, ctx, 1 / math.sqrt(D), window)
+    out = triton_paged_decode(q, k_cache, v_cache, tables, ctx, 1 / math.sqrt(D), window, num_splits=splits)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+# ---------------------------------------------------------------------------------------------- split-K decode
+
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+_INTERPRET = attention_mod.triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
+needs_kernels = pytest.mark.skipif(attention_mod.triton is None or not (torch.cuda.is_available() or _INTERPRET),
+                                   reason="needs Triton and CUDA (or TRITON_INTERPRET=1)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention_mod.triton is None,
+                                reason="needs a CUDA device and Triton")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_scalar_bounds(monkeypatch):
+    """Triton 3.6's interpreter turns a loop bound into an int with int(<array of shape (1,)>), which numpy >= 2.4
+    refuses; read the single element instead (the kernels' dynamic `range(lo, hi)` needs it)."""
+    if not _INTERPRET or torch.cuda.is_available():
+        return
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+
+
+def test_decode_splits_depend_on_shapes_only():
+    # batch 1, 2 KV heads, 4096-token tables on 132 SMs: as many partitions as allowed
+    assert decode_splits(1, 2, 256, 16, 132) == attention_mod._MAX_SPLITS
+    # rows x heads reaching two programs per SM: one split (the single-pass kernel)
+    assert decode_splits(132, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
+    assert decode_splits(131, 2, 256, 16, 132) == 2
+    assert decode_splits(8, 2, 256, 16, 132) == 17  # ceil(264 / 16)
+    # never more partitions than 64-token tiles in the widest context the table allows
+    assert decode_splits(1, 2, 4, 16, 132) == 1 and decode_splits(1, 2, 9, 16, 132) == 3
+    counts = [decode_splits(b, 2, 256, 16, 132) for b in range(1, 300)]
+    assert counts == sorted(counts, reverse=True)
+
+
+def _split_case(dtype, H, kvh, D, ctx_lens, seed):
+    """Random caches, shuffled column-major block tables (as CUDA graphs stage them), a strided q, the reference."""
+    g = torch.Generator().manual_seed(seed)
+    nb, bs, B = 64, 16, len(ctx_lens)
+    width = max(-(-n // bs) for n in ctx_lens) + 2  # padded wider than any context
+    k_cache = torch.randn(nb, bs, kvh, D, generator=g).to(KERNEL_DEVICE, dtype)
+    v_cache = torch.randn(nb, bs, kvh, D, generator=g).to(KERNEL_DEVICE, dtype)
+    tables = torch.stack([torch.randperm(nb, generator=g)[:width] for _ in range(B)]).to(KERNEL_DEVICE)
+    q = torch.randn(B, H + 3, D, generator=g).to(KERNEL_DEVICE, dtype)[:, 1:H + 1]  # rows and heads strided
+    ctx = torch.tensor(ctx_lens, device=KERNEL_DEVICE)
+    return q, k_cache, v_cache, tables, ctx
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16 if torch.cuda.is_available() else torch.float16])
+@pytest.mark.parametrize("H,kvh,D,window,splits", [
+    (6, 2, 32, None, 3), (6, 2, 32, 37, 2), (4, 4, 16, None, None), (7, 1, 64, None, 1), (4, 2, 48, 150, 7)])
+def test_triton_decode_splits_match_sdpa(dtype, H, kvh, D, window, splits):
+    """Partitions of uneven size, partitions past short rows' contexts (ctx 1, 16: nothing to merge but the
+    first), windows that start mid-block; q a strided view and the block tables column-major."""
+    q, k_cache, v_cache, tables, ctx = _split_case(dtype, H, kvh, D, [1, 16, 17, 65, 200], seed=H * D)
+    strided_tables = tables.t().contiguous().t()
+    ref = sdpa_decode(q.float(), k_cache.float(), v_cache.float(), tables, ctx, D ** -0.5, window)
+    if torch.cuda.is_available():  # freed memory full of NaN: an output or partial never written shows up
+        torch.full((1 << 22,), float("nan"), device="cuda")  # allocated and freed at once
+    out = triton_paged_decode(q, k_cache, v_cache, strided_tables, ctx, D ** -0.5, window, num_splits=splits)
+    assert out.shape == ref.shape and out.dtype == dtype and not out.isnan().any()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_triton_decode_rejects_bad_splits():
+    if attention_mod.triton is None:
+        pytest.skip("needs Triton")
+    q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 2, 1, 16, [3], seed=0)
+    with pytest.raises(ValueError, match="num_splits"):
+        triton_paged_decode(q, k_cache, v_cache, tables, ctx, 0.25, None, num_splits=0)
+    q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 3, 2, 16, [3], seed=0)
+    with pytest.raises(ValueError, match="multiple of the KV heads"):
+        triton_paged_decode(q, k_cache, v_cache, tables, ctx, 0.25, None)
+
+
+@needs_cuda
+@pytest.mark.parametrize("B", [1, 8, 200])
+def test_triton_decode_graph_replays_with_new_context_lens(B):
+    """Split counts come from shapes only: one capture serves contexts of any length, short or long."""
+    torch.manual_seed(B)
+    dev, nb, bs, width, H, kvh, D = torch.device("cuda"), 2048, 16, 64, 14, 2, 64
+    k_cache = torch.randn(nb, bs, kvh, D, device=dev, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
+    tables = torch.stack([torch.randperm(nb, device=dev)[:width] for _ in range(B)])
+    staged = tables.t().contiguous().t()
+    ctx = torch.randint(1, 50, (B,), device=dev)
+    triton_paged_decode(q, k_cache, v_cache, staged, ctx, 0.125, None)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_paged_decode(q, k_cache, v_cache, staged, ctx, 0.125, None)
+    for lens in (torch.randint(1, width * bs + 1, (B,)), torch.full((B,), width * bs), torch.ones(B)):
+        ctx.copy_(lens)
+        graph.replay()
+        ref = sdpa_decode(q.float(), k_cache.float(), v_cache.float(), tables, ctx, 0.125, None)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
