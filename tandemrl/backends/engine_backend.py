@@ -52,11 +52,9 @@ class EngineBackend:
             return self.engine.generate(requests, policy_version)
 
     def sleep(self) -> None:
-        """Free the KV cache so the trainer can use the memory."""
+        """Free the KV cache and CUDA graphs so the trainer can use the memory (it stays in PyTorch's allocator)."""
         if not self._closed:
             self.engine.sleep()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     def wake(self) -> None:
         if self._closed:
@@ -73,4 +71,6 @@ class EngineBackend:
         self._closed = True
         self.model = None  # type: ignore[assignment]  # the trainer owns the model; drop our references
         self.runner = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the freed cache back to the device
 

@@ -84,9 +84,7 @@ class HFBackend:
         return results  # type: ignore[return-value]
 
     def sleep(self) -> None:
-        """The cache only lives inside generate(); hand the allocator's cached blocks back to the device."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        """Nothing to free: the cache only lives inside generate() (its memory stays in PyTorch's allocator)."""
 
     def wake(self) -> None:
         """Nothing to restore: the next generate() allocates its cache."""
@@ -94,7 +92,8 @@ class HFBackend:
     def close(self) -> None:
         self._closed = True
         self.model = None  # type: ignore[assignment]  # drop the reference; the trainer owns the model
-        self.sleep()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the allocator's cached blocks back to the device
 
     # ------------------------------------------------------------------ helpers
 

@@ -114,12 +114,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
 
     def free_kv_cache(self) -> None:
-        """Drop the cache and the CUDA graphs (their buffers and pool) and hand the memory back to the device."""
+        """Drop the cache and the CUDA graphs (their buffers and pool). The memory goes back to PyTorch's caching
+        allocator, where the trainer of this process reuses it; emptying that cache on every sleep would make the
+        next update allocate from the device again (0.37 s of a 1.98 s GRPO step on an H100, 2026-11-22)."""
         self._graphs = None
         self.k_caches, self.v_caches = [], []
         self.num_blocks = 0
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     def reset_rng(self) -> None:
         """Forget the seeded generators: the next seeded step starts its stream afresh (call at each new run)."""
