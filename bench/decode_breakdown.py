@@ -66,7 +66,7 @@ def profile_forward(runner: ModelRunner, seqs: list[Sequence]) -> None:
         runner.run(seqs, False)
         torch.cuda.synchronize()
     runner.enforce_eager = False
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=70))
 
 
 def main() -> None:
@@ -103,7 +103,7 @@ def main() -> None:
         print(f"batch {batch}: forward graph {forward_ms:.3f} ms, lm_head+sample {sample_ms:.3f} ms, "
               f"one step {step_ms:.3f} ms, per step of a {args.decode_steps}-step burst {burst_ms:.3f} ms, "
               f"floor {floor_ms:.3f} ms (burst/floor {burst_ms / floor_ms:.2f})", flush=True)
-        if batch == args.batches[0]:
+        if batch in (args.batches[0], args.batches[-1]):
             profile_forward(runner, seqs)
         runner.free_kv_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ _PREFILL_MASK_ELEMENTS = 1 << 26
 # (96 registers, 40 KiB) halve the loop trips; 8 warps halve the registers but not the per-program latency.
 _DECODE_BLOCK_N = 64
 _DECODE_WARPS = 4
+_DECODE_STAGES = 3  # Triton's default software pipelining depth for the K/V loads
 _SPLIT_TARGET_WAVES = 2  # split-K aims at this many decode programs per SM
 _MAX_SPLITS = 64  # the merge kernel reads all partitions of a head as one [splits, head_dim] tile
 _FALLBACK_SM_COUNT = 132  # off CUDA (the interpreter): an H100's
@@ -235,7 +236,7 @@ def triton_paged_decode(
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D,
                   BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=_DECODE_BLOCK_N, HAS_WINDOW=window is not None,
-                  IEEE=q.dtype == torch.float32, num_warps=_DECODE_WARPS)
+                  IEEE=q.dtype == torch.float32, num_warps=_DECODE_WARPS, num_stages=_DECODE_STAGES)
     if num_splits == 1:
         part_acc = part_m = part_l = out  # unused by the single-pass variant
     else:
