@@ -99,9 +99,11 @@ def main() -> None:
     rows = []
     for batch in args.batches:
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-        # Warm-up at the full shape: kernels compile and graphs are captured for every shape the timed run meets
-        # (a shorter warm-up left one-off costs of up to 1.2 s in the timed run at batch 1, H100 2026-11-22).
-        engine_run(backend, prompts, args.new_tokens)
+        # Warm-up at the full shape, twice: the second run meets the prefix cache as the timed one does (its
+        # prefill computes one token per prompt: other kernel shapes), so every kernel is compiled and every graph
+        # captured before timing (Triton's one-off compiles otherwise added up to 1.5 s, H100 2026-11-22).
+        for _ in range(2):
+            engine_run(backend, prompts, args.new_tokens)
         total = timed(device, lambda: engine_run(backend, prompts, args.new_tokens))
         prefill = timed(device, lambda: engine_run(backend, prompts, 1))
         step = (total - prefill) / (args.new_tokens - 1)
