@@ -8,8 +8,7 @@ step's input on the device, so the burst syncs with the host once, at its end. O
 graphs captured per batch bucket (see cuda_graphs.py).
 
 The cache holds one extra block past `num_blocks` (the scratch block): CUDA-graph padding rows and the dead steps
-of a burst write there, so
-block ids 0 .. num_blocks-1 all belong to the block manager.
+of a burst write there, so block ids 0 .. num_blocks-1 all belong to the block manager.
 """
 
 from __future__ import annotations

@@ -153,23 +153,6 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention_mod.t
                                 reason="needs a CUDA device and Triton")
 
 
-@pytest.fixture(autouse=True)
-def _interpreter_scalar_bounds(monkeypatch):
-    """Triton 3.6's interpreter turns a loop bound into an int with int(<array of shape (1,)>), which numpy >= 2.4
-    refuses; read the single element instead (the kernels' dynamic `range(lo, hi)` needs it)."""
-    if not _INTERPRET or torch.cuda.is_available():
-        return
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patch(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
-
-
 def test_decode_splits_depend_on_shapes_only():
     # batch 1, 2 KV heads, 4096-token tables on 132 SMs: as many partitions as allowed
     assert decode_splits(1, 2, 256, 16, 132) == attention_mod._MAX_SPLITS

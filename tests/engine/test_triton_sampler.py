@@ -28,23 +28,6 @@ SHAPES = [(1, 1), (2, 12), (3, 1000), (2, 4097), (3, 9001)]
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture(autouse=True)
-def _interpreter_scalar_bounds(monkeypatch):
-    """Triton 3.6's interpreter turns a loop bound into an int with int(<array of shape (1,)>), which numpy >= 2.4
-    refuses; read the single element instead (the kernel's `range(c_lo, c_hi)` needs it)."""
-    if not INTERPRET:
-        return
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patch(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
-
-
 def _poison_allocator() -> None:
     """Fill freed device memory with NaN so an output the kernel never writes shows up."""
     if HAS_CUDA:
