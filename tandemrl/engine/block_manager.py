@@ -128,21 +128,24 @@ class BlockManager:
     def may_append(self, seq: Sequence, lookahead: int = 1) -> None:
         """Before decoding: give ``seq`` the blocks its next ``lookahead`` steps write to (positions
         num_tokens - 1 .. num_tokens - 2 + lookahead), and register its blocks that are now fully computed."""
-        if self.enable_prefix_caching:
-            self._register_computed_blocks(seq)
-        for _ in range(self._blocks_missing(seq, lookahead)):
-            seq.block_table.append(self._take_free_block())
+        self._append(seq, self._blocks_missing(seq, lookahead))
 
     def try_append_all(self, seqs: list[Sequence], lookaheads: list[int] | None = None) -> bool:
         """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
         case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
         lookaheads = lookaheads or [1] * len(seqs)
-        missing = sum(self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads))
-        if missing > len(self._free):
+        missing = [self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads)]
+        if sum(missing) > len(self._free):
             return False
-        for seq, n in zip(seqs, lookaheads):
-            self.may_append(seq, n)
+        for seq, m in zip(seqs, missing):
+            self._append(seq, m)
         return True
+
+    def _append(self, seq: Sequence, missing: int) -> None:
+        if self.enable_prefix_caching:
+            self._register_computed_blocks(seq)
+        for _ in range(missing):
+            seq.block_table.append(self._take_free_block())
 
     # ------------------------------------------------------------------ helpers
 

@@ -9,6 +9,7 @@ their samples are dropped.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
@@ -44,14 +45,14 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
         raise ValueError(f"sequence {seqs[i].seq_id} has {n[i]} tokens and {live_steps[i]} decode steps: "
                          f"needs 1 <= tokens, 1 <= steps and tokens - 1 + steps <= max_model_len {max_model_len}")
     widths = last // block_size + 1
-    tables = np.full((len(seqs), int(widths.max())), -1, dtype=np.int64)
-    for i, seq in enumerate(seqs):
-        row = seq.block_table[:widths[i]]
-        if len(row) < widths[i]:
-            raise ValueError(f"sequence {seq.seq_id} has {n[i]} tokens and {steps[i]} decode steps but only "
-                             f"{len(seq.block_table)} blocks of {block_size}")
-        tables[i, :len(row)] = row
-    held = np.arange(tables.shape[1]) < widths[:, None]
+    rows = [seq.block_table[:w] for seq, w in zip(seqs, widths.tolist())]
+    held_counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    for i in np.flatnonzero(held_counts < widths):
+        raise ValueError(f"sequence {seqs[i].seq_id} has {n[i]} tokens and {steps[i]} decode steps but only "
+                         f"{len(seqs[i].block_table)} blocks of {block_size}")
+    held = np.arange(int(widths.max())) < widths[:, None]
+    tables = np.full(held.shape, -1, dtype=np.int64)
+    tables[held] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(widths.sum()))
     if ((tables < 0) | (tables >= num_blocks))[held].any():
         bad = int(np.flatnonzero(((tables < 0) | (tables >= num_blocks)).any(axis=1) & held.any(axis=1))[0])
         raise ValueError(f"sequence {seqs[bad].seq_id} has block ids outside [0, {num_blocks}): "
