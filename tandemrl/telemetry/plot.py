@@ -71,6 +71,13 @@ def _style(steps: list[float]) -> dict[str, Any]:
     return {"marker": "o", "markersize": 3} if len(steps) <= 30 else {}
 
 
+def _line(ax: Any, s: dict[str, Series], key: str, train: bool = False, **kwargs: Any) -> None:
+    """Plot series `key` if the run logged it; train=True adds the per-step style (markers for short runs)."""
+    if key in s:
+        steps, vals = s[key]
+        ax.plot(steps, vals, **kwargs, **(_style(steps) if train else {}))
+
+
 def _save(fig: Figure, ax: Any, path: Path) -> Path:
     handles, _ = ax.get_legend_handles_labels()
     if handles:
@@ -101,11 +108,8 @@ def _plot_reward(s: dict[str, Series], path: Path) -> Path | None:
                     label="±std",
                 )
     for key in comps:
-        steps, vals = s[key]
-        ax.plot(steps, vals, label=_COMPONENT.match(key).group(1), linewidth=1, alpha=0.85, **_style(steps))
-    if "eval/reward" in s:
-        steps, vals = s["eval/reward"]
-        ax.plot(steps, vals, label="eval reward", linestyle="--", marker="s", markersize=4)
+        _line(ax, s, key, label=_COMPONENT.match(key).group(1), linewidth=1, alpha=0.85, train=True)
+    _line(ax, s, "eval/reward", label="eval reward", linestyle="--", marker="s", markersize=4)
     return _save(fig, ax, path)
 
 
@@ -114,15 +118,10 @@ def _plot_accuracy(s: dict[str, Series], path: Path) -> Path | None:
     if "accuracy" not in s and "eval/accuracy" not in s and not pass_keys:
         return None
     fig, ax = _new_figure("Accuracy", "accuracy")
-    if "accuracy" in s:
-        steps, vals = s["accuracy"]
-        ax.plot(steps, vals, label="train accuracy", alpha=0.8, **_style(steps))
-    if "eval/accuracy" in s:
-        steps, vals = s["eval/accuracy"]
-        ax.plot(steps, vals, label="eval accuracy", linewidth=2, marker="s", markersize=4)
+    _line(ax, s, "accuracy", label="train accuracy", alpha=0.8, train=True)
+    _line(ax, s, "eval/accuracy", label="eval accuracy", linewidth=2, marker="s", markersize=4)
     for key in pass_keys:
-        steps, vals = s[key]
-        ax.plot(steps, vals, label=key.removeprefix("eval/"), linestyle="--", marker="^", markersize=4)
+        _line(ax, s, key, label=key.removeprefix("eval/"), linestyle="--", marker="^", markersize=4)
     return _save(fig, ax, path)
 
 
@@ -130,12 +129,8 @@ def _plot_length(s: dict[str, Series], path: Path) -> Path | None:
     if "response_length/mean" not in s and "response_length/max" not in s:
         return None
     fig, ax = _new_figure("Response length", "tokens")
-    if "response_length/mean" in s:
-        steps, vals = s["response_length/mean"]
-        ax.plot(steps, vals, label="mean", linewidth=2, **_style(steps))
-    if "response_length/max" in s:
-        steps, vals = s["response_length/max"]
-        ax.plot(steps, vals, label="max", alpha=0.6, **_style(steps))
+    _line(ax, s, "response_length/mean", label="mean", linewidth=2, train=True)
+    _line(ax, s, "response_length/max", label="max", alpha=0.6, train=True)
     return _save(fig, ax, path)
 
 
