@@ -153,11 +153,13 @@ class ModelRunner:
             run_step = self._graph_steps(plan) if self._use_graphs(len(seqs)) else self._eager_steps(plan)
             sample = self._sampler(seqs)
             tokens: Tensor | None = None
-            sampled = []
+            all_tokens, all_logprobs = [], []
             for j in range(plan.num_steps):
                 tokens, logprobs = sample(compute_logits(self.spec, run_step(j, tokens)))
-                sampled.append(torch.stack((tokens.double(), logprobs.double())))
-            host = torch.stack(sampled, dim=2).cpu()  # [2, B, K]: the burst's one host sync
+                all_tokens.append(tokens)  # gathered once after the loop: no extra launches per step
+                all_logprobs.append(logprobs)
+            # [2, B, K]: the burst's one host sync
+            host = torch.stack((torch.stack(all_tokens, 1).double(), torch.stack(all_logprobs, 1).double())).cpu()
         token_rows, logprob_rows = host[0].long().tolist(), host[1].tolist()
         return ([row[:k] for row, k in zip(token_rows, steps)], [row[:k] for row, k in zip(logprob_rows, steps)])
 
