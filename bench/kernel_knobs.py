@@ -25,7 +25,7 @@ SETTINGS: dict[str, tuple[dict[tuple[object, str], object], int]] = {
     "steps16": ({}, 16),
     "attention_block128": ({(attention, "_DECODE_BLOCK_N"): 128}, 8),
     "attention_waves4": ({(attention, "_SPLIT_TARGET_WAVES"): 4}, 8),
-    "grouped_rows256": ({(fused_linear, "GROUPED_LINEAR_MAX_ROWS"): 256}, 8),
+    "grouped_rows64": ({(fused_linear, "GROUPED_LINEAR_MAX_ROWS"): 64}, 8),
     "grouped_rows16": ({(fused_linear, "GROUPED_LINEAR_MAX_ROWS"): 16}, 8),
 }
 BATCHES = (1, 8, 64, 256)

@@ -170,14 +170,14 @@ def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
     Linear layers, else module calls (LoRA wraps them)."""
     if not fk.is_silu_mlp(mlp):
         return mlp(x)
-    act = fl.gate_up_silu(mlp, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS)  # one launch for small batches
+    act = fl.gate_up_silu(mlp, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS)  # one launch for decode batches
     if act is None:  # LoRA-wrapped or hooked projections, or prefill-size inputs (cuBLAS)
         act = fk.silu_mul(mlp.gate_proj(x), mlp.up_proj(x))
     return mlp.down_proj(act)
 
 
 def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """The q, k, v projections: on the fused path one grouped launch for small batches (column views of one
+    """The q, k, v projections: on the fused path one grouped launch for decode batches (column views of one
     buffer), else the modules themselves (LoRA wrappers, hooks, prefill-size inputs)."""
     grouped = fl.qkv_projection(attn, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
     if grouped is not None:

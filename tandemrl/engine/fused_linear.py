@@ -8,8 +8,11 @@ trainer's parameters is seen by the next call. Both return None where they do no
 whose forward adds the adapter; hooks; mixed dtypes; autograd; too many rows) and the caller uses the modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
-(each weight has its own run of tiles, the last one masked). Decode is a memory-bound GEMV, so the tile choice
-(`pick_tiles`) keeps one row tile (every weight read once) and shrinks BLOCK_N until the column tiles fill the SMs.
+(each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
+tile choice (`pick_tiles`) keeps one row tile (every weight read once) and shrinks BLOCK_N until the column tiles
+fill the SMs. Decode batches of 128 and 256 rows use tiles measured on an H100 (`python -m bench.kernel_sweep`):
+there the grouped launches beat cuBLAS's separate GEMMs (q/k/v 5.9 vs 14.1 us, gate/up + SiLU 15.1 vs 19.8 us
+per layer at 256 rows), but only the hidden size 896 was measured, so wider models keep cuBLAS above 64 rows.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ try:  # optional: without Triton the callers keep the module calls
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
-# Inputs with more rows go to the modules (cuBLAS wins once the GEMM is no longer a weight-bound GEMV).
-GROUPED_LINEAR_MAX_ROWS = 64
+# Inputs with more rows go to the modules (prefill-size GEMMs are cuBLAS's); the largest decode batch bucket.
+GROUPED_LINEAR_MAX_ROWS = 256
+_GEMV_ROWS = 64  # up to here the tiles follow the GEMV rule of `pick_tiles`
+_LARGE_ROWS_MAX_K = 1024  # above _GEMV_ROWS rows only reductions this short were measured to beat cuBLAS
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 _DEFAULT_SMS = 132  # H100 SXM; used where the device cannot be asked (interpreter)
 _SMEM_BUDGET = 96 * 1024  # bytes of pipelined tiles per program: two programs fit an SM's shared memory
@@ -46,6 +51,16 @@ class LinearTiles:
     num_stages: int
 
 
+# (weights per tile, rows up to) -> the fastest tiles of the H100 sweep at hidden 896: q/k/v (1) and gate/up (2).
+# Fewer, larger tiles win there (72-300 programs); x is re-read from L2 by each column tile.
+_LARGE_BATCH_TILES = {
+    (1, 128): LinearTiles(64, 32, 128, num_warps=4, num_stages=4),
+    (1, 256): LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
+    (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
+    (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
+}
+
+
 def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weights_per_tile: int = 1,
                sms: int = _DEFAULT_SMS) -> LinearTiles:
     """Tiles for `rows` x [sum(widths)] output columns over a reduction of length k.
@@ -54,7 +69,10 @@ def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weigh
     so up to 64 rows every weight byte is read once. BLOCK_N: the largest whose tile count still fills the SMs
     (qkv of Qwen2.5-0.5B at batch 1: 1152 columns -> 8, 144 programs; gate/up: 4864 -> 32, 152 programs), but
     not below BLOCK_M / 4, where re-reading x per column tile would cost more L2 traffic than the weights.
+    More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket (128 or 256; 256's beyond).
     """
+    if rows > _GEMV_ROWS:
+        return _LARGE_BATCH_TILES[(weights_per_tile, 128 if rows <= 128 else 256)]
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_tiles = -(-rows // block_m)
     min_n = max(8, block_m // 4)
@@ -91,13 +109,15 @@ def _plain_linear(module: nn.Module, x: Tensor) -> bool:
 
 
 def _launchable(x: Tensor, max_rows: int | None) -> bool:
-    """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows."""
+    """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows
+    (beyond the GEMV range only for short reductions, see _LARGE_ROWS_MAX_K)."""
     if triton is None or not (x.is_cuda or _INTERPRET):
         return False
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dim() < 1 or x.stride(-1) != 1:
         return False
     limit = GROUPED_LINEAR_MAX_ROWS if max_rows is None else max_rows
-    return x.numel() // max(1, x.shape[-1]) <= limit
+    rows = x.numel() // max(1, x.shape[-1])
+    return rows <= limit and (rows <= _GEMV_ROWS or x.shape[-1] <= _LARGE_ROWS_MAX_K)
 
 
 def _no_global_hooks() -> bool:

@@ -46,7 +46,8 @@ class ModelRunner:
     max_model_len: longest sequence (default the config's max_position_embeddings). enforce_eager: no CUDA
     graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
     compile_decode: compile the graphed decode forward with torch.compile before capture (CUDA graphs only;
-    falls back to eager with a warning if compilation fails, see compile.py). fused_kernels: the Triton kernels of
+    falls back to eager with a warning if compilation fails, see compile.py; the compiled decode forward uses torch
+    ops instead of fused.py/fused_linear.py, which inductor fuses itself). fused_kernels: the Triton kernels of
     fused.py (RMSNorm + residual add, RoPE with the K/V store, SiLU product), fused_linear.py (q/k/v and gate/up
     in one launch each) and triton_sampler.py (temperature sampling in one pass; top-k/top-p batches keep the torch
     sampler) on CUDA when Triton is importable; CPU keeps torch ops.
@@ -214,8 +215,10 @@ class ModelRunner:
         return self._graphs
 
     def _graph_forward(self):
-        """The decode forward the graphs capture: reads the current caches; compiled once per runner if asked."""
-        spec, fused = self.spec, self.fused_kernels
+        """The decode forward the graphs capture: reads the current caches; compiled once per runner if asked.
+        A compiled forward keeps torch ops where the fused kernels would go: inductor fuses those itself, and
+        its tracing of our in-place Triton kernels on column views gave wrong tokens (torch 2.11, H100)."""
+        spec, fused = self.spec, self.fused_kernels and not self.compile_decode
 
         def forward(input_ids: Tensor, meta: DecodeMeta, k_caches: list[Tensor], v_caches: list[Tensor]) -> Tensor:
             return forward_hidden(spec, input_ids, meta, k_caches, v_caches, fused=fused)

@@ -85,7 +85,7 @@ def test_pick_tiles_reads_weights_once_and_fills_the_sms():
     assert (qkv.block_m, qkv.block_n) == (16, 8) and sum(n // 8 for n in (896, 128, 128)) >= 132
     mlp = fl.pick_tiles(1, (4864,), 896, 2, weights_per_tile=2)
     assert (mlp.block_m, mlp.block_n) == (16, 32) and 4864 // 32 >= 132
-    for rows, block_m in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64), (300, 64)):
+    for rows, block_m in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
         for widths, per in (((896, 128, 128), 1), ((4864,), 2)):
             t = fl.pick_tiles(rows, widths, 896, 2, per)
             assert t.block_m == block_m and all(w % t.block_n == 0 for w in widths)  # no tile straddles
@@ -93,6 +93,22 @@ def test_pick_tiles_reads_weights_once_and_fills_the_sms():
             assert 2 <= t.num_stages <= 4
             assert t.num_stages * (block_m + per * t.block_n) * t.block_k * 2 <= 128 * 1024
     assert fl.pick_tiles(3, (24,), 20, 4).block_k == 32  # short reductions: one masked K step
+    # decode batches of 128 and 256 (and anything larger) take the measured tiles of their bucket
+    for rows, bucket in ((65, 128), (128, 128), (129, 256), (256, 256), (300, 256)):
+        for per in (1, 2):
+            assert fl.pick_tiles(rows, (896,), 896, 2, per) == fl._LARGE_BATCH_TILES[(per, bucket)]
+
+
+def test_large_batches_group_only_short_reductions(monkeypatch):
+    """Above 64 rows the grouped launch was measured to win only at hidden sizes up to _LARGE_ROWS_MAX_K."""
+    monkeypatch.setattr(fl, "triton", fl.triton or object())  # the eligibility rule alone: no launch here
+    monkeypatch.setattr(fl, "_INTERPRET", True)
+
+    def launchable(rows: int, hidden: int) -> bool:
+        return fl._launchable(torch.empty(rows, hidden), None)
+
+    assert launchable(64, 4096) and launchable(256, 896) and launchable(256, fl._LARGE_ROWS_MAX_K)
+    assert not launchable(65, fl._LARGE_ROWS_MAX_K + 1) and not launchable(fl.GROUPED_LINEAR_MAX_ROWS + 1, 896)
 
 
 # ---------------------------------------------------------------------------------------------- q/k/v
@@ -143,6 +159,18 @@ def test_whole_k_steps_and_smallest_column_tiles(monkeypatch, rows):
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows", [100, 200])
+def test_large_batch_tiles(rows):
+    """Decode batches above 64 rows: the measured 128-/256-row tiles, with masked rows and column tiles."""
+    dtype = DTYPES[0]
+    attn, mlp, x = _attn(dtype, (True, False, True)), _mlp(dtype), _x(rows, dtype)
+    with torch.no_grad():
+        for got, proj in zip(fl.qkv_projection(attn, x), (attn.q_proj, attn.k_proj, attn.v_proj)):
+            torch.testing.assert_close(got, proj(x), **_tols(dtype))
+        torch.testing.assert_close(fl.gate_up_silu(mlp, x), _mlp_ref(mlp, x), **_tols(dtype))
+
+
+@needs_kernels
 def test_qkv_projection_keeps_leading_dims_and_row_limit():
     attn = _attn(torch.float32)
     x = _x(6, torch.float32).view(2, 3, HIDDEN)
@@ -153,7 +181,7 @@ def test_qkv_projection_keeps_leading_dims_and_row_limit():
         big = _x(fl.GROUPED_LINEAR_MAX_ROWS + 1, torch.float32)
         assert fl.qkv_projection(attn, big) is None  # prefill-size input: the caller uses cuBLAS
         assert fl.qkv_projection(attn, x, max_rows=5) is None
-        q, _, _ = fl.qkv_projection(attn, big, max_rows=1 << 30)  # two row tiles of 64
+        q, _, _ = fl.qkv_projection(attn, big, max_rows=1 << 30)  # the 256-row tiles, a masked last row tile
         torch.testing.assert_close(q, attn.q_proj(big), **_tols(torch.float32))
         empty = fl.qkv_projection(attn, big[:0])
         assert [t.shape for t in empty] == [(0, 3 * HEAD), (0, HEAD), (0, HEAD)]
