@@ -108,11 +108,11 @@ def main() -> None:
         prefill = timed(device, lambda: engine_run(backend, fresh, 1))
         step = (total - prefill) / (args.new_tokens - 1)
         floor = decode_floor_s(model, batch, args.prompt_len, args.new_tokens, bandwidth)
-        rows.append({"batch": batch, "engine_s": total, "engine_tok_s": batch * args.new_tokens / total,
-                     "decode_step_ms": step * 1e3, "floor_ms": floor * 1e3, "step_over_floor": step / floor,
-                     "stats": backend.stats()})
-        print(f"engine batch {batch}: {rows[-1]['engine_tok_s']:.0f} tok/s, step {step * 1e3:.2f} ms, "
-              f"floor {floor * 1e3:.2f} ms, ratio {step / floor:.2f}", flush=True)
+        rows.append({"batch": batch, "engine_s": total, "prefill_s": prefill,
+                     "engine_tok_s": batch * args.new_tokens / total, "decode_step_ms": step * 1e3,
+                     "floor_ms": floor * 1e3, "step_over_floor": step / floor, "stats": backend.stats()})
+        print(f"engine batch {batch}: {rows[-1]['engine_tok_s']:.0f} tok/s, prefill {prefill * 1e3:.0f} ms, "
+              f"step {step * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, ratio {step / floor:.2f}", flush=True)
     backend.close()
     hf_prompts = random_prompts(args.hf_batch, args.prompt_len, vocab, seed=args.hf_batch)
     hf_run(model, hf_prompts, args.new_tokens, device)  # the same full-shape warm-up

@@ -156,9 +156,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention_mod.t
 def test_decode_splits_depend_on_shapes_only():
     # batch 1, 2 KV heads, 4096-token tables on 132 SMs: as many partitions as allowed
     assert decode_splits(1, 2, 256, 16, 132) == attention_mod._MAX_SPLITS
-    # rows x heads reaching two programs per SM: one split (the single-pass kernel)
-    assert decode_splits(132, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
-    assert decode_splits(131, 2, 256, 16, 132) == 2
+    # rows x heads filling half the SMs: one split (the single-pass kernel)
+    assert decode_splits(33, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
+    assert decode_splits(32, 2, 256, 16, 132) == 5  # ceil(264 / 64): two programs per SM
     assert decode_splits(8, 2, 256, 16, 132) == 17  # ceil(264 / 16)
     # never more partitions than 64-token tiles in the widest context the table allows
     assert decode_splits(1, 2, 4, 16, 132) == 1 and decode_splits(1, 2, 9, 16, 132) == 3
