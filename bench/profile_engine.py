@@ -42,6 +42,29 @@ def main() -> None:
         engine_run(backend, prompts, args.new_tokens)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
+    if device.type == "cuda":
+        print_idle_gaps(prof)
+
+
+def print_idle_gaps(prof) -> None:
+    """How much of the run the GPU sat idle, and the longest idle gaps with the kernel that preceded each."""
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not kernels:
+        return
+    busy, gaps, end = 0.0, [], kernels[0][0]
+    last = kernels[0][2]
+    for start, stop, name in kernels:
+        if start > end:
+            gaps.append((start - end, last))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, last = stop, name
+    span = end - kernels[0][0]
+    print(f"GPU busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms ({busy / span:.1%}); idle gaps > 20 us: "
+          f"{sum(g for g, _ in gaps if g > 20) / 1e3:.1f} ms in {sum(g > 20 for g, _ in gaps)}")
+    for gap, name in sorted(gaps, reverse=True)[:12]:
+        print(f"  {gap:8.0f} us after {name[:80]}")
 
 
 if __name__ == "__main__":

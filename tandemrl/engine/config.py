@@ -24,8 +24,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Decode steps run back to back per engine step (the sampled tokens feed the next step on the device): the host
     # schedules, stages inputs and checks stop conditions once per burst. A sequence that finishes inside a burst
-    # wastes at most decode_steps - 1 tokens of compute; waiting requests join at the next burst.
-    decode_steps: int = 8
+    # wastes at most decode_steps - 1 tokens of compute; waiting requests join at the next burst. 16 measured 2-5 %
+    # faster per token than 8 at batches 1-256 (H100, bench/RESULTS.md).
+    decode_steps: int = 16
     # torch.compile the graphed decode forward (CUDA only). Off by default: on torch 2.11 inductor fails on the
     # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
     compile_decode: bool = False
