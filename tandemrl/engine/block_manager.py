@@ -134,11 +134,21 @@ class BlockManager:
         """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
         case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
         lookaheads = lookaheads or [1] * len(seqs)
-        missing = [self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads)]
+        bs = self.block_size
+        # _blocks_missing, inlined (no calls, no max()): this runs for every sequence of every burst.
+        missing = [m if (m := (len(s.token_ids) + n - 2) // bs + 1 - len(s.block_table)) > 0 else 0
+                   for s, n in zip(seqs, lookaheads)]
         if sum(missing) > len(self._free):
             return False
-        for seq, m in zip(seqs, missing):
-            self._append(seq, m)
+        register, digest_of = self.enable_prefix_caching, self._digest
+        for seq, m in zip(seqs, missing):  # one sequence at a time: a block it takes may drop a digest just cached
+            table = seq.block_table
+            computed = (len(seq.token_ids) - 1) // bs
+            # Most bursts complete no block: the newest computed one is registered already, nothing to do.
+            if register and computed and (computed > len(table) or digest_of[table[computed - 1]] is None):
+                self._register_computed_blocks(seq)
+            for _ in range(m):
+                table.append(self._take_free_block())
         return True
 
     def _append(self, seq: Sequence, missing: int) -> None:
@@ -157,20 +167,30 @@ class BlockManager:
     def _register_computed_blocks(self, seq: Sequence) -> None:
         """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
         first back to the last registered one: O(1) per step in steady state."""
-        computed = min((seq.num_tokens - 1) // self.block_size, len(seq.block_table))
+        table, bs = seq.block_table, self.block_size
+        computed = min((len(seq.token_ids) - 1) // bs, len(table))
         first = computed
-        while first > 0 and self._digest[seq.block_table[first - 1]] is None:
+        while first > 0 and self._digest[table[first - 1]] is None:
             first -= 1
+        digests = self._digest_memo.setdefault(seq.seq_id, [])
         for i in range(first, computed):
-            self._register_full_block(seq, i)
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])  # sliced once: hashed and kept to verify hits
+            if i >= len(digests):  # usually the next digest to compute (else hash the ones before it first)
+                if i > len(digests):
+                    self._full_block_digests(seq, i)
+                digests.append(block_digest(digests[-1] if digests else _ROOT, tokens))
+            self._register(table[i], digests[i], tokens)
 
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
         return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
-    def _full_block_digests(self, seq: Sequence) -> list[bytes]:
-        """Digests of all full blocks of ``seq``, memoised per sequence (its tokens only ever grow)."""
+    def _full_block_digests(self, seq: Sequence, count: int | None = None) -> list[bytes]:
+        """Digests of (at least) the first ``count`` full blocks of ``seq``, all of them by default; memoised
+        per sequence (its tokens only ever grow while it holds blocks)."""
         digests = self._digest_memo.setdefault(seq.seq_id, [])
-        for i in range(len(digests), seq.num_tokens // self.block_size):
+        if count is None:
+            count = len(seq.token_ids) // self.block_size
+        for i in range(len(digests), count):
             digests.append(block_digest(digests[-1] if digests else _ROOT, self._block_tokens(seq, i)))
         return digests
 
@@ -204,11 +224,7 @@ class BlockManager:
         self.ref_count[block] = 1
         return block
 
-    def _register_full_block(self, seq: Sequence, i: int) -> None:
-        digests = self._full_block_digests(seq)
-        self._register(seq.block_table[i], digests[i], self._block_tokens(seq, i))
-
-    def _register(self, block: int, digest: bytes, token_ids: list[int]) -> None:
+    def _register(self, block: int, digest: bytes, token_ids: tuple[int, ...] | list[int]) -> None:
         """Name ``block`` by ``digest``; the cache map keeps an existing block of the same content."""
         self._digest[block] = digest
         self._tokens[block] = tuple(token_ids)

@@ -228,7 +228,7 @@ def _check_request(request: Request) -> tuple[str | None, list[int], SamplingPar
     """
     params = request.params
     try:
-        prompt = [operator.index(t) for t in request.prompt_ids]
+        prompt = list(map(operator.index, request.prompt_ids))
     except TypeError:
         return f"prompt_ids must be a list of integers, got {repr(request.prompt_ids)[:80]}", [], params
     if not prompt:

@@ -241,7 +241,8 @@ def test_continuous_batching_admits_new_requests_as_others_finish(decode_steps):
 
 def test_abort_drops_a_request_and_frees_its_blocks():
     engine, _ = make_engine()
-    requests = [req(f"a{i}", prompt(6, base=i), max_tokens=10, seed=i) for i in range(3)]
+    # max_tokens beyond prefill + one burst of the default decode_steps: a1 is still running when aborted
+    requests = [req(f"a{i}", prompt(6, base=i), max_tokens=40, seed=i) for i in range(3)]
     for q in requests:
         assert engine.add_request(q) is None
     engine.step()
