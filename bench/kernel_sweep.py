@@ -42,10 +42,11 @@ def per_layer_us(op, layers, reps: int = 20) -> float:
 
 def tile_grid(rows: int) -> list[LinearTiles]:
     grid = []
-    for bm, bn, warps, stages in itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (4, 8), (3, 4)):
-        if bm > max(16, rows) or bm * bn > 128 * 64:
+    for bm, bn, bk, warps, stages in itertools.product(
+            (16, 32, 64, 128, 256), (16, 32, 64, 128), (64, 128), (4, 8), (2, 3, 4)):
+        if bm > max(16, rows) or bm * bn > 128 * 64 or (bm + bn) * bk * stages * 2 > 200 * 1024:
             continue
-        grid.append(LinearTiles(bm, bn, 128 if bm <= 64 else 64, warps, stages))
+        grid.append(LinearTiles(bm, bn, bk, warps, stages))
     return grid
 
 
@@ -66,19 +67,18 @@ def sweep_linear(layers, rows_list: list[int]) -> dict:
         }
         for name, op, mods in (("qkv", lambda a: fused_linear.qkv_projection(a, x, max_rows=1 << 20), attn),
                                ("gate_up", lambda m: fused_linear.gate_up_silu(m, x, max_rows=1 << 20), mlps)):
-            best = None
+            timed = []
             for tiles in tile_grid(rows):
                 fused_linear.pick_tiles = lambda *args, _t=tiles, **kw: _t
                 try:
-                    us = per_layer_us(op, mods)
+                    timed.append((per_layer_us(op, mods), vars(tiles)))
                 except Exception as exc:  # out of shared memory / registers: skip the config
                     print(f"  {name} {tiles}: {type(exc).__name__}")
-                    continue
-                if best is None or us < best[0]:
-                    best = (us, tiles)
             fused_linear.pick_tiles = original
-            row[f"triton_{name}"] = best[0]
-            row[f"triton_{name}_tiles"] = vars(best[1])
+            timed.sort(key=lambda t: t[0])
+            row[f"triton_{name}"] = timed[0][0]
+            row[f"triton_{name}_tiles"] = timed[0][1]
+            row[f"triton_{name}_top5"] = timed[:5]
             row[f"triton_{name}_default"] = per_layer_us(op, mods)
         results[rows] = row
         print(f"rows {rows}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
@@ -176,14 +176,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--attention-batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--parts", nargs="+", choices=("linear", "split_k", "attention"),
+                        default=["linear", "split_k", "attention"])
     parser.add_argument("--out", type=Path, default=Path("bench/out/kernel_sweep.json"))
     args = parser.parse_args()
     model = build_model("qwen2.5-0.5b", torch.device("cuda"), torch.bfloat16, False).eval()
+    layers = list(model.model.layers)
+    parts = {"linear": lambda: sweep_linear(layers, args.rows), "split_k": lambda: sweep_split_k(layers, args.rows),
+             "attention": lambda: sweep_attention(args.attention_batches)}
     with torch.inference_mode():
-        result = {"device": torch.cuda.get_device_name(),
-                  "linear": sweep_linear(list(model.model.layers), args.rows),
-                  "split_k": sweep_split_k(list(model.model.layers), args.rows),
-                  "attention": sweep_attention(args.attention_batches)}
+        result = {"device": torch.cuda.get_device_name(), **{name: parts[name]() for name in args.parts}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
