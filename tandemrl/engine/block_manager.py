@@ -134,28 +134,22 @@ class BlockManager:
         """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
         case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
         lookaheads = lookaheads or [1] * len(seqs)
-        bs = self.block_size
-        # _blocks_missing, inlined (no calls, no max()): this runs for every sequence of every burst.
-        missing = [m if (m := (len(s.token_ids) + n - 2) // bs + 1 - len(s.block_table)) > 0 else 0
-                   for s, n in zip(seqs, lookaheads)]
+        missing = [self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads)]
         if sum(missing) > len(self._free):
             return False
-        register, digest_of = self.enable_prefix_caching, self._digest
         for seq, m in zip(seqs, missing):  # one sequence at a time: a block it takes may drop a digest just cached
-            table = seq.block_table
-            computed = (len(seq.token_ids) - 1) // bs
-            # Most bursts complete no block: the newest computed one is registered already, nothing to do.
-            if register and computed and (computed > len(table) or digest_of[table[computed - 1]] is None):
-                self._register_computed_blocks(seq)
-            for _ in range(m):
-                table.append(self._take_free_block())
+            self._append(seq, m)
         return True
 
     def _append(self, seq: Sequence, missing: int) -> None:
-        if self.enable_prefix_caching:
+        table = seq.block_table
+        computed = (len(seq.token_ids) - 1) // self.block_size
+        # Most steps complete no block: the newest computed one is registered already, nothing to do.
+        if self.enable_prefix_caching and computed and (
+                computed > len(table) or self._digest[table[computed - 1]] is None):
             self._register_computed_blocks(seq)
         for _ in range(missing):
-            seq.block_table.append(self._take_free_block())
+            table.append(self._take_free_block())
 
     # ------------------------------------------------------------------ helpers
 

@@ -218,6 +218,19 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _k_step_masks(m_mask, n_mask, offs_k, k_left, EVEN_K: tl.constexpr):
+        """Load masks of the x tile [BLOCK_M, BLOCK_K] and a W^T tile [BLOCK_K, BLOCK_N] at a reduction step with
+        k_left columns of K still to go (whole BLOCK_K steps need no K mask)."""
+        if EVEN_K:
+            x_mask = m_mask
+            w_mask = n_mask
+        else:
+            k_ok = offs_k < k_left
+            x_mask = m_mask & k_ok[None, :]
+            w_mask = n_mask & k_ok[:, None]
+        return x_mask, w_mask
+
+    @triton.jit
     def _linear_tile(
         x_ptr, w_ptr, b_ptr, out_ptr, offs_m, col0, out_col0, M, N, K: tl.constexpr, stride_xm, stride_om,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -232,13 +245,9 @@ if triton is not None:
         w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                x = tl.load(x_ptrs, mask=m_mask, other=0.0)
-                w = tl.load(w_ptrs, mask=n_mask, other=0.0)
-            else:
-                k_ok = offs_k < K - k0
-                x = tl.load(x_ptrs, mask=m_mask & k_ok[None, :], other=0.0)
-                w = tl.load(w_ptrs, mask=n_mask & k_ok[:, None], other=0.0)
+            x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)
             acc = _dot_step(x, w, acc, IEEE)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
@@ -288,15 +297,10 @@ if triton is not None:
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                x = tl.load(x_ptrs, mask=m_mask, other=0.0)
-                wg = tl.load(g_ptrs, mask=n_mask, other=0.0)
-                wu = tl.load(u_ptrs, mask=n_mask, other=0.0)
-            else:
-                k_ok = offs_k < K - k0
-                x = tl.load(x_ptrs, mask=m_mask & k_ok[None, :], other=0.0)
-                wg = tl.load(g_ptrs, mask=n_mask & k_ok[:, None], other=0.0)
-                wu = tl.load(u_ptrs, mask=n_mask & k_ok[:, None], other=0.0)
+            x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+            wg = tl.load(g_ptrs, mask=w_mask, other=0.0)
+            wu = tl.load(u_ptrs, mask=w_mask, other=0.0)
             acc_g = _dot_step(x, wg, acc_g, IEEE)
             acc_u = _dot_step(x, wu, acc_u, IEEE)
             x_ptrs += BLOCK_K

@@ -122,10 +122,7 @@ class Scheduler:
         bm = self.block_manager
         running = list(self.running)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
-            k = self.config.decode_steps
-            # min(k, tokens left), without a call per sequence: this runs for every sequence of every burst.
-            steps = [k if (left := s.params.max_tokens + s.num_prompt_tokens - len(s.token_ids)) > k else left
-                     for s in running]
+            steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
             if bm.try_append_all(running, steps):
                 return ScheduledBatch(running, False, steps)
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
@@ -170,9 +167,8 @@ class Scheduler:
         eos_ids = self.eos_ids
         for seq, tokens, lps in zip(seqs, token_ids, logprobs):
             params = seq.params
-            # Fast path, most sequences of most steps: nothing in this burst can finish them (lengths inlined:
-            # this runs for every sequence of every burst).
-            if (not params.stop and len(seq.token_ids) + len(tokens) < seq.num_prompt_tokens + params.max_tokens
+            # Fast path, most sequences of most steps: nothing in this burst can finish them.
+            if (not params.stop and seq.num_completion_tokens + len(tokens) < params.max_tokens
                     and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
                 seq.token_ids.extend(tokens)
                 seq.logprobs.extend(lps)

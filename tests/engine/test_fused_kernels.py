@@ -4,8 +4,6 @@ interpreter (TRITON_INTERPRET=1, float32/float16 only: the interpreter's bfloat1
 
 from __future__ import annotations
 
-import os
-
 import sys
 from pathlib import Path
 
@@ -18,13 +16,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, app
 from tandemrl.engine import fused as fk
 from tandemrl.engine.attention import store_kv
 from tandemrl.engine.model_runner import ModelRunner
+from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, needs_kernels
 
-HAS_CUDA = torch.cuda.is_available()
-INTERPRET = fk.triton is not None and os.environ.get("TRITON_INTERPRET") == "1" and not HAS_CUDA
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-DTYPES = [torch.bfloat16, torch.float32] if HAS_CUDA else [torch.float16, torch.float32]
-needs_kernels = pytest.mark.skipif(fk.triton is None or not (HAS_CUDA or INTERPRET),
-                                   reason="needs Triton and CUDA (or TRITON_INTERPRET=1)")
 needs_cuda = pytest.mark.skipif(not HAS_CUDA or fk.triton is None, reason="needs a CUDA device and Triton")
 
 ROWS_HIDDEN = [(1, 64), (3, 896), (17, 1000), (300, 1024), (64, 4096)]

@@ -4,7 +4,6 @@ Kernel tests run on CUDA, or on the CPU under Triton's interpreter (TRITON_INTER
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,13 +17,8 @@ from tandemrl.engine import fused as fk
 from tandemrl.engine import fused_linear as fl
 from tandemrl.engine import model_runner as mr
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
+from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, INTERPRET, needs_kernels
 
-HAS_CUDA = torch.cuda.is_available()
-INTERPRET = fl.triton is not None and os.environ.get("TRITON_INTERPRET") == "1" and not HAS_CUDA
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-DTYPES = [torch.bfloat16, torch.float32] if HAS_CUDA else [torch.float16, torch.float32]
-needs_kernels = pytest.mark.skipif(fl.triton is None or not (HAS_CUDA or INTERPRET),
-                                   reason="needs Triton and CUDA (or TRITON_INTERPRET=1)")
 
 ROWS = [1, 3, 16, 17, 64]
 HIDDEN, HEAD, INTER = 72, 24, 200  # odd sizes: 3 q heads and 1 kv head of 24, no block size divides them all
