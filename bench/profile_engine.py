@@ -23,23 +23,30 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--fresh-prompts", action="store_true",
+                        help="new prompts for every run, so the prefix cache never serves them (profiles prefill)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()
     backend = EngineBackend(model, None, EngineConfig(num_blocks=4096), device=device)
-    prompts = random_prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
-    engine_run(backend, prompts, args.new_tokens)  # warm-up and graph capture
+    runs = iter(range(1 << 30))
+
+    def prompts() -> list[list[int]]:
+        seed = next(runs) if args.fresh_prompts else 0
+        return random_prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=seed)
+
+    engine_run(backend, prompts(), args.new_tokens)  # warm-up and graph capture
     profile = cProfile.Profile()
     profile.enable()
-    engine_run(backend, prompts, args.new_tokens)
+    engine_run(backend, prompts(), args.new_tokens)
     profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        engine_run(backend, prompts, args.new_tokens)
+        engine_run(backend, prompts(), args.new_tokens)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
     if device.type == "cuda":

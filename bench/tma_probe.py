@@ -1,0 +1,156 @@
+"""Probe: do TMA-fed Triton GEMMs beat the current decode MLP kernels at 128/256 rows (Qwen2.5-0.5B shapes)?
+
+gate/up + SiLU: the grouped kernel of fused_linear.py vs the same maths with every tile fed by the bulk tensor copy
+engine (host tensor descriptors), and cuBLAS on one concatenated [2I, H] weight (the GEMM alone) for scale.
+down_proj: cuBLAS vs a TMA split-K kernel adding float32 partials atomically (the GEMM part only).
+Every variant is checked against a float32 reference before it is timed. GPU only.
+
+python -m bench.tma_probe --rows 256 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from bench.grpo_step import build_model
+from bench.kernel_sweep import per_layer_us
+from tandemrl.engine import fused_linear
+
+
+@triton.jit
+def _gate_up_tma_kernel(x_desc, g_desc, u_desc, out_ptr, M, N, K, stride_om,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        STAGES: tl.constexpr):
+    off_n = tl.program_id(0) * BLOCK_N
+    off_m = tl.program_id(1) * BLOCK_M
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        x = x_desc.load([off_m, k])
+        acc_g = tl.dot(x, g_desc.load([off_n, k]).T, acc_g)
+        acc_u = tl.dot(x, u_desc.load([off_n, k]).T, acc_u)
+    dt = out_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], (act * u).to(dt), mask=mask)
+
+
+@triton.jit
+def _splitk_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, k_per_split, stride_om,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    off_n = tl.program_id(0) * BLOCK_N
+    off_m = tl.program_id(1) * BLOCK_M
+    k_lo = tl.program_id(2) * k_per_split
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K, num_stages=STAGES):
+        acc = tl.dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.atomic_add(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=mask, sem="relaxed")
+
+
+def gate_up_tma(mlp, x, bm, bn, bk, warps, stages):
+    M, K = x.shape
+    N = mlp.gate_proj.weight.shape[0]
+    out = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    xd = TensorDescriptor.from_tensor(x, [bm, bk])
+    gd = TensorDescriptor.from_tensor(mlp.gate_proj.weight, [bn, bk])
+    ud = TensorDescriptor.from_tensor(mlp.up_proj.weight, [bn, bk])
+    _gate_up_tma_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
+        xd, gd, ud, out, M, N, K, out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
+        num_warps=warps)
+    return out
+
+
+def down_splitk(mlp, act, out, bm, bn, bk, splits, warps, stages):
+    M, K = act.shape
+    w = mlp.down_proj.weight
+    N = w.shape[0]
+    per = triton.cdiv(triton.cdiv(K, splits), bk) * bk
+    out.zero_()
+    _splitk_tma_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm), triton.cdiv(K, per))](
+        TensorDescriptor.from_tensor(act, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), out,
+        M, N, K, per, out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, num_warps=warps)
+    return out
+
+
+def rel_err(out, ref) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def probe(layers, rows: int) -> dict:
+    mlps = [layer.mlp for layer in layers]
+    x = torch.randn(rows, 896, device="cuda", dtype=torch.bfloat16)
+    act = torch.randn(rows, 4864, device="cuda", dtype=torch.bfloat16)
+    m0 = mlps[0]
+    ref_gu = torch.nn.functional.silu(x.float() @ m0.gate_proj.weight.float().T) * (x.float() @ m0.up_proj.weight.float().T)
+    ref_down = act.float() @ m0.down_proj.weight.float().T
+    cat = [torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mlps]
+    row: dict = {
+        "grouped_gate_up": per_layer_us(lambda m: fused_linear.gate_up_silu(m, x), mlps),
+        "cublas_gate_up_silu": per_layer_us(lambda m: torch.nn.functional.silu(m.gate_proj(x)) * m.up_proj(x), mlps),
+        "cublas_cat_gemm": per_layer_us(lambda i: x @ cat[i].T, list(range(len(mlps)))),
+        "cublas_down": per_layer_us(lambda m: m.down_proj(act), mlps),
+    }
+    best = []
+    for bm, bn, bk, warps, stages in itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4)):
+        if bm > max(64, rows) or (bm + 2 * bn) * bk * 2 * stages > 220 * 1024:
+            continue
+        try:
+            err = rel_err(gate_up_tma(m0, x, bm, bn, bk, warps, stages), ref_gu)
+            assert err < 1e-2, f"gate/up {bm, bn, bk}: rel. error {err}"
+            best.append((per_layer_us(lambda m: gate_up_tma(m, x, bm, bn, bk, warps, stages), mlps),
+                         (bm, bn, bk, warps, stages)))
+        except Exception as exc:
+            print(f"  gate/up tma {bm, bn, bk, warps, stages}: {type(exc).__name__}: {str(exc)[:120]}")
+    best.sort()
+    row["tma_gate_up_top"] = best[:5]
+    down = []
+    out = torch.empty(rows, 896, device="cuda", dtype=torch.float32)
+    for bm, bn, bk, splits, stages in itertools.product((64, 128, 256), (32, 64), (64, 128), (4, 8), (3, 4)):
+        warps = 4 if bm * bn <= 8192 else 8
+        if bm > max(64, rows) or (bm + bn) * bk * 2 * stages > 220 * 1024:
+            continue
+        try:
+            err = rel_err(down_splitk(m0, act, out, bm, bn, bk, splits, warps, stages), ref_down)
+            assert err < 1e-2, f"down {bm, bn, bk, splits}: rel. error {err}"
+            down.append((per_layer_us(lambda m: down_splitk(m, act, out, bm, bn, bk, splits, warps, stages), mlps),
+                         (bm, bn, bk, splits, warps, stages)))
+        except Exception as exc:
+            print(f"  down tma {bm, bn, bk, splits, warps, stages}: {type(exc).__name__}: {str(exc)[:120]}")
+    down.sort()
+    row["tma_splitk_down_top"] = down[:5]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[256])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/tma_probe.json"))
+    args = parser.parse_args()
+    model = build_model("qwen2.5-0.5b", torch.device("cuda"), torch.bfloat16, False)
+    layers = list(model.model.layers)
+    results = {}
+    with torch.inference_mode():
+        for rows in args.rows:
+            results[rows] = probe(layers, rows)
+            print(rows, json.dumps(results[rows], indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
