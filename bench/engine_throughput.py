@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--hf-batch", type=int, default=256, help="batch for the HF generate comparison")
+    parser.add_argument("--skip-hf", action="store_true", help="engine only (A/B runs of the engine)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--kv-gib", type=float, default=8.0)
@@ -114,11 +115,13 @@ def main() -> None:
         print(f"engine batch {batch}: {rows[-1]['engine_tok_s']:.0f} tok/s, prefill {prefill * 1e3:.0f} ms, "
               f"step {step * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, ratio {step / floor:.2f}", flush=True)
     backend.close()
-    hf_prompts = random_prompts(args.hf_batch, args.prompt_len, vocab, seed=args.hf_batch)
-    hf_run(model, hf_prompts, args.new_tokens, device)  # the same full-shape warm-up
-    hf_s = timed(device, lambda: hf_run(model, hf_prompts, args.new_tokens, device))
-    hf_tok_s = args.hf_batch * args.new_tokens / hf_s
-    engine_at_hf = next((r for r in rows if r["batch"] == args.hf_batch), None)
+    hf_s = hf_tok_s = None
+    if not args.skip_hf:
+        hf_prompts = random_prompts(args.hf_batch, args.prompt_len, vocab, seed=args.hf_batch)
+        hf_run(model, hf_prompts, args.new_tokens, device)  # the same full-shape warm-up
+        hf_s = timed(device, lambda: hf_run(model, hf_prompts, args.new_tokens, device))
+        hf_tok_s = args.hf_batch * args.new_tokens / hf_s
+    engine_at_hf = next((r for r in rows if r["batch"] == args.hf_batch), None) if hf_tok_s else None
     result = {
         "date": date.today().isoformat(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
@@ -130,7 +133,8 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"measured bandwidth {bandwidth / 1e9:.0f} GB/s; HF generate batch {args.hf_batch}: {hf_tok_s:.0f} tok/s")
+    print(f"measured bandwidth {bandwidth / 1e9:.0f} GB/s; HF generate batch {args.hf_batch}: "
+          + (f"{hf_tok_s:.0f} tok/s" if hf_tok_s else "skipped"))
     print("| batch | engine tok/s | decode step ms | floor ms | step/floor |")
     for r in rows:
         print(f"| {r['batch']} | {r['engine_tok_s']:.0f} | {r['decode_step_ms']:.2f} | {r['floor_ms']:.2f} | "

@@ -91,7 +91,7 @@ def rel_err(out, ref) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
-def probe(layers, rows: int) -> dict:
+def probe(layers, rows: int, with_down: bool) -> dict:
     mlps = [layer.mlp for layer in layers]
     x = torch.randn(rows, 896, device="cuda", dtype=torch.bfloat16)
     act = torch.randn(rows, 4864, device="cuda", dtype=torch.bfloat16)
@@ -118,6 +118,8 @@ def probe(layers, rows: int) -> dict:
             print(f"  gate/up tma {bm, bn, bk, warps, stages}: {type(exc).__name__}: {str(exc)[:120]}")
     best.sort()
     row["tma_gate_up_top"] = best[:5]
+    if not with_down:
+        return row
     down = []
     out = torch.empty(rows, 896, device="cuda", dtype=torch.float32)
     for bm, bn, bk, splits, stages in itertools.product((64, 128, 256), (32, 64), (64, 128), (4, 8), (3, 4)):
@@ -139,6 +141,7 @@ def probe(layers, rows: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[256])
+    parser.add_argument("--skip-down", action="store_true", help="gate/up only")
     parser.add_argument("--out", type=Path, default=Path("bench/results/tma_probe.json"))
     args = parser.parse_args()
     model = build_model("qwen2.5-0.5b", torch.device("cuda"), torch.bfloat16, False)
@@ -146,7 +149,7 @@ def main() -> None:
     results = {}
     with torch.inference_mode():
         for rows in args.rows:
-            results[rows] = probe(layers, rows)
+            results[rows] = probe(layers, rows, not args.skip_down)
             print(rows, json.dumps(results[rows], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

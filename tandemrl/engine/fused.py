@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from tandemrl.engine import pdl
 from tandemrl.engine.attention import store_kv
 
 try:  # optional: without Triton (or off CUDA) the forward keeps its plain torch ops
@@ -96,7 +97,8 @@ def add_rmsnorm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) 
     res2 = x2 if residual is None else residual.reshape(-1, H)
     _add_rmsnorm_kernel[(rows,)](
         x2, res2, weight, out, new_residual, x2.stride(0), H, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(H), num_warps=_warps(H))
+        HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(H), num_warps=_warps(H),
+        **pdl.launch_options(x.device))
     return out, new_residual
 
 
@@ -114,7 +116,7 @@ def rope_qk_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Te
     _rope_qk_kernel[(N,)](
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         HQ=Hq, HK=Hk, HALF=half, BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
-        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4, **pdl.launch_options(q.device))
     return q, k
 
 
@@ -144,7 +146,7 @@ def rope_qk_store_(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
         k_cache.stride(1), k_cache.stride(2), slot_mapping.stride(0),
         HQ=Hq, HK=Hk, HALF=half, BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
-        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4, **pdl.launch_options(q.device))
     return q, k
 
 
@@ -167,7 +169,8 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     n = gate.numel()
     if n:
         block = 1024
-        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4,
+                                                    **pdl.launch_options(gate.device))
     return out
 
 
@@ -182,8 +185,9 @@ if triton is not None:
     @triton.jit
     def _add_rmsnorm_kernel(
         x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, stride_row, H, eps,
-        HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl.pdl_enter(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_H)
         mask = cols < H
@@ -234,8 +238,9 @@ if triton is not None:
     def _rope_qk_kernel(
         q_ptr, k_ptr, cos_ptr, sin_ptr, stride_qn, stride_qh, stride_kn, stride_kh, stride_cn, stride_sn,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl.pdl_enter(PDL)
         n = tl.program_id(0).to(tl.int64)
         c1, c2, s1, s2 = _rope_angles(cos_ptr, sin_ptr, stride_cn, stride_sn, n, HALF, BLOCK_HALF)
         _rope_one(q_ptr, stride_qn, stride_qh, c1, c2, s1, s2, n, HQ, HALF, BLOCK_HQ, BLOCK_HALF)
@@ -247,10 +252,11 @@ if triton is not None:
         stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_cn, stride_sn,
         stride_cslot, stride_chead, stride_slot,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
     ):
         # _rope_qk_kernel's work (the same code, so the same bits), then token n's rotated k and its v rows
         # copied to cache slot slot_mapping[n].
+        pdl.pdl_enter(PDL)
         n = tl.program_id(0).to(tl.int64)
         c1, c2, s1, s2 = _rope_angles(cos_ptr, sin_ptr, stride_cn, stride_sn, n, HALF, BLOCK_HALF)
         _rope_one(q_ptr, stride_qn, stride_qh, c1, c2, s1, s2, n, HQ, HALF, BLOCK_HQ, BLOCK_HALF)
@@ -269,7 +275,8 @@ if triton is not None:
         tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl.pdl_enter(PDL)
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         g = tl.load(gate_ptr + offs, mask=mask, other=0.0)

@@ -13,10 +13,14 @@ tile choice (`pick_tiles`) keeps one row tile (every weight read once) and shrin
 fill the SMs. Decode batches of 128 and 256 rows use tiles measured on an H100 (`python -m bench.kernel_sweep`):
 there the grouped launches beat cuBLAS's separate GEMMs (q/k/v 5.9 vs 14.1 us, gate/up + SiLU 15.1 vs 19.8 us
 per layer at 256 rows), but only the hidden size 896 was measured, so wider models keep cuBLAS above 64 rows.
+At those batches gate/up is a compute-bound GEMM, and on Hopper its tiles come through the bulk tensor copy engine
+(TMA, host tensor descriptors; `python -m bench.tma_probe`: 13.8 vs 15.3 us per layer at 256 rows); the GEMV range
+gains nothing from it and keeps plain loads, as do inputs whose pointers or strides TMA cannot take.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -24,11 +28,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 
+from tandemrl.engine import pdl
 from tandemrl.engine.fused import is_silu_mlp
 
 try:  # optional: without Triton the callers keep the module calls
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
@@ -58,6 +64,11 @@ _LARGE_BATCH_TILES = {
     (1, 256): LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
     (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
     (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
+}
+# rows up to -> gate/up tiles of the TMA kernel (H100, `python -m bench.tma_probe`)
+_TMA_GATE_UP_TILES = {
+    128: LinearTiles(64, 64, 64, num_warps=4, num_stages=3),
+    256: LinearTiles(128, 64, 64, num_warps=4, num_stages=3),
 }
 
 
@@ -125,16 +136,25 @@ def _no_global_hooks() -> bool:
     return not (_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
-_SMS: dict[torch.device, int] = {}
+@functools.lru_cache(maxsize=None)
+def _device_properties(device: torch.device):
+    """Asked once per device: a host query, safe during CUDA graph capture."""
+    return torch.cuda.get_device_properties(device)
 
 
 def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (asked once; a host query, safe during CUDA graph capture)."""
-    if device.type != "cuda":
-        return _DEFAULT_SMS
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
+    """Streaming multiprocessors of `device`."""
+    return _device_properties(device).multi_processor_count if device.type == "cuda" else _DEFAULT_SMS
+
+
+def _tma_ready(*tensors: Tensor) -> bool:
+    """Whether tensor descriptors can address these 2-D tensors: Hopper or newer (or the interpreter), 16-byte
+    aligned base pointers and row strides, unit column stride."""
+    device = tensors[0].device
+    if not (_INTERPRET or (device.type == "cuda" and _device_properties(device).major >= 9)):
+        return False
+    return all(t.data_ptr() % 16 == 0 and t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
+               for t in tensors)
 
 
 def _new_output(rows: int, cols: int, like: Tensor) -> Tensor:
@@ -169,7 +189,8 @@ def qkv_projection(
             rows, K, x2.stride(0), out.stride(0), nq, nk, nv,
             HAS_BQ=bq is not None, HAS_BK=bk is not None, HAS_BV=bv is not None,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
-            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages)
+            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
+            **pdl.launch_options(x.device))
     q, k, v = out[:, :nq], out[:, nq:nq + nk], out[:, nq + nk:]
     if x.dim() == 2:  # the decoder's case: keep the views as they are (row stride nq + nk + nv)
         return q, k, v
@@ -189,15 +210,32 @@ def gate_up_silu(mlp: nn.Module, x: Tensor, *, max_rows: int | None = None) -> T
     x2 = x.reshape(-1, K)
     rows, inter = x2.shape[0], gate.weight.shape[0]
     out = _new_output(rows, inter, x)
-    if rows:
+    if rows > _GEMV_ROWS and _tma_ready(x2, gate.weight, up.weight):
+        _gate_up_silu_tma(x2, gate, up, out)
+    elif rows:
         t = pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
         _gate_up_silu_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
             x2, gate.weight, up.weight, _or(gate.bias, gate.weight), _or(up.bias, up.weight), out,
             rows, inter, K, x2.stride(0), out.stride(0),
             HAS_BG=gate.bias is not None, HAS_BU=up.bias is not None,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
-            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages)
+            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
+            **pdl.launch_options(x.device))
     return out.view(*x.shape[:-1], inter)
+
+
+def _gate_up_silu_tma(x: Tensor, gate: nn.Linear, up: nn.Linear, out: Tensor) -> None:
+    """The large-batch launch: x [rows, K] and both weights read through tensor descriptors (out-of-range rows,
+    columns and K steps come back as zeros, so the loads need no masks)."""
+    rows, inter = out.shape
+    t = _TMA_GATE_UP_TILES[128 if rows <= 128 else 256]
+    x_desc = TensorDescriptor.from_tensor(x, [t.block_m, t.block_k])
+    g_desc, u_desc = (TensorDescriptor.from_tensor(w, [t.block_n, t.block_k]) for w in (gate.weight, up.weight))
+    _gate_up_silu_tma_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
+        x_desc, g_desc, u_desc, _or(gate.bias, gate.weight), _or(up.bias, up.weight), out,
+        rows, inter, x.shape[1], out.stride(0), HAS_BG=gate.bias is not None, HAS_BU=up.bias is not None,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.num_stages,
+        IEEE=x.dtype == torch.float32, num_warps=t.num_warps, **pdl.launch_options(x.device))
 
 
 def _or(bias: Tensor | None, dummy: Tensor) -> Tensor:
@@ -261,9 +299,10 @@ if triton is not None:
         x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, out_ptr, M, K: tl.constexpr, stride_xm, stride_om,
         NQ, NK, NV,
         HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
         # Column tiles 0..TQ-1 belong to q, the next TK to k, the rest to v: a uniform branch per program.
+        pdl.pdl_enter(PDL)
         pid_n = tl.program_id(0)
         offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         tiles_q = tl.cdiv(NQ, BLOCK_N)
@@ -282,9 +321,10 @@ if triton is not None:
     def _gate_up_silu_kernel(
         x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, out_ptr, M, N, K: tl.constexpr, stride_xm, stride_om,
         HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
         # The same columns of gate and up in one program: x is loaded once for both dots.
+        pdl.pdl_enter(PDL)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
@@ -306,6 +346,32 @@ if triton is not None:
             x_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
+        _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BG, HAS_BU)
+
+    @triton.jit
+    def _gate_up_silu_tma_kernel(
+        x_desc, g_desc, u_desc, bg_ptr, bu_ptr, out_ptr, M, N, K, stride_om,
+        HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # _gate_up_silu_kernel with descriptor loads: the copy engine fills shared memory, no address arithmetic
+        pdl.pdl_enter(PDL)
+        off_n = tl.program_id(0) * BLOCK_N
+        off_m = tl.program_id(1) * BLOCK_M
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            x = x_desc.load([off_m, k])
+            acc_g = _dot_step(x, g_desc.load([off_n, k]).T, acc_g, IEEE)
+            acc_u = _dot_step(x, u_desc.load([off_n, k]).T, acc_u, IEEE)
+        offs_m = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BG, HAS_BU)
+
+    @triton.jit
+    def _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                            HAS_BG: tl.constexpr, HAS_BU: tl.constexpr):
+        """out[offs_m, offs_n] = silu(gate) * up from the float32 accumulators, masked to M x N."""
         if HAS_BG:
             acc_g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         if HAS_BU:
@@ -316,4 +382,4 @@ if triton is not None:
         u = acc_u.to(dt).to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-        tl.store(out_ptrs, (act * u).to(dt), mask=m_mask & n_mask)
+        tl.store(out_ptrs, (act * u).to(dt), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -153,11 +153,16 @@ def test_whole_k_steps_and_smallest_column_tiles(monkeypatch, rows):
 
 
 @needs_kernels
+@pytest.mark.parametrize("hidden,tma", [(HIDDEN, True), (HIDDEN + 4, False)])
 @pytest.mark.parametrize("rows", [100, 200])
-def test_large_batch_tiles(rows):
-    """Decode batches above 64 rows: the measured 128-/256-row tiles, with masked rows and column tiles."""
+def test_large_batch_tiles(rows, hidden, tma):
+    """Decode batches above 64 rows: the measured 128-/256-row tiles, with masked rows and column tiles; gate/up
+    through tensor descriptors where rows are 16-byte aligned (HIDDEN), with plain loads where not (HIDDEN + 4)."""
     dtype = DTYPES[0]
-    attn, mlp, x = _attn(dtype, (True, False, True)), _mlp(dtype), _x(rows, dtype)
+    attn, x = _attn(dtype, (True, False, True), hidden=hidden), _x(rows, dtype, hidden=hidden)
+    mlp = _mlp(dtype, bias=True, hidden=hidden)
+    hopper = HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9
+    assert fl._tma_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight) == (tma and (hopper or INTERPRET))
     with torch.no_grad():
         for got, proj in zip(fl.qkv_projection(attn, x), (attn.q_proj, attn.k_proj, attn.v_proj)):
             torch.testing.assert_close(got, proj(x), **_tols(dtype))
