@@ -49,8 +49,8 @@ class ModelRunner:
     falls back to eager with a warning if compilation fails, see compile.py; the compiled decode forward uses torch
     ops instead of fused.py/fused_linear.py, which inductor fuses itself). fused_kernels: the Triton kernels of
     fused.py (RMSNorm + residual add, RoPE with the K/V store, SiLU product), fused_linear.py (q/k/v and gate/up
-    in one launch each) and triton_sampler.py (temperature sampling in one pass; top-k/top-p batches keep the torch
-    sampler) on CUDA when Triton is importable; CPU keeps torch ops.
+    in one launch each) and triton_sampler.py (temperature sampling from one read of the logits; top-k/top-p
+    batches keep the torch sampler) on CUDA when Triton is importable; CPU keeps torch ops.
     """
 
     def __init__(

@@ -1,21 +1,33 @@
-"""One-pass Triton sampler for the decode step: the sampled token and its log-probability from one read of the logits.
+"""Triton sampler for the decode step: the sampled token and its log-probability from one read of the logits.
 
 Same results as ``backends.sampler.sample_tokens(..., apply_filters=False)`` (temperature only, no top-k/top-p):
 sampled rows draw from ``softmax(logits / T)`` and report ``log_softmax(logits / T)[token]``; rows with ``T <= 0``
 are greedy: ``argmax(logits)`` (first index of the maximum, as torch) with ``log_softmax(logits)`` at it.
 
-Method (one pass, float32 inside): each program walks its columns in [QUAD, 4] tiles of consecutive columns.
-Every tile slot keeps its own running max and sum of ``exp((x - max) / T)`` (an online log-sum-exp: one exp per
-element) and its best Gumbel race key ``x + T * g`` (``argmax(x/T + g)`` with ``g ~ Gumbel(0, 1)`` draws from
-``softmax(x/T)``; scaling the key by T keeps the argmax and saves a multiply); greedy rows race the raw logits.
-Slots are reduced once at the end; the log-prob is ``(x[token] - max) / T - log(sum)``, x[token] read again.
-The noise is counter-based Philox keyed by the seed: the call for counter (row, column // 4) gives four 32-bit
-words, one per column of a tile row, so the noise is a pure function of (seed, row, column, V).
+Method: inverse CDF over chunk partials, one uniform per row (not one random number per vocabulary element).
+The columns of a row are cut into fixed chunks (``_chunk_size``: from V alone, never from B or the split).
 
-Rows are split over several programs until about four run per SM (one program per row cannot use the GPU at
-batch 1, and even at batch 256 more programs hide more latency): the programs write (max, sum, best key, best
-column) partials to a small workspace and a second kernel merges them.
-The split never changes the sampled tokens (same noise per column), only float rounding of the log-probs.
+1. ``_partials_kernel``, grid (B, programs per row), reads the logits once: for every chunk c it writes to a
+   workspace [B, n_chunks, 3] the chunk max ``m_c``, ``s_c = sum exp((x - m_c) / T)`` (one exp2 per element,
+   float32) and the first column of the maximum (greedy rows). The number of programs per row (``splits``) only
+   decides how many chunks one program walks, so it never changes the draw.
+2. ``_draw_kernel``, grid (B,), per row: ``M = max m_c``, chunk weights ``w_c = s_c * exp((m_c - M) / T)``,
+   ``total = sum w_c``; one uniform ``u`` in [0, 1) from Philox keyed by (seed, row); the chunk is the first one
+   whose inclusive cumulative weight exceeds ``u * total``, then its columns are read again (one chunk per row)
+   and the token is the first column whose inclusive cumulative ``exp((x - M) / T)`` exceeds the same fraction
+   of the chunk's own sum. The log-prob is ``(x[token] - M) / T - log(total)``; greedy rows use T = 1 and the
+   lowest chunk holding M with its recorded column (torch.argmax's first index among ties).
+   A column with ``exp((x - M) / T) = 0`` (a masked -inf logit, or an underflow) is never drawn: it never makes a
+   cumulative sum cross. Rounding guard: where nothing crosses (a target rounded up to the total, or the fraction
+   to 1), the last chunk with a positive weight, then its last positive column, are taken.
+
+Precision: the exponentials and the partials are float32 (a chunk sum of at most 2048 terms: ~1e-6 relative
+rounding); the merge, both cumulative sums and the target are float64 and ``u`` has 53 random bits (a 2**-53 grid).
+So every token is drawn with its softmax probability up to ~1e-6 relative rounding (a few 1e-6 deep in the tail,
+where the float32 exponent ``(x - M) / T`` is large), rare tokens included: float32 cumulative sums and a 24-bit
+``u`` would quantise the draw to multiples of ~2**-24 of the total, drawing a token rarer than ~6e-8 at either 0 or
+~6e-8. Only tokens whose float32 ``exp((x - M) / T)`` underflows (below ~2**-126 of the top token) are never drawn.
+The float64 work is a few thousand values per row in the second kernel, off the memory-bound pass.
 """
 
 from __future__ import annotations
@@ -27,6 +39,8 @@ import os
 import torch
 from torch import Tensor
 
+from tandemrl.engine import pdl
+
 try:  # optional: without Triton (or off CUDA) callers keep the torch sampler
     import triton
     import triton.language as tl
@@ -34,11 +48,14 @@ except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_QUAD = 512  # a chunk is a [QUAD, 4] tile of consecutive columns: 2048 for a 151936 vocabulary
-_MIN_QUAD = 16
-# rows are split until about this many programs per SM run (H100, B=256: 4 splits 96 us, 1 split 111 us)
+_MAX_CHUNK = 2048  # columns per chunk: 75 chunks for a 151936 vocabulary, 8 per thread with 8 warps
+_MIN_CHUNK = 64
+_PARTIALS_BLOCK = 1024  # the second kernel reads a row's partials this many chunks at a time
+# rows are split until about this many programs per SM run (one program per row cannot fill the GPU at batch 1,
+# and even at batch 256 more programs hide more load latency)
 _PROGRAMS_PER_SM = 4
 _SEED_MASK = (1 << 31) - 1
+_PARTIAL_WORDS = 3  # per chunk: max, sum of exp (float32 bits), first column of the max
 
 
 def fused_sample_available(device: torch.device | str) -> bool:
@@ -49,42 +66,50 @@ def fused_sample_available(device: torch.device | str) -> bool:
 def fused_sample(
     logits: Tensor, temperature: Tensor, seed: int | Tensor, *, splits: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Sample one token per row of ``logits`` [B, V] (bf16/fp16/fp32, unit column stride) in one pass.
+    """Sample one token per row of ``logits`` [B, V] (bf16/fp16/fp32, unit column stride) from one read of it.
 
     temperature: [B] float32 on the same device, ``<= 0`` means greedy. seed: a Python int (only its low 62 bits
     are used), or an int64 tensor with one element on the same device, read by the kernel: a CUDA graph captures
     the tensor's address, so write a fresh value into it before each replay (a Python int is frozen at capture).
-    splits: programs per row (None: picked from the batch size and the SM count; 1: one program per row, no
-    workspace). Returns (tokens [B] int64, logprobs [B] float32), as ``sample_tokens(..., apply_filters=False)``.
+    splits: programs per row in the first pass (None: picked from the batch size and the SM count); it never
+    changes the tokens. Returns (tokens [B] int64, logprobs [B] float32), as
+    ``sample_tokens(..., apply_filters=False)``.
     """
     _check_inputs(logits, temperature, seed)
+    return _run_kernels(logits, temperature, seed, splits, uniform=None)
+
+
+def _run_kernels(
+    logits: Tensor, temperature: Tensor, seed: int | Tensor, splits: int | None, uniform: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Both kernels on checked inputs. uniform: None (the Philox draw from the seed), or [B] float64 values in
+    [0, 1) used as the rows' uniforms instead (tests pin them to check the inverse CDF)."""
     batch, vocab = logits.shape
     device = logits.device
     tokens = torch.empty(batch, dtype=torch.int64, device=device)
     logprobs = torch.empty(batch, dtype=torch.float32, device=device)
     if batch == 0:
         return tokens, logprobs
-    quad = _quad_size(vocab)
-    n_chunks = triton.cdiv(vocab, 4 * quad)
-    per_split = triton.cdiv(n_chunks, _pick_splits(batch, n_chunks, device, splits))
-    n_splits = triton.cdiv(n_chunks, per_split)  # no empty program
-    if isinstance(seed, Tensor):
+    chunk = _chunk_size(vocab)
+    n_chunks = triton.cdiv(vocab, chunk)
+    per_program = triton.cdiv(n_chunks, _pick_splits(batch, n_chunks, device, splits))
+    n_programs = triton.cdiv(n_chunks, per_program)  # no empty program
+    partials = torch.empty((batch, n_chunks, _PARTIAL_WORDS), dtype=torch.int32, device=device)
+    _partials_kernel[(batch, n_programs)](
+        logits, temperature, partials, logits.stride(0), vocab, n_chunks, per_program,
+        CHUNK=chunk, num_warps=_partials_warps(chunk), **pdl.launch_options(device))
+    seed_from_ptr = isinstance(seed, Tensor)
+    if seed_from_ptr:
         seed_ptr, seed_lo, seed_hi = seed, 0, 0
     else:  # two non-negative int32 halves: one kernel signature whatever the seed's size
         seed = int(seed)
         seed_ptr, seed_lo, seed_hi = temperature, seed & _SEED_MASK, (seed >> 31) & _SEED_MASK
-    split = n_splits > 1
-    # the partials: (max, sum of exp, best key, best column) per program, as raw 32-bit words
-    work = torch.empty((batch, n_splits, 4), dtype=torch.int32, device=device) if split else tokens
-    _sample_kernel[(batch, n_splits)](
-        logits, temperature, seed_ptr, seed_lo, seed_hi, tokens, logprobs, work,
-        logits.stride(0), vocab, n_chunks, per_split,
-        QUAD=quad, SEED_FROM_PTR=isinstance(seed, Tensor), SPLIT=split, FAST=device.type == "cuda",
-        num_warps=_warps(quad))
-    if split:
-        _combine_kernel[(batch,)](
-            logits, temperature, work, tokens, logprobs, logits.stride(0), n_splits,
-            BLOCK_S=triton.next_power_of_2(n_splits), num_warps=1)
+    _draw_kernel[(batch,)](
+        logits, temperature, partials, seed_ptr, seed_lo, seed_hi, tokens if uniform is None else uniform,
+        tokens, logprobs, logits.stride(0), vocab, n_chunks,
+        CHUNK=chunk, BLOCK_P=min(_PARTIALS_BLOCK, triton.next_power_of_2(n_chunks)),
+        SEED_FROM_PTR=seed_from_ptr, GIVEN_UNIFORM=uniform is not None, num_warps=_draw_warps(chunk),
+        **pdl.launch_options(device))
     return tokens, logprobs
 
 
@@ -122,13 +147,17 @@ def _describe(x: object) -> str:
     return f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
 
 
-def _quad_size(vocab: int) -> int:
-    """Rows of 4 columns per chunk tile, from V alone."""
-    return max(_MIN_QUAD, min(_MAX_QUAD, triton.next_power_of_2(triton.cdiv(vocab, 4))))
+def _chunk_size(vocab: int) -> int:
+    """Columns per chunk, from V alone (so the draw depends on neither B nor the split)."""
+    return max(_MIN_CHUNK, min(_MAX_CHUNK, triton.next_power_of_2(vocab)))
 
 
-def _warps(quad: int) -> int:
-    return max(1, min(8, quad // 64))  # QUAD 512: 8 warps, 2 tile rows (8 columns) per thread, 64 registers
+def _partials_warps(chunk: int) -> int:
+    return max(1, min(8, chunk // 256))  # 2048 columns: 8 warps, 8 columns (one 16-byte bf16 load) per thread
+
+
+def _draw_warps(chunk: int) -> int:
+    return max(1, min(4, chunk // 512))  # one chunk per row: latency, not bandwidth
 
 
 def _pick_splits(batch: int, n_chunks: int, device: torch.device, splits: int | None) -> int:
@@ -151,138 +180,174 @@ def _sm_count(index: int) -> int:
 
 if triton is not None:
     _LOG2E = tl.constexpr(1.4426950408889634)
-    _LN2 = tl.constexpr(0.6931471805599453)
     _NEG_INF = tl.constexpr(float("-inf"))
-    # a slot's running max starts at -FLT_MAX, not -inf: x - max is then never -inf - -inf (NaN), so a masked
-    # (-inf) logit gives exp(-inf) = 0 with no extra select, and an all-masked slot's sum stays 0
-    _MAX_INIT = tl.constexpr(-3.4028234663852886e38)
+    # a chunk's max is stored as at least -FLT_MAX, not -inf: x - max is then never -inf - -inf (NaN), so masked
+    # (-inf) logits give exp(-inf) = 0 with no extra select, and an all-masked chunk has sum 0 and weight 0
+    _MAX_FLOOR = tl.constexpr(-3.4028234663852886e38)
     _NO_COLUMN = tl.constexpr(2**31 - 1)
+    _TWO_POW_M53 = tl.constexpr(1.1102230246251565e-16)
+    _WORDS = tl.constexpr(_PARTIAL_WORDS)
+
+    # ------------------------------------------------------------------ first pass: chunk partials
 
     @triton.jit
-    def _log2(x, FAST: tl.constexpr):
-        """log2 of a positive normal float. tl.log2 is libdevice's exact log2f: ~20 FMAs and a branch per call,
-        twice per element; the hardware approximation (MUFU, abs. error ~2**-22) is ample for the noise."""
-        if FAST:
-            y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
-                                          pack=1)
-        else:  # the interpreter runs no PTX
-            y = tl.log2(x)
-        return y
+    def _load_chunk(row_ptr, chunk, end, offs, CHUNK: tl.constexpr):
+        """One chunk's logits in float32, -inf from column `end` on (V; 0 loads nothing)."""
+        cols = chunk * CHUNK + offs
+        return tl.load(row_ptr + cols, mask=cols < end, other=_NEG_INF).to(tl.float32)
 
     @triton.jit
-    def _update(m, s, best, best_col, row_ptr, V, cols, r, c, t_ln2, SAMPLE: tl.constexpr, FAST: tl.constexpr):
-        """One tile of columns into the per-slot state: the online log-sum-exp of x*c (c = log2(e)/t) and the
-        race on key = x + t*Gumbel (argmax(x/t + g) scaled by t; greedy rows race x alone)."""
-        x = tl.load(row_ptr + cols, mask=cols < V, other=_NEG_INF).to(tl.float32)
-        e = tl.exp2(-tl.abs(x - m) * c)  # one exp per element: x > m rescales the old sum by e, else adds e
-        s = tl.where(x > m, s * e + 1.0, s + e)
-        m = tl.maximum(m, x)
-        if SAMPLE:
-            # 23 random bits under a 1.0 exponent give 1 + k * 2**-23; minus (1 - 2**-24), exactly:
-            # v = (2k + 1) * 2**-24, in (0, 1) and never 0 or 1 (no log(0)), with no int-to-float conversion
-            v = ((r >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.999999940395355224609375
-            # E = -ln(1 - v) ~ Exp(1). Small v (small E: the tail where rare tokens win) needs a relative
-            # accuracy that a fast log near 1 lacks: the series there (truncation < 2e-7 relative for v < 2**-5);
-            # elsewhere 1 - v is exact and |log2(1 - v)| >= 0.046, so an absolute error of 2**-22 is harmless
-            series = v * (1.0 + v * (0.5 + v * (0.3333333432674408 + v * 0.25)))
-            exp1 = tl.where(v < 0.03125, series, -_LN2 * _log2(1.0 - v, FAST))
-            key = x - t_ln2 * _log2(exp1, FAST)  # x + t * g with g = -ln(E); -inf stays -inf: never drawn
-        else:
-            key = x
-        win = key > best  # strict: a slot keeps its first (lowest) column among equal keys
-        return m, s, tl.where(win, key, best), tl.where(win, cols, best_col)
+    def _store_partials(out_ptr, x, first_col, offs, scale, ARGMAX: tl.constexpr):
+        """(max, sum of exp2((x - max) * scale), first column of the max) of one chunk, as 32-bit words."""
+        peak = tl.max(x, axis=0)
+        m = tl.maximum(peak, _MAX_FLOOR)
+        s = tl.sum(tl.exp2((x - m) * scale), axis=0)  # the one exp per element
+        tl.store(out_ptr, m.to(tl.int32, bitcast=True))
+        tl.store(out_ptr + 1, s.to(tl.int32, bitcast=True))
+        if ARGMAX:  # greedy rows only (sampled rows never read it): the lowest column of the max (-inf: the first)
+            tl.store(out_ptr + 2, tl.min(tl.where(x == peak, first_col + offs, _NO_COLUMN), axis=0))
 
     @triton.jit
-    def _scan(
-        row_ptr, V, c_lo, c_hi, t, seed, counter, QUAD: tl.constexpr, SAMPLE: tl.constexpr, FAST: tl.constexpr,
+    def _walk_chunks(row_ptr, out_ptr, V, first, last, scale, CHUNK: tl.constexpr, ARGMAX: tl.constexpr):
+        """Chunks [first, last) of one row. The next chunk's load is issued before the current chunk's
+        reductions, so a program always has a load in flight (the pass is memory bound)."""
+        offs = tl.arange(0, CHUNK)
+        x = _load_chunk(row_ptr, first, V, offs, CHUNK)
+        for chunk in range(first, last):
+            x_next = _load_chunk(row_ptr, chunk + 1, tl.where(chunk + 1 < last, V, 0), offs, CHUNK)
+            _store_partials(out_ptr + chunk * _WORDS, x, chunk * CHUNK, offs, scale, ARGMAX)
+            x = x_next
+
+    @triton.jit
+    def _partials_kernel(
+        logits_ptr, temp_ptr, partials_ptr, stride_row, V, n_chunks, per_program, CHUNK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
-        """Chunks [c_lo, c_hi) of one row, a chunk being a [QUAD, 4] tile of consecutive columns: each thread
-        holds whole rows of 4 columns, the 4 words of one Philox call (so the noise needs no layout shuffle).
-        Returns (max x, sum exp((x - max)/t), best key, its column)."""
-        quads = tl.arange(0, QUAD)
-        m = tl.full([QUAD, 4], _MAX_INIT, tl.float32)
-        s = tl.zeros([QUAD, 4], tl.float32)
-        best = tl.full([QUAD, 4], _NEG_INF, tl.float32)
-        best_col = tl.zeros([QUAD, 4], tl.int32)
-        c = _LOG2E / t
-        t_ln2 = t * _LN2
-        for chunk in range(c_lo, c_hi):
-            quad = chunk * QUAD + quads  # column // 4
-            cols = quad[:, None] * 4 + tl.arange(0, 4)[None, :]
-            if SAMPLE:  # counter = (row, column // 4), word = column % 4
-                r0, r1, r2, r3 = tl.randint4x(seed, counter + quad)
-                bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [QUAD, 4])
-            else:
-                bits = cols  # unused by greedy rows
-            # each state slot sees its columns in increasing order (greedy ties keep the first)
-            m, s, best, best_col = _update(m, s, best, best_col, row_ptr, V, cols, bits, c, t_ln2, SAMPLE, FAST)
-        row_max = tl.max(tl.max(m, axis=1), axis=0)
-        total = tl.sum(tl.sum(s * tl.exp2((m - row_max) * c), axis=1), axis=0)
-        best_key = tl.max(tl.max(best, axis=1), axis=0)
-        # the lowest column among slots holding the best key (torch.argmax's tie rule for greedy rows)
-        col = tl.min(tl.min(tl.where(best == best_key, best_col, _NO_COLUMN), axis=1), axis=0)
-        return row_max, total, best_key, col
-
-    @triton.jit
-    def _finish(row_ptr, tokens_ptr, logprobs_ptr, row, row_max, total, col, t):
-        """log_softmax(x/t)[col] = (x[col] - max)/t - log(sum exp((x - max)/t)); t is 1 for greedy rows."""
-        x_col = tl.load(row_ptr + col).to(tl.float32)
-        tl.store(tokens_ptr + row, col.to(tl.int64))
-        tl.store(logprobs_ptr + row, (x_col - row_max) / t - tl.log(total))
-
-    @triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
-    def _sample_kernel(
-        logits_ptr, temp_ptr, seed_ptr, seed_lo, seed_hi, tokens_ptr, logprobs_ptr, work_ptr,
-        stride_row, V, n_chunks, per_split,
-        QUAD: tl.constexpr, SEED_FROM_PTR: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
-    ):
+        pdl.pdl_enter(PDL)
         row = tl.program_id(0).to(tl.int64)
-        split = tl.program_id(1)
-        n_splits = tl.num_programs(1)
+        first = tl.program_id(1) * per_program
+        last = tl.minimum(first + per_program, n_chunks)
         row_ptr = logits_ptr + row * stride_row  # int64: B * row stride can pass 2**31
-        if SEED_FROM_PTR:
-            seed = tl.load(seed_ptr)
-        else:
-            seed = (seed_hi.to(tl.int64) << 31) | seed_lo.to(tl.int64)
-        c_lo = split * per_split
-        c_hi = tl.minimum(c_lo + per_split, n_chunks)
-        counter = row * tl.cdiv(V, 4)  # Philox counter base: one counter per 4 columns of the row
+        out_ptr = partials_ptr + row * n_chunks * _WORDS
         t = tl.load(temp_ptr + row)
         greedy = t <= 0
-        t = tl.where(greedy, 1.0, t)  # greedy rows: the raw logits' race and log-softmax
+        scale = _LOG2E / tl.where(greedy, 1.0, t)  # exp(y / T) = exp2(y * log2(e) / T); greedy rows: T = 1
         if greedy:
-            row_max, total, best_key, col = _scan(row_ptr, V, c_lo, c_hi, t, seed, counter, QUAD, False, FAST)
+            _walk_chunks(row_ptr, out_ptr, V, first, last, scale, CHUNK, True)
         else:
-            row_max, total, best_key, col = _scan(row_ptr, V, c_lo, c_hi, t, seed, counter, QUAD, True, FAST)
-        if SPLIT:
-            out = work_ptr + (row * n_splits + split) * 4
-            tl.store(out, row_max.to(tl.int32, bitcast=True))
-            tl.store(out + 1, total.to(tl.int32, bitcast=True))
-            tl.store(out + 2, best_key.to(tl.int32, bitcast=True))
-            tl.store(out + 3, col)
-        else:
-            _finish(row_ptr, tokens_ptr, logprobs_ptr, row, row_max, total, col, t)
+            _walk_chunks(row_ptr, out_ptr, V, first, last, scale, CHUNK, False)
+
+    # ------------------------------------------------------------------ second pass: merge and draw
 
     @triton.jit
-    def _combine_kernel(
-        logits_ptr, temp_ptr, work_ptr, tokens_ptr, logprobs_ptr, stride_row, n_splits, BLOCK_S: tl.constexpr,
+    def _chunk_weights(parts_ptr, chunks, n_chunks, peak, scale):
+        """w_c = s_c * exp((m_c - M) / T) in float64, 0 past the last chunk."""
+        valid = chunks < n_chunks
+        m = tl.load(parts_ptr + chunks * _WORDS, mask=valid, other=0).to(tl.float32, bitcast=True)
+        s = tl.load(parts_ptr + chunks * _WORDS + 1, mask=valid, other=0).to(tl.float32, bitcast=True)
+        w = s.to(tl.float64) * tl.exp2((m - peak) * scale).to(tl.float64)
+        return tl.where(valid, w, 0.0)
+
+    @triton.jit
+    def _merged_max(parts_ptr, n_chunks, BLOCK_P: tl.constexpr):
+        """M = max m_c and the lowest chunk holding it."""
+        idx = tl.arange(0, BLOCK_P)
+        peak = tl.full([], _NEG_INF, tl.float32)
+        peak_chunk = tl.zeros([], tl.int32)
+        for start in range(0, n_chunks, BLOCK_P):
+            chunks = start + idx
+            valid = chunks < n_chunks
+            m = tl.load(parts_ptr + chunks * _WORDS, mask=valid, other=0).to(tl.float32, bitcast=True)
+            m = tl.where(valid, m, _NEG_INF)
+            block_peak = tl.max(m, axis=0)
+            block_first = tl.min(tl.where(m == block_peak, chunks, _NO_COLUMN), axis=0)
+            peak_chunk = tl.where(block_peak > peak, block_first, peak_chunk)  # strict: an earlier block wins ties
+            peak = tl.maximum(peak, block_peak)
+        return peak, peak_chunk
+
+    @triton.jit
+    def _merged_total(parts_ptr, n_chunks, peak, scale, BLOCK_P: tl.constexpr):
+        """sum exp((x - M) / T) over the row, from the chunk partials."""
+        idx = tl.arange(0, BLOCK_P)
+        total = tl.zeros([], tl.float64)
+        for start in range(0, n_chunks, BLOCK_P):
+            total += tl.sum(_chunk_weights(parts_ptr, start + idx, n_chunks, peak, scale), axis=0)
+        return total
+
+    @triton.jit
+    def _row_uniform(seed, row):
+        """u in [0, 1) on a 2**-53 grid: 21 + 32 bits of the Philox call keyed by the seed, counter = row."""
+        r0, r1, _, _ = tl.randint4x(seed, row)
+        bits = ((r0 >> 11).to(tl.int64) << 32) | r1.to(tl.int64)  # unsigned words: zero-extended
+        return bits.to(tl.float64) * _TWO_POW_M53
+
+    @triton.jit
+    def _pick_chunk(parts_ptr, n_chunks, peak, scale, target, BLOCK_P: tl.constexpr):
+        """The first chunk whose inclusive cumulative weight exceeds target (a zero-weight chunk never does), and
+        where target falls in it as a fraction of its weight, in [0, 1). None crossing (target rounded up to the
+        total): the last chunk with a positive weight, fraction 1 (its last positive column)."""
+        idx = tl.arange(0, BLOCK_P)
+        carry = tl.zeros([], tl.float64)  # cumulative weight before the block
+        picked = tl.zeros([], tl.int32) + n_chunks  # n_chunks: none yet
+        frac = tl.full([], 1.0, tl.float64)
+        last_positive = tl.zeros([], tl.int32)
+        for start in range(0, n_chunks, BLOCK_P):
+            chunks = start + idx
+            w = _chunk_weights(parts_ptr, chunks, n_chunks, peak, scale)
+            cum = carry + tl.cumsum(w, axis=0)  # non-negative terms: non-decreasing, so max = last
+            first = tl.min(tl.where((chunks < n_chunks) & (cum > target), chunks, n_chunks), axis=0)
+            before = tl.max(tl.where(chunks < first, cum, carry), axis=0)
+            weight = tl.sum(tl.where(chunks == first, w, 0.0), axis=0)  # > 0 where first crosses
+            take = (picked == n_chunks) & (first < n_chunks)
+            frac = tl.where(take, (target - before) / tl.where(weight > 0, weight, 1.0), frac)
+            picked = tl.where(take, first, picked)
+            last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, chunks, 0), axis=0))
+            carry = tl.max(cum, axis=0)
+        return tl.where(picked < n_chunks, picked, last_positive), frac
+
+    @triton.jit
+    def _pick_column(row_ptr, V, chunk, peak, scale, frac, CHUNK: tl.constexpr):
+        """The first column of the chunk whose inclusive cumulative exp((x - M) / T) exceeds frac times the
+        chunk's sum as read here (so the draw inside the chunk is exactly proportional to those values). None
+        crossing (frac rounded to 1): the last positive column; none at all (every logit masked): the first."""
+        offs = tl.arange(0, CHUNK)
+        first_col = chunk * CHUNK
+        x = _load_chunk(row_ptr, chunk, V, offs, CHUNK)
+        p = tl.exp2((x - peak) * scale).to(tl.float64)
+        cum = tl.cumsum(p, axis=0)
+        crossed = tl.min(tl.where(cum > frac * tl.max(cum, axis=0), offs, _NO_COLUMN), axis=0)
+        last_positive = tl.max(tl.where(p > 0, offs, 0), axis=0)
+        return first_col + tl.where(crossed < CHUNK, crossed, last_positive)
+
+    @triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
+    def _draw_kernel(
+        logits_ptr, temp_ptr, partials_ptr, seed_ptr, seed_lo, seed_hi, uniform_ptr, tokens_ptr, logprobs_ptr,
+        stride_row, V, n_chunks,
+        CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, SEED_FROM_PTR: tl.constexpr, GIVEN_UNIFORM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
-        """Merge one row's partials: log-sum-exps rescaled to the common max, the best key's column."""
+        pdl.pdl_enter(PDL)
         row = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK_S)
-        valid = offs < n_splits
-        part = work_ptr + (row * n_splits + offs) * 4
-        m = tl.load(part, mask=valid, other=0).to(tl.float32, bitcast=True)
-        s = tl.load(part + 1, mask=valid, other=0).to(tl.float32, bitcast=True)
-        key = tl.load(part + 2, mask=valid, other=0).to(tl.float32, bitcast=True)
-        col = tl.load(part + 3, mask=valid, other=0)
-        m = tl.where(valid, m, _MAX_INIT)
-        s = tl.where(valid, s, 0.0)
-        key = tl.where(valid, key, _NEG_INF)
+        row_ptr = logits_ptr + row * stride_row
+        parts_ptr = partials_ptr + row * n_chunks * _WORDS
         t = tl.load(temp_ptr + row)
-        t = tl.where(t <= 0, 1.0, t)
-        row_max = tl.max(m, axis=0)
-        total = tl.sum(s * tl.exp2((m - row_max) * (_LOG2E / t)), axis=0)
-        best_key = tl.max(key, axis=0)
-        best_col = tl.min(tl.where(valid & (key == best_key), col, _NO_COLUMN), axis=0)
-        _finish(logits_ptr + row * stride_row, tokens_ptr, logprobs_ptr, row, row_max, total, best_col, t)
+        greedy = t <= 0
+        t = tl.where(greedy, 1.0, t)  # greedy rows: the raw logits' log-softmax
+        scale = _LOG2E / t
+        peak, peak_chunk = _merged_max(parts_ptr, n_chunks, BLOCK_P)
+        total = _merged_total(parts_ptr, n_chunks, peak, scale, BLOCK_P)
+        if greedy:
+            token = tl.load(parts_ptr + peak_chunk * _WORDS + 2)
+        else:
+            if GIVEN_UNIFORM:
+                u = tl.load(uniform_ptr + row)
+            elif SEED_FROM_PTR:
+                u = _row_uniform(tl.load(seed_ptr), row)
+            else:
+                u = _row_uniform((seed_hi.to(tl.int64) << 31) | seed_lo.to(tl.int64), row)
+            chunk, frac = _pick_chunk(parts_ptr, n_chunks, peak, scale, u * total, BLOCK_P)
+            token = _pick_column(row_ptr, V, chunk, peak, scale, frac, CHUNK)
+        x_token = tl.load(row_ptr + token).to(tl.float32)
+        tl.store(tokens_ptr + row, token.to(tl.int64))
+        # log_softmax(x / T)[token] = (x[token] - M) / T - log(sum exp((x - M) / T))
+        tl.store(logprobs_ptr + row, (x_token - peak) / t - tl.log(total.to(tl.float32)))

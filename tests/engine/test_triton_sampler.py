@@ -1,7 +1,8 @@
-"""The one-pass Triton sampler (engine/triton_sampler.py) against the semantics of
-``sample_tokens(..., apply_filters=False)``: greedy rows are torch.argmax with log_softmax at it, sampled rows report
-log_softmax(logits / T) at their token and follow softmax(logits / T) (chi-square). Runs on CUDA, or on the CPU under
-Triton's interpreter (TRITON_INTERPRET=1, float32/float16 only, fewer rows: ~30 ms per program there)."""
+"""The Triton sampler (engine/triton_sampler.py: inverse CDF over chunk partials, one uniform per row) against the
+semantics of ``sample_tokens(..., apply_filters=False)``: greedy rows are torch.argmax with log_softmax at it, sampled
+rows report log_softmax(logits / T) at their token and follow softmax(logits / T) (chi-square), and a given uniform u
+lands on the inverse-CDF token (the first whose cumulative probability exceeds u). Runs on CUDA, or on the CPU under
+Triton's interpreter (TRITON_INTERPRET=1, float32/float16 only, fewer rows: a few ms per program there)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chisquare, kstest
 
 from tandemrl.backends.sampler import sample_tokens
 from tandemrl.engine import triton_sampler as ts
@@ -23,9 +24,17 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA or ts.triton is None, reason="needs
 # the interpreter evaluates the masked lanes' overflow (exp of -inf and the like) in numpy, which warns
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-# (rows, vocab): single column, tiny, one chunk, odd sizes over several 4096-column chunks
+# (rows, vocab): single column, tiny, one chunk, odd sizes over several 2048-column chunks
 SHAPES = [(1, 1), (2, 12), (3, 1000), (2, 4097), (3, 9001)]
 TOL = dict(atol=1e-5, rtol=1e-5)
+TOP_UNIFORM = 1.0 - 2.0**-53  # the largest uniform the kernel draws
+
+
+def _small_chunks(monkeypatch, block_partials=2):
+    """64-column chunks, and the second kernel reading a row's partials `block_partials` chunks at a time (its loop
+    over blocks of partials runs with a few hundred columns)."""
+    monkeypatch.setattr(ts, "_MAX_CHUNK", 64)
+    monkeypatch.setattr(ts, "_PARTIALS_BLOCK", block_partials)
 
 
 def _poison_allocator() -> None:
@@ -42,6 +51,19 @@ def _sample(logits, temperature, seed=1234, **kw):
     assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
     assert bool(((tokens >= 0) & (tokens < logits.shape[1])).all())
     return tokens, logprobs
+
+
+def _sample_given_uniform(logits, temperature, uniform, **kw):
+    """The kernels with the rows' uniforms pinned instead of drawn from a seed (float64 values)."""
+    _poison_allocator()
+    uniform = torch.as_tensor(uniform, dtype=torch.float64).to(logits.device)
+    return ts._run_kernels(logits, temperature, 0, kw.get("splits"), uniform=uniform)
+
+
+def _ref_probs(logits, temperature):
+    """softmax(logits / T) in float64, T = 1 for greedy rows."""
+    temp = torch.where(temperature <= 0, torch.ones_like(temperature), temperature)
+    return (logits.double() / temp.double().unsqueeze(-1)).softmax(dim=-1).cpu()
 
 
 def _ref_logprobs(logits, temperature, tokens):
@@ -68,6 +90,20 @@ def test_greedy_rows_are_argmax_with_log_softmax(rows, vocab, splits):
     temperature = torch.tensor([0.0, -1.0, 0.0][:rows], device=DEVICE)
     tokens, logprobs = _sample(logits, temperature, splits=splits)
     assert torch.equal(tokens, logits.argmax(dim=-1))
+    torch.testing.assert_close(logprobs, _ref_logprobs(logits, temperature, tokens), **TOL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("splits", [1, 3])
+def test_greedy_ties_across_blocks_of_partials(splits, monkeypatch):
+    _small_chunks(monkeypatch)  # 64-column chunks, partials merged 2 at a time: 7 chunks, 4 blocks
+    logits = _logits(2, 430, 8)
+    peak = logits.max() + 1.0
+    logits[0, [75, 70, 130, 300, 429]] = peak  # chunk 1 (block 0) twice, chunk 2 (block 1), 4 (2), 6 (3)
+    logits[1, [429, 300]] = peak  # only in later blocks
+    temperature = torch.zeros(2, device=DEVICE)
+    tokens, logprobs = _sample(logits, temperature, splits=splits)
+    assert tokens.tolist() == [70, 300]
     torch.testing.assert_close(logprobs, _ref_logprobs(logits, temperature, tokens), **TOL)
 
 
@@ -122,19 +158,120 @@ def test_draws_follow_softmax_chi_square(temperature):
 
 @needs_kernels
 def test_draws_follow_softmax_across_chunks_and_splits(monkeypatch):
-    # shrink the sub-block to 16 columns: 300 columns are 5 chunks, 3 splits; 12 finite logits spread over them
-    monkeypatch.setattr(ts, "_MAX_QUAD", 16)
+    # 64-column chunks: 300 columns are 5 chunks (3 blocks of 2 partials), 3 splits; 12 finite logits over them
+    _small_chunks(monkeypatch)
     row = torch.full((300,), float("-inf"))
     row[torch.arange(12) * 25 + 7] = torch.linspace(0.5, -0.5, 12)
-    draws = 20000 if HAS_CUDA else 16  # the interpreter: the code path and the masking, little power
+    draws = 20000 if HAS_CUDA else 100
     assert _chi_square_p(row, 1.0, draws, seed=5, splits=3) > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------- inverse CDF
+
+@needs_kernels
+@pytest.mark.parametrize("small_chunks", [False, True])
+def test_given_uniform_lands_on_the_inverse_cdf_token(small_chunks, monkeypatch):
+    """token = the first column whose cumulative softmax exceeds u (u = 0: the first drawable column; u just below
+    1: the last one), whatever the chunking."""
+    if small_chunks:
+        _small_chunks(monkeypatch)
+    rows, vocab = 16, 1500
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(rows, vocab, generator=g) * 2.0
+    logits[torch.rand(rows, vocab, generator=g) < 0.3] = float("-inf")
+    logits[:, :70] = logits[:, -90:] = float("-inf")  # masked first and last chunks (small chunks: whole chunks)
+    logits[1, 700] = 12.0  # one dominant token, a long tail behind it
+    temperature = torch.linspace(0.3, 2.0, rows)
+    uniform = torch.rand(rows, generator=g, dtype=torch.float64)
+    uniform[0], uniform[1], uniform[2] = 0.0, TOP_UNIFORM, 1e-7
+    tokens, logprobs = _sample_given_uniform(logits.to(DEVICE), temperature.to(DEVICE), uniform, splits=2)
+    tokens = tokens.cpu()
+    cum = _ref_probs(logits, temperature).cumsum(dim=-1)
+    drawable = torch.isfinite(logits)
+    assert bool(drawable.gather(-1, tokens.unsqueeze(-1)).all())
+    columns = torch.arange(vocab).expand(rows, vocab)
+    first = torch.where(drawable, columns, vocab).min(dim=-1).values
+    last = torch.where(drawable, columns, -1).max(dim=-1).values
+    assert tokens[0] == first[0] and tokens[1] == last[1]
+    # u lies in the token's cumulative interval [cum[token - 1], cum[token]), up to the kernel's float32 rounding
+    slack = 1e-6
+    below = torch.where(tokens > 0, cum.gather(-1, (tokens - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    upto = cum.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    assert bool(((below - slack <= uniform) & (uniform < upto + slack)).all()), (tokens, uniform, below, upto)
+    expected = torch.searchsorted(cum, uniform.unsqueeze(-1), right=True).squeeze(-1)  # first cum > u
+    clear = (cum - uniform.unsqueeze(-1)).abs().min(dim=-1).values > slack  # no boundary within rounding
+    assert int(clear.sum()) >= rows - 5 and torch.equal(tokens[clear], expected[clear])
+    torch.testing.assert_close(logprobs, _ref_logprobs(logits.to(DEVICE), temperature.to(DEVICE),
+                                                       tokens.to(DEVICE)), **TOL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("splits", [1, 3])
+def test_given_uniform_exact_boundaries(splits, monkeypatch):
+    """Equal logits on the even columns of chunks 1..4 (chunk 0 and the odd columns masked): every sum is exact, so
+    u = k/128 draws exactly the k-th drawable column and u just below it the one before; a masked column or chunk
+    is never drawn, even by the rounding guard (u = 1: the last drawable column)."""
+    _small_chunks(monkeypatch)
+    vocab = 64 * 6  # chunk 5 masked too
+    logits = torch.full((vocab,), float("-inf"))
+    drawable = torch.arange(64, 64 + 256, 2)
+    logits[drawable] = 1.5
+    ks = torch.tensor([0, 1, 31, 32, 33, 64, 100, 127])
+    at = ks.double() / 128.0
+    uniform = torch.cat([at, at[1:] - 2.0**-53, torch.tensor([TOP_UNIFORM, 1.0], dtype=torch.float64)])
+    expected = torch.cat([drawable[ks], drawable[ks[1:] - 1], drawable[-1:], drawable[-1:]])
+    rows = uniform.numel()
+    temperature = torch.full((rows,), 0.9, device=DEVICE)
+    tokens, logprobs = _sample_given_uniform(logits.to(DEVICE).expand(rows, vocab), temperature, uniform,
+                                             splits=splits)
+    assert torch.equal(tokens.cpu(), expected)
+    torch.testing.assert_close(logprobs.cpu(), torch.full((rows,), -torch.log(torch.tensor(128.0)).item()), **TOL)
+
+
+if ts.triton is not None:
+    tl = ts.tl
+
+    @ts.triton.jit
+    def _uniforms_kernel(out_ptr, seed_lo, seed_hi, N: tl.constexpr):
+        """The kernel's uniforms for rows 0..N-1, from the seed split as fused_sample splits a Python int."""
+        rows = tl.arange(0, N).to(tl.int64)
+        seed = (seed_hi.to(tl.int64) << 31) | seed_lo.to(tl.int64)
+        tl.store(out_ptr + rows, ts._row_uniform(seed, rows))
+
+
+def _row_uniforms(seed, rows):
+    """The uniforms the kernel draws for rows 0..rows-1 (rows a power of two) under a Python int seed."""
+    out = torch.empty(rows, dtype=torch.float64, device=DEVICE)
+    _uniforms_kernel[(1,)](out, seed & ts._SEED_MASK, (seed >> 31) & ts._SEED_MASK, N=rows)
+    return out.cpu()
+
+
+@needs_kernels
+def test_row_uniforms_are_uniform_fine_and_keyed_by_seed():
+    u = _row_uniforms(42, 4096)
+    assert bool(((u >= 0) & (u < 1)).all())
+    assert kstest(u.numpy(), "uniform").pvalue > 1e-3
+    assert (u * 2.0**24 != (u * 2.0**24).floor()).float().mean() > 0.99  # finer than a float32 2**-24 grid
+    assert u.unique().numel() == u.numel()  # one draw per row
+    for other in (43, 42 + (1 << 40)):  # the high bits of the seed count too
+        assert (u != _row_uniforms(other, 4096)).float().mean() > 0.99
+
+
+@needs_kernels
+def test_seeded_draw_is_the_inverse_cdf_at_the_row_uniform():
+    rows, vocab = 8, 3000
+    logits = _logits(rows, vocab, 4, scale=0.5)
+    temperature = torch.linspace(0.5, 1.5, rows).to(DEVICE)
+    tokens, logprobs = _sample(logits, temperature, seed=1234)
+    pinned, pinned_logprobs = _sample_given_uniform(logits, temperature, _row_uniforms(1234, rows))
+    assert torch.equal(tokens, pinned) and torch.equal(logprobs, pinned_logprobs)
 
 
 # ---------------------------------------------------------------------------------------------- properties
 
 @needs_kernels
 def test_seed_reproducible_and_distinct():
-    logits = _logits(8, 500, 1, scale=0.5)  # flat: different noise gives different tokens
+    logits = _logits(8, 500, 1, scale=0.5)  # flat: different uniforms give different tokens
     temperature = torch.ones(8, device=DEVICE)
     a, la = _sample(logits, temperature, seed=42)
     b, lb = _sample(logits, temperature, seed=42)
@@ -154,10 +291,10 @@ def test_splitting_a_row_never_changes_the_draw(vocab):
     logits = _logits(3, vocab, vocab)
     temperature = torch.tensor([1.0, 0.0, 0.6], device=DEVICE)
     one, lp_one = _sample(logits, temperature, seed=8, splits=1)
-    for splits in (2, 3):
+    for splits in (2, 3, 5):
         many, lp_many = _sample(logits, temperature, seed=8, splits=splits)
-        assert torch.equal(one, many)  # the noise is a function of (seed, row, column) only
-        torch.testing.assert_close(lp_one, lp_many, **TOL)
+        # the chunks depend on V only, the uniform on (seed, row): the same partials, bit for bit
+        assert torch.equal(one, many) and torch.equal(lp_one, lp_many)
 
 
 @needs_kernels
@@ -264,9 +401,8 @@ def test_small_batch_split_path_on_qwen_vocabulary(rows):
     temperature[0] = 0.0
     split_tokens, split_logprobs = _sample(logits, temperature, seed=31)  # default: several programs per row
     tokens, logprobs = _sample(logits, temperature, seed=31, splits=1)
-    assert torch.equal(split_tokens, tokens)
+    assert torch.equal(split_tokens, tokens) and torch.equal(split_logprobs, logprobs)
     assert split_tokens[0] == logits[0].argmax()
-    torch.testing.assert_close(split_logprobs, logprobs, **TOL)
     torch.testing.assert_close(logprobs, _ref_logprobs(logits, temperature, tokens), **TOL)
 
 
