@@ -44,6 +44,10 @@ _DECODE_STAGES = 3  # Triton's default software pipelining depth for the K/V loa
 # (`python -m bench.kernel_sweep`, context 384: 9.8 vs 11.1 us per layer at 64 rows, 21.9 vs 22.0 at 256).
 _SINGLE_PASS_BLOCK_N = 128
 _SINGLE_PASS_STAGES = 2
+# Triton paged prefill: rows of a program (queries x the query heads of one KV head) and keys per inner step.
+_PREFILL_BLOCK_M = 128
+_PREFILL_BLOCK_N = 64
+_PREFILL_WARPS = 8
 _SPLIT_TARGET_WAVES = 2  # split-K aims at this many decode programs per SM
 _MAX_SPLITS = 64  # the merge kernel reads all partitions of a head as one [splits, head_dim] tile
 _FALLBACK_SM_COUNT = 132  # off CUDA (the interpreter): an H100's
@@ -61,6 +65,9 @@ class PrefillMeta:
     query_pos: Tensor  # [S, Q] long: absolute position of each padded query (0 on padding)
     unpad_index: Tensor  # [N] long: flat index s * Q + i of each packed token in the padded layout
     last_rows: Tensor  # [S] long: packed row of each sequence's last token (the one we sample from)
+    query_lens: Tensor  # [S] long: new tokens of each sequence (they are its last ones)
+    context_lens: Tensor  # [S] long: tokens in each context, the new ones included
+    use_triton: bool = False  # attend with the Triton paged-prefill kernel instead of the padded SDPA calls
 
 
 @dataclass
@@ -90,7 +97,8 @@ def gather_kv(cache: Tensor, block_tables: Tensor) -> Tensor:
 
 
 def build_prefill_meta(
-    query_lens: list[int], context_lens: list[int], block_tables: Tensor, block_size: int, device: torch.device
+    query_lens: list[int], context_lens: list[int], block_tables: Tensor, block_size: int, device: torch.device,
+    use_triton: bool = False,
 ) -> PrefillMeta:
     """Metadata for sequences that each compute their last query_lens[s] tokens of a context_lens[s]-token context.
 
@@ -118,10 +126,13 @@ def build_prefill_meta(
         "query_pos": np.where(valid, pos, 0),
         "unpad_index": (np.arange(S)[:, None] * Q + i)[valid],
         "last_rows": starts + qlens - 1,
+        "query_lens": qlens,
+        "context_lens": clens,
     }
     flat = torch.from_numpy(np.concatenate([a.ravel() for a in host.values()])).to(device, non_blocking=True)
     views = flat.split([a.size for a in host.values()])
-    return PrefillMeta(**{name: v.view(a.shape) for (name, a), v in zip(host.items(), views)})
+    return PrefillMeta(**{name: v.view(a.shape) for (name, a), v in zip(host.items(), views)},
+                       use_triton=use_triton)
 
 
 def prefill_attention(
@@ -129,9 +140,12 @@ def prefill_attention(
 ) -> Tensor:
     """q [N, H, D] (packed new tokens) -> [N, H, D], causal over each sequence's whole cached context.
 
-    Sequences are padded to Q queries and W blocks and attended in chunks of sequences, so the padded mask of one
-    SDPA call stays under _PREFILL_MASK_ELEMENTS whatever the batch.
+    With ``meta.use_triton`` one Triton launch (`triton_paged_prefill`). Else sequences are padded to Q queries
+    and W blocks and attended in chunks of sequences, so the padded mask of one SDPA call stays under
+    _PREFILL_MASK_ELEMENTS whatever the batch.
     """
+    if meta.use_triton:
+        return triton_paged_prefill(q, k_cache, v_cache, meta, scale, window)
     N, H, D = q.shape
     S, Q = meta.query_rows.shape
     G = H // k_cache.shape[2]
@@ -274,6 +288,41 @@ def triton_paged_decode(
     return out
 
 
+def triton_paged_prefill(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, scale: float, window: int | None,
+) -> Tensor:
+    """`prefill_attention`'s result in one launch (flash attention over the paged cache, FlashAttention-2 style):
+    a program takes a tile of one sequence's queries for one KV head, the GROUP query heads sharing that head
+    folded into its rows, and streams the keys it may see (causal, windowed) through the block table. Nothing is
+    padded or gathered on the host side of the call; the SDPA path needed a dozen ops per layer for that."""
+    if triton is None:
+        raise RuntimeError("triton_paged_prefill needs the triton package")
+    N, H, D = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    if H % kv_heads or k_cache.shape[-1] != D or v_cache.shape != k_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError(f"triton_paged_prefill: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = H // kv_heads
+    block_m = _PREFILL_BLOCK_M if group <= _PREFILL_BLOCK_M // 2 else triton.next_power_of_2(2 * group)
+    queries_per_tile = block_m // group
+    S, Q = meta.query_rows.shape
+    out = torch.empty(N, H, D, dtype=q.dtype, device=q.device)
+    if N == 0:
+        return out
+    tables = meta.block_tables
+    _paged_prefill_kernel[(S, triton.cdiv(Q, queries_per_tile), kv_heads)](
+        q, k_cache, v_cache, tables, meta.last_rows, meta.query_lens, meta.context_lens, out,
+        scale * _LOG2E, window if window is not None else 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        tables.stride(0), tables.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE=block_size, GROUP=group, QUERIES=queries_per_tile, BLOCK_M=block_m, HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=_PREFILL_BLOCK_N, HAS_WINDOW=window is not None,
+        IEEE=q.dtype == torch.float32, num_warps=_PREFILL_WARPS, **pdl.launch_options(q.device))
+    return out
+
+
 def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int) -> int:
     """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only.
 
@@ -410,3 +459,70 @@ if triton is not None:
         w = tl.exp2(m - tl.max(m, axis=0))  # the max is finite (partition 0 holds a token); skipped ones weigh 0
         out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
         tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+    @triton.jit
+    def _paged_prefill_kernel(
+        q_ptr, k_ptr, v_ptr, bt_ptr, last_ptr, qlen_ptr, ctx_ptr, out_ptr,
+        qk_scale, window,
+        stride_qn, stride_qh, stride_kblk, stride_kslot, stride_kh, stride_btb, stride_btn, stride_on, stride_oh,
+        BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # One program per (sequence, tile of QUERIES queries, KV head); row r of the tile is query r // GROUP,
+        # head r % GROUP of the KV head's group. An online softmax (exp2, log2(e) folded into qk_scale).
+        pdl.pdl_enter(PDL)
+        s = tl.program_id(0)
+        kvh = tl.program_id(2)
+        qlen = tl.load(qlen_ptr + s).to(tl.int32)
+        first = tl.program_id(1) * QUERIES
+        if first < qlen:
+            ctx = tl.load(ctx_ptr + s).to(tl.int32)
+            row0 = tl.load(last_ptr + s) - qlen + 1  # packed row of the sequence's first new token
+            r = tl.arange(0, BLOCK_M)
+            i = first + r // GROUP
+            valid = (r < QUERIES * GROUP) & (i < qlen)
+            pos = tl.where(valid, ctx - qlen + i, -1)  # absolute positions; invalid rows see no key
+            heads = kvh * GROUP + r % GROUP
+            d = tl.arange(0, BLOCK_D)
+            d_mask = d < HEAD_DIM
+            rows = (row0 + i).to(tl.int64)
+            q = tl.load(q_ptr + rows[:, None] * stride_qn + heads[:, None] * stride_qh + d[None, :],
+                        mask=valid[:, None] & d_mask[None, :], other=0.0)
+            hi = tl.minimum(ctx, ctx - qlen + tl.minimum(first + QUERIES, qlen))  # causal: up to the last query
+            lo = 0
+            if HAS_WINDOW:
+                lo = tl.maximum(ctx - qlen + first - window + 1, 0) // BLOCK_N * BLOCK_N
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for n0 in range(lo, hi, BLOCK_N):
+                tok = n0 + tl.arange(0, BLOCK_N)
+                t_mask = tok < hi
+                blk = tl.load(bt_ptr + s * stride_btb + (tok // BLOCK_SIZE) * stride_btn, mask=t_mask, other=0)
+                off = blk.to(tl.int64) * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
+                nd_mask = t_mask[:, None] & d_mask[None, :]
+                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+                if IEEE:
+                    scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+                else:
+                    scores = tl.dot(q, tl.trans(k))
+                seen = tok[None, :] <= pos[:, None]
+                if HAS_WINDOW:
+                    seen &= tok[None, :] > pos[:, None] - window
+                scores = tl.where(seen, scores * qk_scale, float("-inf"))
+                m_new = tl.maximum(m, tl.max(scores, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: weights 0, no NaN
+                alpha = tl.exp2(m - m_safe)
+                p = tl.exp2(scores - m_safe[:, None])
+                l = l * alpha + tl.sum(p, axis=1)
+                if IEEE:
+                    pv = tl.dot(p, v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m = m_new
+            out = acc / tl.where(valid, l, 1.0)[:, None]
+            tl.store(out_ptr + rows[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])

@@ -201,7 +201,8 @@ class ModelRunner:
             ids.extend(seq.token_ids[start:])
             query_lens.append(seq.num_tokens - start)
             context_lens.append(seq.num_tokens)
-        meta = build_prefill_meta(query_lens, context_lens, self._block_tables(seqs), self.block_size, self.device)
+        meta = build_prefill_meta(query_lens, context_lens, self._block_tables(seqs), self.block_size, self.device,
+                                  use_triton=self.use_triton)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
         return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows,
                               fused=self.fused_kernels)
