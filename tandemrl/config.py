@@ -72,7 +72,7 @@ class EngineSection(Section):
     max_num_batched_tokens: int = Field(16384, ge=1)
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
-    decode_steps: int = Field(16, ge=1, description="decode steps per engine step: host work once per burst")
+    decode_steps: int = Field(32, ge=1, description="decode steps per engine step: host work once per burst")
     fused_kernels: bool = True  # Triton add+RMSNorm, RoPE and SiLU*mul in decode (CUDA only)
     compile_decode: bool = False  # experimental: torch.compile the decode forward before graph capture
 

@@ -24,9 +24,10 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Decode steps run back to back per engine step (the sampled tokens feed the next step on the device): the host
     # schedules, stages inputs and checks stop conditions once per burst. A sequence that finishes inside a burst
-    # wastes at most decode_steps - 1 tokens of compute; waiting requests join at the next burst. 16 measured 2-5 %
-    # faster per token than 8 at batches 1-256 (H100, bench/RESULTS.md).
-    decode_steps: int = 16
+    # wastes at most decode_steps - 1 tokens of compute; waiting requests join at the next burst. On an H100 16 was
+    # 2-5 % faster per token than 8 at batches 1-256, and 32 another 5 % at batch 256 (the host's work per burst,
+    # ~2-3 ms for 256 sequences, leaves the GPU idle; bench/RESULTS.md).
+    decode_steps: int = 32
     # torch.compile the graphed decode forward (CUDA only). Off by default: on torch 2.11 inductor fails on the
     # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
     compile_decode: bool = False

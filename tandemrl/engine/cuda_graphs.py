@@ -48,9 +48,12 @@ class DecodeGraphs:
 
     def __init__(
         self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
-        max_width: int, fixed_width: bool, use_triton: bool,
+        max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
     ) -> None:
         self.forward = forward
+        # Warm-ups run on a side stream; a runner passes the same one to each of its DecodeGraphs: cuBLAS keeps a
+        # workspace (32 MiB on Hopper) for every stream it has run on, for the life of the process.
+        self.warmup_stream = warmup_stream
         self.device = device
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * block_size
@@ -138,7 +141,9 @@ class DecodeGraphs:
         ids, meta = self.static_inputs(bucket, width)
         # Warm up outside the capture (Triton and torch.compile compile, cuBLAS picks its workspace). It runs the
         # real step: the K/V it writes are the same values the replay below writes again.
-        side = torch.cuda.Stream(self.device)
+        if self.warmup_stream is None:
+            self.warmup_stream = torch.cuda.Stream(self.device)
+        side = self.warmup_stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self.forward(ids, meta)

@@ -75,6 +75,9 @@ class ModelRunner:
         self.k_caches: list[Tensor] = []
         self.v_caches: list[Tensor] = []
         self._graphs: DecodeGraphs | None = None
+        # One warm-up stream for every capture: each new stream costs a cuBLAS workspace that is never freed
+        # (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
+        self._warmup_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._rng: tuple[int, torch.Generator] | None = None
         self._seed_stream: tuple[int, random.Random] | None = None
         self._modules = list(model.modules())
@@ -212,7 +215,7 @@ class ModelRunner:
             self._graphs = DecodeGraphs(
                 self._graph_forward(), self.device, scratch_block=self.num_blocks, block_size=self.block_size,
                 max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
-                use_triton=self.use_triton)
+                use_triton=self.use_triton, warmup_stream=self._warmup_stream)
         return self._graphs
 
     def _graph_forward(self):

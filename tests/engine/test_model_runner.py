@@ -396,3 +396,20 @@ def test_graph_replay_sees_in_place_updates_on_gpu():
     reference = make_seq(2, prompt, [0, 1])
     generate(eager, [reference], 6)
     assert after.completion_ids == reference.completion_ids
+
+
+@needs_cuda
+def test_recapture_after_cache_reallocation_leaves_no_memory_behind():
+    """Each sleep/wake frees the cache and graphs and the next decode captures them again: memory must come back
+    to the same level every cycle (a new warm-up stream per capture once kept a cuBLAS workspace per cycle)."""
+    model = build("qwen2", device="cuda")
+    runner = ModelRunner(model, "cuda", BLOCK)
+    prompt = prompts_of([10])[0]
+    allocated = []
+    for cycle in range(4):
+        runner.allocate_kv_cache(32)
+        generate(runner, [make_seq(cycle, prompt, [0, 1])], 4)
+        runner.free_kv_cache()
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+    assert allocated[1] == allocated[2] == allocated[3], allocated
