@@ -1,7 +1,8 @@
 """Probe: do TMA-fed Triton GEMMs beat the current decode MLP kernels at 128/256 rows (Qwen2.5-0.5B shapes)?
 
-gate/up + SiLU: the grouped kernel of fused_linear.py vs the same maths with every tile fed by the bulk tensor copy
-engine (host tensor descriptors), and cuBLAS on one concatenated [2I, H] weight (the GEMM alone) for scale.
+gate/up + SiLU: fused_linear's TMA kernel (tiles fed by the bulk tensor copy engine) over a grid of tiles, beside the
+grouped kernel with plain loads (`_gate_up_silu_kernel`, what the GEMV range uses) and cuBLAS, on the module calls and
+on one concatenated [2I, H] weight (the GEMM alone) for scale.
 down_proj: cuBLAS vs a TMA split-K kernel adding float32 partials atomically (the GEMM part only).
 Every variant is checked against a float32 reference before it is timed. GPU only.
 
@@ -23,28 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from bench.grpo_step import build_model
 from bench.kernel_sweep import per_layer_us
 from tandemrl.engine import fused_linear
-
-
-@triton.jit
-def _gate_up_tma_kernel(x_desc, g_desc, u_desc, out_ptr, M, N, K, stride_om,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        STAGES: tl.constexpr):
-    off_n = tl.program_id(0) * BLOCK_N
-    off_m = tl.program_id(1) * BLOCK_M
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        x = x_desc.load([off_m, k])
-        acc_g = tl.dot(x, g_desc.load([off_n, k]).T, acc_g)
-        acc_u = tl.dot(x, u_desc.load([off_n, k]).T, acc_u)
-    dt = out_ptr.dtype.element_ty
-    g = acc_g.to(dt).to(tl.float32)
-    u = acc_u.to(dt).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-    offs_m = off_m + tl.arange(0, BLOCK_M)
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], (act * u).to(dt), mask=mask)
+from tandemrl.engine.fused_linear import LinearTiles
 
 
 @triton.jit
@@ -63,16 +43,24 @@ def _splitk_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, k_per_split, stride_om,
 
 
 def gate_up_tma(mlp, x, bm, bn, bk, warps, stages):
-    M, K = x.shape
-    N = mlp.gate_proj.weight.shape[0]
-    out = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    xd = TensorDescriptor.from_tensor(x, [bm, bk])
-    gd = TensorDescriptor.from_tensor(mlp.gate_proj.weight, [bn, bk])
-    ud = TensorDescriptor.from_tensor(mlp.up_proj.weight, [bn, bk])
-    _gate_up_tma_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
-        xd, gd, ud, out, M, N, K, out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages,
-        num_warps=warps)
-    return out
+    """fused_linear's TMA gate/up kernel with these tiles."""
+    tiles = LinearTiles(bm, bn, bk, num_warps=warps, num_stages=stages)
+    original = fused_linear._TMA_GATE_UP_TILES
+    fused_linear._TMA_GATE_UP_TILES = {128: tiles, 256: tiles}
+    try:
+        return fused_linear.gate_up_silu(mlp, x)
+    finally:
+        fused_linear._TMA_GATE_UP_TILES = original
+
+
+def gate_up_plain(mlp, x):
+    """fused_linear's gate/up kernel with plain loads (tensor descriptors refused)."""
+    original = fused_linear._tma_ready
+    fused_linear._tma_ready = lambda *tensors: False
+    try:
+        return fused_linear.gate_up_silu(mlp, x)
+    finally:
+        fused_linear._tma_ready = original
 
 
 def down_splitk(mlp, act, out, bm, bn, bk, splits, warps, stages):
@@ -100,7 +88,7 @@ def probe(layers, rows: int, with_down: bool) -> dict:
     ref_down = act.float() @ m0.down_proj.weight.float().T
     cat = [torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mlps]
     row: dict = {
-        "grouped_gate_up": per_layer_us(lambda m: fused_linear.gate_up_silu(m, x), mlps),
+        "grouped_gate_up": per_layer_us(lambda m: gate_up_plain(m, x), mlps),
         "cublas_gate_up_silu": per_layer_us(lambda m: torch.nn.functional.silu(m.gate_proj(x)) * m.up_proj(x), mlps),
         "cublas_cat_gemm": per_layer_us(lambda i: x @ cat[i].T, list(range(len(mlps)))),
         "cublas_down": per_layer_us(lambda m: m.down_proj(act), mlps),

@@ -365,6 +365,39 @@ if triton is not None:
         return start, tl.cdiv(per_split, BLOCK_N) * BLOCK_N
 
     @triton.jit
+    def _kv_tile(k_ptr, v_ptr, table_ptr, stride_btn, tok, t_mask, kvh, d, d_mask, stride_kblk, stride_kslot,
+                 stride_kh, BLOCK_SIZE: tl.constexpr):
+        """K and V [tokens, BLOCK_D] of one KV head at the positions `tok` of the sequence whose block-table row
+        starts at table_ptr; zeros where t_mask is off. V is loaded with K, before the softmax needs it: both
+        tiles are in flight at once."""
+        blk = tl.load(table_ptr + (tok // BLOCK_SIZE) * stride_btn, mask=t_mask, other=0).to(tl.int64)
+        off = blk * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
+        nd_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+        return k, v
+
+    @triton.jit
+    def _softmax_step(q, k, v, seen, m, l, acc, qk_scale, IEEE: tl.constexpr):
+        """One tile of keys into the online softmax of the rows of q (running max m, sum l, output acc); `seen`
+        [rows or 1, keys] masks the scores. A row that has seen no key yet keeps weight 0 instead of NaN."""
+        if IEEE:  # float32 inputs: no TF32, to match torch's float32 attention
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(seen, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        return m_new, l, acc * alpha[:, None] + pv
+
+    @triton.jit
     def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
         qk_scale, window, num_splits,
@@ -398,28 +431,9 @@ if triton is not None:
         for n0 in range(lo, hi, BLOCK_N):
             tok = n0 + tl.arange(0, BLOCK_N)
             t_mask = tok < hi
-            bt_off = b * stride_btb + (tok // BLOCK_SIZE) * stride_btn
-            blk = tl.load(bt_ptr + bt_off, mask=t_mask, other=0).to(tl.int64)
-            off = blk * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
-            nd_mask = t_mask[:, None] & d_mask[None, :]
-            # V is loaded with K, before the softmax needs it: both tiles are in flight at once
-            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(t_mask[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first tile of a range holds a token
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = tl.dot(p, v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            k, v = _kv_tile(k_ptr, v_ptr, bt_ptr + b * stride_btb, stride_btn, tok, t_mask, kvh, d, d_mask,
+                            stride_kblk, stride_kslot, stride_kh, BLOCK_SIZE)
+            m, l, acc = _softmax_step(q, k, v, t_mask[None, :], m, l, acc, qk_scale, IEEE)
         if SPLIT:
             # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge skips it).
             part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
@@ -499,30 +513,12 @@ if triton is not None:
             for n0 in range(lo, hi, BLOCK_N):
                 tok = n0 + tl.arange(0, BLOCK_N)
                 t_mask = tok < hi
-                blk = tl.load(bt_ptr + s * stride_btb + (tok // BLOCK_SIZE) * stride_btn, mask=t_mask, other=0)
-                off = blk.to(tl.int64) * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
-                nd_mask = t_mask[:, None] & d_mask[None, :]
-                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
-                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
-                if IEEE:
-                    scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-                else:
-                    scores = tl.dot(q, tl.trans(k))
+                k, v = _kv_tile(k_ptr, v_ptr, bt_ptr + s * stride_btb, stride_btn, tok, t_mask, kvh, d, d_mask,
+                                stride_kblk, stride_kslot, stride_kh, BLOCK_SIZE)
                 seen = tok[None, :] <= pos[:, None]
                 if HAS_WINDOW:
                     seen &= tok[None, :] > pos[:, None] - window
-                scores = tl.where(seen, scores * qk_scale, float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: weights 0, no NaN
-                alpha = tl.exp2(m - m_safe)
-                p = tl.exp2(scores - m_safe[:, None])
-                l = l * alpha + tl.sum(p, axis=1)
-                if IEEE:
-                    pv = tl.dot(p, v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m = m_new
+                m, l, acc = _softmax_step(q, k, v, seen, m, l, acc, qk_scale, IEEE)
             out = acc / tl.where(valid, l, 1.0)[:, None]
             tl.store(out_ptr + rows[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])
