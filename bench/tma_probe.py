@@ -84,7 +84,8 @@ def probe(layers, rows: int, with_down: bool) -> dict:
     x = torch.randn(rows, 896, device="cuda", dtype=torch.bfloat16)
     act = torch.randn(rows, 4864, device="cuda", dtype=torch.bfloat16)
     m0 = mlps[0]
-    ref_gu = torch.nn.functional.silu(x.float() @ m0.gate_proj.weight.float().T) * (x.float() @ m0.up_proj.weight.float().T)
+    x32 = x.float()
+    ref_gu = torch.nn.functional.silu(x32 @ m0.gate_proj.weight.float().T) * (x32 @ m0.up_proj.weight.float().T)
     ref_down = act.float() @ m0.down_proj.weight.float().T
     cat = [torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mlps]
     row: dict = {
