@@ -16,15 +16,15 @@ import torch
 from bench.decode_breakdown import prefilled, wall_ms
 from bench.engine_throughput import decode_floor_s, measured_bandwidth, random_prompts
 from bench.grpo_step import build_model
-from tandemrl.engine import attention, fused_linear
+from tandemrl.engine import fused_linear, triton_attention
 from tandemrl.engine.model_runner import ModelRunner
 
 # name -> ({(module, constant): value}, decode steps per burst)
 SETTINGS: dict[str, tuple[dict[tuple[object, str], object], int]] = {
     "base": ({}, 8),
     "steps16": ({}, 16),
-    "attention_block128": ({(attention, "_DECODE_BLOCK_N"): 128}, 8),
-    "attention_waves4": ({(attention, "_SPLIT_TARGET_WAVES"): 4}, 8),
+    "attention_block128": ({(triton_attention, "_DECODE_BLOCK_N"): 128}, 8),
+    "attention_waves4": ({(triton_attention, "_SPLIT_TARGET_WAVES"): 4}, 8),
     "grouped_rows64": ({(fused_linear, "GROUPED_LINEAR_MAX_ROWS"): 64}, 8),
     "grouped_rows16": ({(fused_linear, "GROUPED_LINEAR_MAX_ROWS"): 16}, 8),
 }

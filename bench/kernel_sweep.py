@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from bench.grpo_step import build_model
-from tandemrl.engine import attention, fused_linear
+from tandemrl.engine import fused_linear, triton_attention
 from tandemrl.engine.fused_linear import LinearTiles
 
 
@@ -140,7 +140,7 @@ def sweep_attention(batches: list[int], context: int = 384) -> dict:
     results = {}
     block, kv_heads, head_dim, heads, layers = 16, 2, 64, 14, 24
     knobs = ("_DECODE_BLOCK_N", "_DECODE_WARPS", "_DECODE_STAGES")
-    original = {k: getattr(attention, k) for k in knobs}
+    original = {k: getattr(triton_attention, k) for k in knobs}
     for batch in batches:
         width = -(-context // block)
         caches = [torch.randn(batch * width, block, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -151,17 +151,17 @@ def sweep_attention(batches: list[int], context: int = 384) -> dict:
         row = {}
         for bn, warps, stages, splits in itertools.product((32, 64, 128), (2, 4), (2, 3, 4), (1, 2, 4)):
             for knob, value in zip(knobs, (bn, warps, stages)):
-                setattr(attention, knob, value)
+                setattr(triton_attention, knob, value)
             try:
-                us = per_layer_us(lambda i: attention.triton_paged_decode(
+                us = per_layer_us(lambda i: triton_attention.triton_paged_decode(
                     q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None, num_splits=splits), range(layers))
             except Exception as exc:
                 print(f"  attention {bn}/{warps}/{stages}/{splits}: {type(exc).__name__}")
                 continue
             row[f"{bn}/{warps}/{stages}/{splits}"] = us
         for knob, value in original.items():
-            setattr(attention, knob, value)
-        row["default"] = per_layer_us(lambda i: attention.triton_paged_decode(
+            setattr(triton_attention, knob, value)
+        row["default"] = per_layer_us(lambda i: triton_attention.triton_paged_decode(
             q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None), range(layers))
         kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
         best = min((v, k) for k, v in row.items())

@@ -23,13 +23,14 @@ import torch
 from torch import Tensor, nn
 
 from tandemrl.backends.sampler import sample_tokens
-from tandemrl.engine.attention import DecodeMeta, build_prefill_meta, triton_decode_available
+from tandemrl.engine.attention import DecodeMeta, build_prefill_meta
 from tandemrl.engine.compile import CompiledDecode
 from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.decode_plan import DecodePlan, build_decode_plan
 from tandemrl.engine.fused import fused_available
 from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.triton_attention import triton_decode_available
 from tandemrl.engine.triton_sampler import fused_sample, fused_sample_available
 from tandemrl.types import SamplingParams
 

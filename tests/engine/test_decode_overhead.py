@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tandemrl.engine import compile as compile_mod
-from tandemrl.engine.attention import DecodeMeta, sdpa_decode, triton_decode_available, triton_paged_decode
+from tandemrl.engine.attention import DecodeMeta, sdpa_decode
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.compile import CompiledDecode
 from tandemrl.engine.config import EngineConfig
@@ -21,6 +21,7 @@ from tandemrl.engine.decode_plan import build_decode_plan
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.model_runner import ModelRunner
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.triton_attention import triton_decode_available, triton_paged_decode
 from tandemrl.types import Request, SamplingParams
 from tests.engine.test_model_runner import BLOCK, build, make_seq, prompts_of, _shrinking_decode
 

@@ -8,15 +8,17 @@ import os
 import pytest
 import torch
 
-import tandemrl.engine.attention as attention_mod
+import tandemrl.engine.triton_attention as triton_attention
 from tandemrl.engine.attention import (
     DecodeMeta,
     build_prefill_meta,
     decode_attention,
-    decode_splits,
     prefill_attention,
     sdpa_decode,
     store_kv,
+)
+from tandemrl.engine.triton_attention import (
+    decode_splits,
     triton_decode_available,
     triton_paged_decode,
     triton_paged_prefill,
@@ -147,16 +149,16 @@ def test_triton_decode_matches_sdpa(dtype, H, kvh, D, window, splits):
 # ---------------------------------------------------------------------------------------------- split-K decode
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-_INTERPRET = attention_mod.triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
-needs_kernels = pytest.mark.skipif(attention_mod.triton is None or not (torch.cuda.is_available() or _INTERPRET),
+_INTERPRET = triton_attention.triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
+needs_kernels = pytest.mark.skipif(triton_attention.triton is None or not (torch.cuda.is_available() or _INTERPRET),
                                    reason="needs Triton and CUDA (or TRITON_INTERPRET=1)")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or attention_mod.triton is None,
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton_attention.triton is None,
                                 reason="needs a CUDA device and Triton")
 
 
 def test_decode_splits_depend_on_shapes_only():
     # batch 1, 2 KV heads, 4096-token tables on 132 SMs: as many partitions as allowed
-    assert decode_splits(1, 2, 256, 16, 132) == attention_mod._MAX_SPLITS
+    assert decode_splits(1, 2, 256, 16, 132) == triton_attention._MAX_SPLITS
     # rows x heads filling half the SMs: one split (the single-pass kernel)
     assert decode_splits(33, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
     assert decode_splits(32, 2, 256, 16, 132) == 5  # ceil(264 / 64): two programs per SM
@@ -199,7 +201,7 @@ def test_triton_decode_splits_match_sdpa(dtype, H, kvh, D, window, splits):
 
 
 def test_triton_decode_rejects_bad_splits():
-    if attention_mod.triton is None:
+    if triton_attention.triton is None:
         pytest.skip("needs Triton")
     q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 2, 1, 16, [3], seed=0)
     with pytest.raises(ValueError, match="num_splits"):
