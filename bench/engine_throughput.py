@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--kv-gib", type=float, default=8.0)
     parser.add_argument("--decode-steps", type=int, default=EngineConfig.decode_steps,
                         help="decode steps per engine step (EngineConfig.decode_steps)")
+    parser.add_argument("--sync", action="store_true", help="EngineConfig.async_scheduling off (for an A/B)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/engine_throughput.json"))
     args = parser.parse_args()
 
@@ -94,7 +95,8 @@ def main() -> None:
     num_blocks = int(args.kv_gib * 2**30 // probe.runner.bytes_per_block(16))
     probe.close()
     backend = EngineBackend(model, None, EngineConfig(num_blocks=num_blocks, max_num_seqs=max(args.batches),
-                                                          decode_steps=args.decode_steps),
+                                                          decode_steps=args.decode_steps,
+                                                          async_scheduling=not args.sync),
                             device=device)
     bandwidth = measured_bandwidth(device)
     rows = []
@@ -126,7 +128,8 @@ def main() -> None:
         "date": date.today().isoformat(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "arch": args.arch, "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens, "decode_steps": args.decode_steps, "bandwidth_gb_s": bandwidth / 1e9, "engine": rows,
+        "new_tokens": args.new_tokens, "decode_steps": args.decode_steps, "async_scheduling": not args.sync,
+        "bandwidth_gb_s": bandwidth / 1e9, "engine": rows,
         "hf": {"batch": args.hf_batch, "seconds": hf_s, "tok_s": hf_tok_s},
         "speedup_vs_hf": engine_at_hf["engine_tok_s"] / hf_tok_s if engine_at_hf else None,
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,

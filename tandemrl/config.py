@@ -73,6 +73,7 @@ class EngineSection(Section):
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
     decode_steps: int = Field(32, ge=1, description="decode steps per engine step: host work once per burst")
+    async_scheduling: bool = True  # launch each step before reading back the previous one's tokens
     fused_kernels: bool = True  # Triton add+RMSNorm, RoPE and SiLU*mul in decode (CUDA only)
     compile_decode: bool = False  # experimental: torch.compile the decode forward before graph capture
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tandemrl.engine.pending import copy_to_device
 from tandemrl.engine.triton_attention import triton_paged_decode, triton_paged_prefill
 
 # Bound on one prefill SDPA call's padded mask (sequences x Q*G queries x L keys); larger batches go in chunks.
@@ -104,7 +105,7 @@ def build_prefill_meta(
         "query_lens": qlens,
         "context_lens": clens,
     }
-    flat = torch.from_numpy(np.concatenate([a.ravel() for a in host.values()])).to(device, non_blocking=True)
+    flat = copy_to_device(torch.from_numpy(np.concatenate([a.ravel() for a in host.values()])), device)
     views = flat.split([a.size for a in host.values()])
     return PrefillMeta(**{name: v.view(a.shape) for (name, a), v in zip(host.items(), views)},
                        use_triton=use_triton)

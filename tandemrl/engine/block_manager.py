@@ -8,7 +8,8 @@ the current step, will be) written for exactly that content:
   prefill step hit them (the runner writes a layer's K/V for all tokens before attending);
 - decode registers a block once all its tokens' K/V have been computed, i.e. at the first decode schedule after
   that (registering earlier could publish a block whose owner is preempted before computing it). Decode may
-  reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill.
+  reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill,
+  nor blocks holding tokens still pending on the device (their ids are not known yet).
 A freed block keeps its digest and can be revived by a later hit until it is handed out for new content.
 Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
 """
@@ -107,17 +108,32 @@ class BlockManager:
         if self.enable_prefix_caching:
             self.cache_queried_blocks += (seq.num_tokens - 1) // self.block_size
 
+    def register_finished(self, seq: Sequence) -> None:
+        """Register the full blocks a finished ``seq`` computed since its last decode schedule (before it frees
+        them), so a prompt that continues it (the next turn of a conversation) hits all of them."""
+        if self.enable_prefix_caching and seq.block_table and seq.num_known_tokens > self.block_size:
+            self._register_computed_blocks(seq)
+
     def deallocate(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks; a block nobody holds goes back to the free list, keeping its digest."""
-        for block in reversed(seq.block_table):  # the tail first, so eviction keeps shared prefixes longest
+        self._release(seq.block_table)
+        seq.block_table.clear()
+        seq.num_cached_tokens = 0
+        self._digest_memo.pop(seq.seq_id, None)
+
+    def release_reserved(self, seq: Sequence) -> None:
+        """Release the blocks ``seq`` holds past its tokens (reserved for decode steps that were abandoned)."""
+        keep = seq.num_blocks(self.block_size)
+        self._release(seq.block_table[keep:])
+        del seq.block_table[keep:]
+
+    def _release(self, blocks: list[int]) -> None:
+        for block in reversed(blocks):  # the tail first, so eviction keeps shared prefixes longest
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:
                 self._free[block] = None
                 if self._digest[block] is None or self._cached.get(self._digest[block]) != block:
                     self._free.move_to_end(block, last=False)  # nothing to revive: reuse it first
-        seq.block_table.clear()
-        seq.num_cached_tokens = 0
-        self._digest_memo.pop(seq.seq_id, None)
 
     # ------------------------------------------------------------------ decode
 
@@ -143,7 +159,7 @@ class BlockManager:
 
     def _append(self, seq: Sequence, missing: int) -> None:
         table = seq.block_table
-        computed = (len(seq.token_ids) - 1) // self.block_size
+        computed = (seq.num_known_tokens - 1) // self.block_size  # a pending placeholder cannot be hashed
         # Most steps complete no block: the newest computed one is registered already, nothing to do.
         if self.enable_prefix_caching and computed and (
                 computed > len(table) or self._digest[table[computed - 1]] is None):
@@ -162,7 +178,7 @@ class BlockManager:
         """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
         first back to the last registered one: O(1) per step in steady state."""
         table, bs = seq.block_table, self.block_size
-        computed = min((len(seq.token_ids) - 1) // bs, len(table))
+        computed = min((seq.num_known_tokens - 1) // bs, len(table))
         first = computed
         while first > 0 and self._digest[table[first - 1]] is None:
             first -= 1

@@ -28,6 +28,10 @@ class EngineConfig:
     # 2-5 % faster per token than 8 at batches 1-256, and 32 another 5 % at batch 256 (the host's work per burst,
     # ~2-3 ms for 256 sequences, leaves the GPU idle; bench/RESULTS.md).
     decode_steps: int = 32
+    # Launch each step before reading back the previous one's tokens (engine.py): the host's scheduling and
+    # postprocessing overlap the device's work. A sequence stopped by EOS or a stop string may compute one burst
+    # more than it needed (dropped).
+    async_scheduling: bool = True
     # torch.compile the graphed decode forward (CUDA only). Off by default: on torch 2.11 inductor fails on the
     # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
     compile_decode: bool = False
@@ -51,7 +55,7 @@ class EngineConfig:
                              f"max_num_seqs ({self.max_num_seqs})")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
-        for name in ("enable_prefix_caching", "cuda_graphs", "compile_decode", "fused_kernels"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "compile_decode", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

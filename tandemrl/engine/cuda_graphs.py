@@ -113,6 +113,10 @@ class DecodeGraphs:
             self._copied.record()
         self._burst = (B, bucket, width, head)
 
+    def staged_ids(self) -> Tensor:
+        """The staged burst's step-0 input ids [B] on the device."""
+        return self.static[:self._burst[0]]
+
     def step(self, j: int, input_ids: Tensor | None) -> Tensor:
         """Step j of the staged burst; ``input_ids`` [B] on the device (None at step 0: the staged ids).
         Returns hidden [B, hidden] (a view of the graph's output, valid until the next replay of that graph)."""

@@ -1,4 +1,11 @@
-"""The engine's step loop: schedule -> run the model -> postprocess, plus request intake and sleep/wake.
+"""The engine's step loop: schedule -> launch the model -> postprocess, plus request intake and sleep/wake.
+
+Asynchronous scheduling (``EngineConfig.async_scheduling``, on by default): a step schedules and launches the next
+batch BEFORE it reads back the tokens of the batch launched by the step before, so the host's scheduling,
+staging and postprocessing run while the device computes instead of between its steps. The scheduler counts
+those tokens as pending placeholders (sequence.py); the runner feeds each one to the next batch on the device. A
+sequence that the read-back tokens finish (EOS, a stop string) may have computed one batch more than it needed;
+those tokens are dropped. Off: each step reads its own tokens back before returning.
 
 Invalid requests never raise: each becomes a finished Rollout with ``finish_reason="error"`` and ``error``
 set, returned by the next ``step()`` (or in place by ``generate``), so one bad request cannot stop a batch.
@@ -8,29 +15,45 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import dataclass
 import operator
 from typing import Any, Protocol, Sequence as Seq
 
 from tandemrl.backends.stopping import truncate_at_stop, validate_stop
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.scheduler import Scheduler
+from tandemrl.engine.scheduler import ScheduledBatch, Scheduler
 from tandemrl.engine.sequence import Sequence
 from tandemrl.types import Request, Rollout, SamplingParams
+
+
+class PendingTokens(Protocol):
+    """A launched step's sampled tokens, on their way to the host."""
+
+    def result(self) -> tuple[list[list[int]], list[list[float]]]:
+        """Per sequence of the step: its tokens and their log-probs (waits for the device)."""
+        ...
 
 
 class ModelRunnerProtocol(Protocol):
     """What the engine needs from the model side (KV cache owner, forward, sampling)."""
 
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]: ...
-
-    def decode(self, seqs: list[Sequence], steps: list[int]) -> tuple[list[list[int]], list[list[float]]]: ...
+    def launch(self, seqs: list[Sequence], steps: list[int], is_prefill: bool) -> PendingTokens:
+        """Start a prefill (one token per sequence) or a decode burst (``steps[i]`` tokens for sequence i). A
+        sequence's pending placeholders stand for tokens of the runner's previous launch, fed on the device."""
+        ...
 
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
 
     def free_kv_cache(self) -> None: ...
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int: ...
+
+
+@dataclass
+class _Launched:
+    batch: ScheduledBatch
+    pending: PendingTokens
 
 
 class LLMEngine:
@@ -55,6 +78,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ready: list[tuple[int, Rollout]] = []  # (seq_id, rollout) not yet returned by a step
+        self._in_flight: _Launched | None = None  # launched, its tokens not read back yet (async scheduling)
         self._asleep = False
         self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
                         "errors": 0}
@@ -96,7 +120,7 @@ class LLMEngine:
         return found
 
     def has_unfinished(self) -> bool:
-        return bool(self._ready) or self.scheduler.has_unfinished()
+        return bool(self._ready) or self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ------------------------------------------------------------------ stepping
 
@@ -108,29 +132,66 @@ class LLMEngine:
         if self._asleep:
             raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
         out, self._ready = self._ready, []
-        seqs, is_prefill, steps = self.scheduler.schedule()
-        if not seqs:
-            if self.scheduler.has_unfinished():  # cannot happen for requests add() accepted
-                raise RuntimeError("scheduler made no progress with requests waiting")
-            return out
         try:
-            if is_prefill:
-                first, first_logprobs = self.runner.run(seqs, True)
-                token_ids, logprobs = [[t] for t in first], [[lp] for lp in first_logprobs]
-            else:
-                token_ids, logprobs = self.runner.decode(seqs, steps)
+            batch = self.scheduler.schedule(in_flight=self._in_flight is not None)
+            launched = self._launch(batch) if batch.seqs else None
+            if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests waiting")  # add() rules this out
+            previous, self._in_flight = self._in_flight, launched
+            if previous is not None:
+                out += self._complete(previous)
+            if not self.config.async_scheduling:
+                self._drain(out)
         except BaseException:
             self._ready = out + self._ready  # still to be returned
-            if is_prefill:  # nothing was computed: requeue the batch and unpublish what it registered
+            raise
+        return out
+
+    def _launch(self, batch: ScheduledBatch) -> _Launched:
+        try:
+            pending = self.runner.launch(batch.seqs, batch.steps, batch.is_prefill)
+        except BaseException:
+            if batch.is_prefill:  # nothing was computed: requeue the batch and unpublish what it registered
                 self.block_manager.forget_cached_blocks()
-                self.scheduler.requeue(seqs)
-            raise  # a failed decode step leaves its sequences as they were: the same step can run again
-        finished = self.scheduler.postprocess_steps(seqs, token_ids, logprobs)
-        self._count_step(steps, is_prefill)
+                self.scheduler.requeue(batch.seqs)
+            raise  # a failed decode launch leaves its sequences as they were: the same step can run again
+        for seq, steps in zip(batch.seqs, batch.steps):
+            seq.add_pending(steps)
+        self._count_step(batch.steps, batch.is_prefill)
+        return _Launched(batch, pending)
+
+    def _complete(self, launched: _Launched) -> list[tuple[int, Rollout]]:
+        """Read a launched step's tokens back and postprocess them; the rollouts of the sequences it finished. If
+        the read fails, every step in flight is abandoned (its sequences are as before it was launched)."""
+        try:
+            token_ids, logprobs = launched.pending.result()
+        except BaseException:
+            for step in (launched, self._in_flight):
+                if step is not None:
+                    self._abandon(step)
+            self._in_flight = None
+            raise
+        finished = self.scheduler.postprocess_steps(launched.batch.seqs, token_ids, logprobs)
+        out = []
         for seq in finished:
             self._live.pop(seq.seq_id, None)
             out.append((seq.seq_id, self._to_rollout(seq)))
         return out
+
+    def _abandon(self, launched: _Launched) -> None:
+        seqs = [s for s in launched.batch.seqs if not s.is_finished]
+        for seq in seqs:
+            seq.drop_pending()
+            self.block_manager.release_reserved(seq)
+        if launched.batch.is_prefill:
+            self.block_manager.forget_cached_blocks()
+            self.scheduler.requeue(seqs)
+
+    def _drain(self, out: list[tuple[int, Rollout]]) -> None:
+        """Read back the step in flight, if any, adding the rollouts it finishes to ``out``."""
+        launched, self._in_flight = self._in_flight, None
+        if launched is not None:
+            out += self._complete(launched)
 
     def generate(self, requests: Seq[Request], policy_version: int = 0) -> list[Rollout]:
         """Run ``requests`` to completion; one rollout per request, in request order.
@@ -150,6 +211,8 @@ class LLMEngine:
                         remaining -= 1
                     else:
                         others.append((seq_id, rollout))
+            if not self.scheduler.has_unfinished():  # what is still in flight computes nothing anyone waits for
+                self._drain(others)
         except BaseException:
             self._drop(set(index))
             raise
@@ -169,6 +232,7 @@ class LLMEngine:
         """Free the KV cache (running sequences go back to waiting and are recomputed after wake())."""
         if self._asleep:
             return
+        self._drain(self._ready)
         self.scheduler.preempt_all()
         self.runner.free_kv_cache()
         self.block_manager.reset()

@@ -1,11 +1,12 @@
 """The model runner: owns the paged KV cache, turns scheduled Sequences into one forward, samples the next tokens.
 
-`run(seqs, is_prefill)` builds packed input ids, positions, slot mappings and block tables from the Sequence
-objects, runs `forward.forward_hidden` over the trainer's own modules (zero copy) under inference mode with the
-model in eval mode, takes logits of the sampled positions only, and samples with the shared sampler.
-`decode(seqs, steps)` runs a burst of decode steps (decode_plan.py): each step's sampled tokens are the next
-step's input on the device, so the burst syncs with the host once, at its end. On CUDA, decode replays CUDA
-graphs captured per batch bucket (see cuda_graphs.py).
+`launch(seqs, steps, is_prefill)` builds packed input ids, positions, slot mappings and block tables from the
+Sequence objects, runs `forward.forward_hidden` over the trainer's own modules (zero copy) under inference mode
+with the model in eval mode, takes logits of the sampled positions only, and samples with the shared sampler; it
+returns before the device is done (pending.py). A decode launch is a burst of steps (decode_plan.py): each step's
+sampled tokens are the next step's input on the device, so the burst syncs with the host once, when its tokens
+are read back. On CUDA, decode replays CUDA graphs captured per batch bucket (see cuda_graphs.py). `run` and
+`decode` are the same launches, waited for.
 
 The cache holds one extra block past `num_blocks` (the scratch block): CUDA-graph padding rows and the dead steps
 of a burst write there, so block ids 0 .. num_blocks-1 all belong to the block manager.
@@ -29,11 +30,13 @@ from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.decode_plan import DecodePlan, build_decode_plan
 from tandemrl.engine.fused import fused_available
 from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
+from tandemrl.engine.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.triton_attention import triton_decode_available
 from tandemrl.engine.triton_sampler import fused_sample, fused_sample_available
 from tandemrl.types import SamplingParams
 
+StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or None for the staged ones) -> hidden
 CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
 # Kept free on the GPU beside the cache: the sampler's [rows, vocab] float32 temporaries for a full decode batch
 # (about a dozen of them, sort indices included) plus a fixed slack for prefill activations and graph pools.
@@ -76,6 +79,7 @@ class ModelRunner:
         self.k_caches: list[Tensor] = []
         self.v_caches: list[Tensor] = []
         self._graphs: DecodeGraphs | None = None
+        self._last: LastSamples | None = None  # the latest launch's tokens: pending ones are fed from here
         # One warm-up stream for every capture: each new stream costs a cuBLAS workspace that is never freed
         # (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
         self._warmup_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -122,6 +126,7 @@ class ModelRunner:
         allocator, where the trainer of this process reuses it; emptying that cache on every sleep would make the
         next update allocate from the device again (0.37 s of a 1.98 s GRPO step on an H100, 2026-11-22)."""
         self._graphs = None
+        self._last = None
         self.k_caches, self.v_caches = [], []
         self.num_blocks = 0
 
@@ -132,41 +137,49 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ one step
 
-    def run(self, seqs: Seq[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]:
-        """One forward for `seqs` and one sampled token per sequence: (token ids, their log-probs)."""
+    def launch(self, seqs: Seq[Sequence], steps: Seq[int], is_prefill: bool) -> PendingTokens:
+        """Start a prefill (one token per sequence; `steps` all 1) or a decode burst (see decode_plan.py: sequence i
+        computes ``steps[i]`` tokens, each step feeding the token sampled at the previous one) and return without
+        waiting for the device. A sequence's pending tokens (sequence.py) must come from the previous launch: the
+        last one is fed to this one on the device."""
         if not seqs:
-            return [], []
-        if not is_prefill:
-            tokens, logprobs = self.decode(seqs, [1] * len(seqs))
-            return [t[0] for t in tokens], [lp[0] for lp in logprobs]
+            raise ValueError("launch needs at least one sequence")
         self._require_cache()
         with _eval_mode(self._modules), torch.inference_mode():
-            hidden = self._prefill(seqs)
-            tokens, logprobs = self._sampler(seqs)(compute_logits(self.spec, hidden))
-            host = torch.stack((tokens.double(), logprobs.double())).cpu()  # the step's one host sync
-        return [int(t) for t in host[0].tolist()], host[1].tolist()
+            if is_prefill:
+                tokens, logprobs = self._sampler(seqs)(compute_logits(self.spec, self._prefill(seqs)))
+                tokens, logprobs = tokens[:, None], logprobs[:, None]
+            else:
+                tokens, logprobs = self._decode_burst(seqs, steps)
+            self._last = LastSamples.of(seqs, steps, tokens)
+            return PendingTokens(tokens, logprobs, steps)
+
+    def run(self, seqs: Seq[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]:
+        """One forward for `seqs` and one sampled token per sequence, waited for: (token ids, their log-probs)."""
+        if not seqs:
+            return [], []
+        tokens, logprobs = self.launch(seqs, [1] * len(seqs), is_prefill).result()
+        return [t[0] for t in tokens], [lp[0] for lp in logprobs]
 
     def decode(self, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[list[list[int]], list[list[float]]]:
-        """A decode burst (see decode_plan.py): sequence i computes ``steps[i]`` tokens, each step feeding the
-        token sampled at the previous one, with one host sync at the end. Returns per sequence its tokens and
-        their log-probs."""
+        """A decode burst, waited for: per sequence its tokens and their log-probs."""
         if not seqs:
             return [], []
-        self._require_cache()
+        return self.launch(seqs, steps, False).result()
+
+    def _decode_burst(self, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[Tensor, Tensor]:
+        """[B, K] tokens and log-probs of a burst, left on the device (no host sync)."""
         plan = build_decode_plan(seqs, steps, self.block_size, self.num_blocks, self.max_model_len)
-        with _eval_mode(self._modules), torch.inference_mode():
-            run_step = self._graph_steps(plan) if self._use_graphs(len(seqs)) else self._eager_steps(plan)
-            sample = self._sampler(seqs)
-            tokens: Tensor | None = None
-            all_tokens, all_logprobs = [], []
-            for j in range(plan.num_steps):
-                tokens, logprobs = sample(compute_logits(self.spec, run_step(j, tokens)))
-                all_tokens.append(tokens)  # gathered once after the loop: no extra launches per step
-                all_logprobs.append(logprobs)
-            # [2, B, K]: the burst's one host sync
-            host = torch.stack((torch.stack(all_tokens, 1).double(), torch.stack(all_logprobs, 1).double())).cpu()
-        token_rows, logprob_rows = host[0].long().tolist(), host[1].tolist()
-        return ([row[:k] for row, k in zip(token_rows, steps)], [row[:k] for row, k in zip(logprob_rows, steps)])
+        linked = link_pending(plan.ids, seqs, self._last)
+        run_step, staged_ids = self._graph_steps(plan) if self._use_graphs(len(seqs)) else self._eager_steps(plan)
+        tokens = resolve_pending(staged_ids, self._last) if linked else None
+        sample = self._sampler(seqs)
+        all_tokens, all_logprobs = [], []
+        for j in range(plan.num_steps):
+            tokens, logprobs = sample(compute_logits(self.spec, run_step(j, tokens)))
+            all_tokens.append(tokens)  # stacked once after the loop: no extra launches per step
+            all_logprobs.append(logprobs)
+        return torch.stack(all_tokens, 1), torch.stack(all_logprobs, 1)
 
     def _require_cache(self) -> None:
         if not self.k_caches:
@@ -175,16 +188,18 @@ class ModelRunner:
     def _use_graphs(self, batch: int) -> bool:
         return not self.enforce_eager and batch_bucket(batch) is not None
 
-    def _graph_steps(self, plan: DecodePlan) -> Callable[[int, Tensor | None], Tensor]:
+    def _graph_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
+        """(step j's forward, the staged step-0 input ids on the device)."""
         graphs = self._decode_graphs()
         graphs.stage(plan)
-        return graphs.step
+        return graphs.step, graphs.staged_ids()
 
-    def _eager_steps(self, plan: DecodePlan) -> Callable[[int, Tensor | None], Tensor]:
-        """Step j's forward without graphs; the burst's columns go to the device in one copy."""
-        columns = torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))).to(self.device)
-        tables = torch.from_numpy(plan.tables).to(self.device)
-        first_ids = torch.from_numpy(plan.ids).to(self.device)
+    def _eager_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
+        """Step j's forward without graphs, and the step-0 input ids; the burst's columns go to the device at once."""
+        columns = copy_to_device(torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))),
+                                 self.device)
+        tables = copy_to_device(torch.from_numpy(plan.tables), self.device)
+        first_ids = copy_to_device(torch.from_numpy(plan.ids), self.device)
 
         def run_step(j: int, input_ids: Tensor | None) -> Tensor:
             positions, slots, context_lens = columns[:, j].unbind(0)
@@ -193,7 +208,7 @@ class ModelRunner:
             ids = first_ids if input_ids is None else input_ids
             return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
 
-        return run_step
+        return run_step, first_ids
 
     def _prefill(self, seqs: Seq[Sequence]) -> Tensor:
         ids: list[int] = []
@@ -207,7 +222,7 @@ class ModelRunner:
             context_lens.append(seq.num_tokens)
         meta = build_prefill_meta(query_lens, context_lens, self._block_tables(seqs), self.block_size, self.device,
                                   use_triton=self.use_triton)
-        input_ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
+        input_ids = copy_to_device(torch.tensor(ids, dtype=torch.long), self.device)
         return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows,
                               fused=self.fused_kernels)
 
@@ -250,6 +265,8 @@ class ModelRunner:
         n, bs = seq.num_tokens, self.block_size
         if n == 0:
             raise ValueError(f"sequence {seq.seq_id} has no tokens")
+        if seq.num_pending:
+            raise RuntimeError(f"sequence {seq.seq_id} cannot be prefilled with {seq.num_pending} tokens pending")
         if n > self.max_model_len:
             raise ValueError(f"sequence {seq.seq_id} has {n} tokens, more than max_model_len {self.max_model_len}")
         if len(seq.block_table) * bs < n:
@@ -276,7 +293,7 @@ class ModelRunner:
         key = tuple((p.temperature, p.top_p, p.top_k) for p in params)
         cached = self._sample_cols
         if cached is None or cached[0] != key or cached[1][0].device != device:
-            host = torch.tensor(key, dtype=torch.float64).t().to(device)  # float64 holds any top_k exactly
+            host = copy_to_device(torch.tensor(key, dtype=torch.float64).t(), device)  # float64: any top_k exactly
             cached = self._sample_cols = (key, (host[0].float(), host[1].float(), host[2].long()))
         return cached[1]
 

@@ -92,12 +92,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
 
-    def schedule(self) -> ScheduledBatch:
-        """The sequences of the next step; an empty batch when idle."""
+    def schedule(self, in_flight: bool = False) -> ScheduledBatch:
+        """The sequences of the next step; an empty batch when idle. ``in_flight``: a launched step's tokens are still
+        pending on the device; then nobody is preempted (an empty batch instead: read those tokens back first)."""
         batch = self._schedule_prefill()
         if batch:
             return ScheduledBatch(batch, True, [1] * len(batch))
-        return self._schedule_decode()
+        return self._schedule_decode(in_flight)
 
     def _schedule_prefill(self) -> list[Sequence]:
         bm, cfg = self.block_manager, self.config
@@ -118,15 +119,20 @@ class Scheduler:
             batch.append(seq)
         return batch
 
-    def _schedule_decode(self) -> ScheduledBatch:
+    def _schedule_decode(self, in_flight: bool) -> ScheduledBatch:
         bm = self.block_manager
-        running = list(self.running)
+        # A sequence whose remaining tokens are all pending on the device only waits for them to be read back.
+        running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
+        if not running:
+            return ScheduledBatch([], False, [])
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
             steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
             if bm.try_append_all(running, steps):
                 return ScheduledBatch(running, False, steps)
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
             return ScheduledBatch(running, False, [1] * len(running))
+        if in_flight:  # a victim may still have tokens on the device: decide once they are read back
+            return ScheduledBatch([], False, [])
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:
@@ -159,29 +165,37 @@ class Scheduler:
     def postprocess_steps(self, seqs: list[Sequence], token_ids: list[list[int]],
                           logprobs: list[list[float]]) -> list[Sequence]:
         """Append each sequence's sampled tokens in order, up to the one that finishes it (the rest of its burst
-        is dropped); return (and free) the sequences that finished."""
+        is dropped); return (and free) the sequences that finished. The tokens replace the sequence's oldest pending
+        placeholders (those of a step launched later stay behind them; a finished sequence drops them too); a
+        sequence finished meanwhile (aborted, or stopped by an earlier step) ignores them."""
         if not len(seqs) == len(token_ids) == len(logprobs):
             raise RuntimeError(f"the model runner returned tokens for {len(token_ids)} and log-probs for "
                                f"{len(logprobs)} of {len(seqs)} sequences")
         finished = []
         eos_ids = self.eos_ids
         for seq, tokens, lps in zip(seqs, token_ids, logprobs):
+            if seq.is_finished:
+                continue
+            later = _later_pending(seq, len(tokens))
             params = seq.params
             # Fast path, most sequences of most steps: nothing in this burst can finish them.
             if (not params.stop and seq.num_completion_tokens + len(tokens) < params.max_tokens
                     and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
                 seq.token_ids.extend(tokens)
                 seq.logprobs.extend(lps)
-                continue
-            for token, logprob in zip(tokens, lps):
-                seq.append_token(token, logprob)
-                reason = self._finish_reason(seq, seq.token_ids[-1])
-                if reason is not None:
-                    seq.status = SequenceStatus.FINISHED
-                    seq.finish_reason = reason
-                    self.block_manager.deallocate(seq)
-                    finished.append(seq)
-                    break
+            else:
+                for token, logprob in zip(tokens, lps):
+                    seq.append_token(token, logprob)
+                    reason = self._finish_reason(seq, seq.token_ids[-1])
+                    if reason is not None:
+                        seq.status = SequenceStatus.FINISHED
+                        seq.finish_reason = reason
+                        self.block_manager.register_finished(seq)
+                        self.block_manager.deallocate(seq)
+                        finished.append(seq)
+                        break
+            if later and not seq.is_finished:
+                seq.add_pending(later)
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
@@ -211,3 +225,12 @@ class Scheduler:
         del seq.token_ids[seq.num_prompt_tokens + keep:]
         del seq.logprobs[keep:]
         return True
+
+
+def _later_pending(seq: Sequence, arrived: int) -> int:
+    """Drop ``seq``'s placeholders before ``arrived`` tokens of its oldest launched step are appended; returns how
+    many belong to later steps (to be put back behind them)."""
+    pending = seq.drop_pending()
+    if pending and pending < arrived:
+        raise RuntimeError(f"sequence {seq.seq_id} got {arrived} tokens for {pending} pending placeholders")
+    return pending - arrived if pending else 0

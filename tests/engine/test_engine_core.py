@@ -18,7 +18,7 @@ from torch import nn
 from tandemrl.backends.stopping import find_stop, truncate_at_stop
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
-from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.sequence import PENDING_TOKEN, Sequence
 from tandemrl.types import Request, Rollout, SamplingParams
 
 BS = 4
@@ -47,10 +47,15 @@ class FakeTokenizer:
 
 
 class FakeRunner:
+    """Computes a launch's tokens at once, but hands them out only through ``result()``, like the device: a
+    sequence's pending placeholders must be fed from the previous launch's tokens, which only the runner knows."""
+
     def __init__(self, blocks_that_fit: int = 64) -> None:
         self.blocks_that_fit = blocks_that_fit
         self.kv: list[tuple[int, int] | None] | None = None  # slot -> (position, value)
         self.calls: list[tuple[bool, list[int], int]] = []  # (is_prefill, seq ids, live seqs)
+        self.log: list[tuple[str, int]] = []  # ("launch" | "result", launch number), in order
+        self.previous: dict[int, int] = {}  # seq_id -> last token of the previous launch ("on the device")
         self.live = lambda: []  # set by the test: the engine's running sequences
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
@@ -63,50 +68,53 @@ class FakeRunner:
     def free_kv_cache(self) -> None:
         self.kv = None
 
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]:
-        assert self.kv is not None, "run() without a KV cache"
-        assert seqs
+    def launch(self, seqs: list[Sequence], steps: list[int], is_prefill: bool) -> FakePending:
+        assert self.kv is not None, "launch() without a KV cache"
+        assert seqs and len(steps) == len(seqs) and min(steps) >= 1
         live = list(self.live())
-        check_block_tables(seqs, [s for s in live if s not in seqs])
+        check_block_tables(seqs, [s for s in live if s not in seqs], None if is_prefill else steps)
         self.calls.append((is_prefill, [s.seq_id for s in seqs], len(live)))
+        number = len(self.calls)
+        self.log.append(("launch", number))
+        tokens = self._prefill(seqs) if is_prefill else self._decode(seqs, steps)
+        self.previous = {s.seq_id: t[-1] for s, t in zip(seqs, tokens)}
+        return FakePending(self.log, number, tokens)
+
+    def _prefill(self, seqs: list[Sequence]) -> list[list[int]]:
         written: set[int] = set()
         tokens = []
         for seq in seqs:
-            if is_prefill:
-                assert 0 <= seq.num_cached_tokens < seq.num_tokens and seq.num_cached_tokens % BS == 0
-                start = seq.num_cached_tokens
-            else:
-                start = seq.num_tokens - 1  # decode: exactly one new token
-            for t in range(start, seq.num_tokens):
-                prev = self.read(seq, t - 1) if t else 0
-                slot = self.slot(seq, t)
-                assert slot not in written, f"slot {slot} written twice in one step"
-                written.add(slot)
-                self.kv[slot] = (t, kv_value(prev, seq.token_ids[t], t))
-            tokens.append(next_token(self.read(seq, seq.num_tokens - 1), seq.params.seed))
-        return tokens, [-1.0] * len(seqs)
+            assert seq.num_pending == 0 and 0 <= seq.num_cached_tokens < seq.num_tokens
+            assert seq.num_cached_tokens % BS == 0
+            for t in range(seq.num_cached_tokens, seq.num_tokens):
+                self._write(seq, t, seq.token_ids[t], written)
+            tokens.append([next_token(self.read(seq, seq.num_tokens - 1), seq.params.seed)])
+        return tokens
 
-    def decode(self, seqs: list[Sequence], steps: list[int]) -> tuple[list[list[int]], list[list[float]]]:
+    def _decode(self, seqs: list[Sequence], steps: list[int]) -> list[list[int]]:
         """A burst: steps[i] tokens for sequence i, each fed back as the next input (the engine's sequences are
         not touched: the runner only returns tokens)."""
-        assert self.kv is not None and seqs and len(steps) == len(seqs) and min(steps) >= 1
-        live = list(self.live())
-        check_block_tables(seqs, [s for s in live if s not in seqs], steps)
-        self.calls.append((False, [s.seq_id for s in seqs], len(live)))
         written: set[int] = set()
         out = []
         for seq, k in zip(seqs, steps):
             tokens = list(seq.token_ids)
+            if seq.num_pending:  # placeholders on the host; the last one's value comes from the previous launch
+                assert tokens[-seq.num_pending:] == [PENDING_TOKEN] * seq.num_pending
+                tokens[-1] = self.previous[seq.seq_id]
             for _ in range(k):
                 t = len(tokens) - 1
-                prev = self.read(seq, t - 1) if t else 0
-                slot = self.slot(seq, t)
-                assert slot not in written, f"slot {slot} written twice in one burst"
-                written.add(slot)
-                self.kv[slot] = (t, kv_value(prev, tokens[t], t))
-                tokens.append(next_token(self.kv[slot][1], seq.params.seed))
+                tokens.append(next_token(self._write(seq, t, tokens[t], written), seq.params.seed))
             out.append(tokens[seq.num_tokens:])
-        return out, [[-1.0] * k for k in steps]
+        return out
+
+    def _write(self, seq: Sequence, t: int, token: int, written: set[int]) -> int:
+        """Compute token t's KV value from token t-1's (read from the cache) into t's slot; returns it."""
+        prev = self.read(seq, t - 1) if t else 0
+        slot = self.slot(seq, t)
+        assert slot not in written, f"slot {slot} written twice in one launch"
+        written.add(slot)
+        self.kv[slot] = (t, kv_value(prev, token, t))
+        return self.kv[slot][1]
 
     @staticmethod
     def slot(seq: Sequence, t: int) -> int:
@@ -116,6 +124,17 @@ class FakeRunner:
         entry = self.kv[self.slot(seq, t)]
         assert entry is not None and entry[0] == t, f"seq {seq.seq_id}: slot of token {t} holds {entry}"
         return entry[1]
+
+
+@dataclass
+class FakePending:
+    log: list[tuple[str, int]]
+    number: int
+    tokens: list[list[int]]
+
+    def result(self) -> tuple[list[list[int]], list[list[float]]]:
+        self.log.append(("result", self.number))
+        return self.tokens, [[-1.0] * len(t) for t in self.tokens]
 
 
 def check_block_tables(batch: list[Sequence], idle: list[Sequence], steps: list[int] | None = None) -> None:
@@ -164,6 +183,11 @@ def reference(req: Request, eos_ids=(EOS,), tokenizer=FakeTokenizer()) -> tuple[
         return completion, reason, truncate_at_stop(text, p.stop)[0]
 
 
+@pytest.fixture(params=[True, False], ids=["async", "sync"])
+def async_scheduling(request) -> bool:
+    return request.param
+
+
 def make_engine(eos_ids=(EOS,), tokenizer=None, blocks_that_fit=64, **cfg) -> tuple[LLMEngine, FakeRunner]:
     cfg.setdefault("num_blocks", 64)
     runner = FakeRunner(blocks_that_fit)
@@ -194,8 +218,8 @@ def prompt(n: int, base: int = 1) -> list[int]:
 # ---------------------------------------------------------------------- correctness
 
 
-def test_mixed_prompt_lengths_match_reference():
-    engine, runner = make_engine()
+def test_mixed_prompt_lengths_match_reference(async_scheduling):
+    engine, runner = make_engine(async_scheduling=async_scheduling)
     requests = [req(f"r{n}", prompt(n, base=n), max_tokens=3 + n % 7, seed=n) for n in (1, 3, 4, 5, 8, 13, 17, 31)]
     out = engine.generate(requests, policy_version=3)
     assert_matches_reference(requests, out)
@@ -219,8 +243,8 @@ def test_group_of_samples_computes_the_shared_prompt_once(prompt_len):
 
 
 @pytest.mark.parametrize("caching", [True, False])
-def test_tiny_pool_forces_preemption_and_outputs_still_match(caching):
-    engine, runner = make_engine(num_blocks=10, enable_prefix_caching=caching)
+def test_tiny_pool_forces_preemption_and_outputs_still_match(caching, async_scheduling):
+    engine, runner = make_engine(num_blocks=10, enable_prefix_caching=caching, async_scheduling=async_scheduling)
     requests = [req(f"p{i}", prompt(5 + i, base=i % 3), max_tokens=18, seed=i % 2) for i in range(7)]
     out = engine.generate(requests)
     assert_matches_reference(requests, out)
@@ -229,8 +253,8 @@ def test_tiny_pool_forces_preemption_and_outputs_still_match(caching):
 
 
 @pytest.mark.parametrize("decode_steps", [1, 3])
-def test_continuous_batching_admits_new_requests_as_others_finish(decode_steps):
-    engine, runner = make_engine(max_num_seqs=3, decode_steps=decode_steps)
+def test_continuous_batching_admits_new_requests_as_others_finish(decode_steps, async_scheduling):
+    engine, runner = make_engine(max_num_seqs=3, decode_steps=decode_steps, async_scheduling=async_scheduling)
     requests = [req(f"c{i}", prompt(3 + i, base=i), max_tokens=2 + 5 * (i % 3), seed=i) for i in range(9)]
     out = engine.generate(requests)
     assert_matches_reference(requests, out)
@@ -239,8 +263,8 @@ def test_continuous_batching_admits_new_requests_as_others_finish(decode_steps):
     assert joined, "no request joined while others were running"
 
 
-def test_abort_drops_a_request_and_frees_its_blocks():
-    engine, _ = make_engine()
+def test_abort_drops_a_request_and_frees_its_blocks(async_scheduling):
+    engine, _ = make_engine(async_scheduling=async_scheduling)
     # max_tokens beyond prefill + one burst of the default decode_steps: a1 is still running when aborted
     requests = [req(f"a{i}", prompt(6, base=i), max_tokens=40, seed=i) for i in range(3)]
     for q in requests:
@@ -295,11 +319,11 @@ def test_stop_strings_need_a_tokenizer():
 # ---------------------------------------------------------------------- finish reasons
 
 
-def test_eos_length_and_ignore_eos():
+def test_eos_length_and_ignore_eos(async_scheduling):
     base = req("x", prompt(7), max_tokens=30, seed=5)
     ids, _, _ = reference(base, eos_ids=())
     eos_id, k = ids[4], ids.index(ids[4])  # pretend the 5th sampled token is EOS
-    engine, _ = make_engine(eos_ids=(eos_id,))
+    engine, _ = make_engine(eos_ids=(eos_id,), async_scheduling=async_scheduling)
     stop_at_eos = req("eos", prompt(7), max_tokens=30, seed=5, ignore_eos=False)
     ignore = req("ign", prompt(7), max_tokens=30, seed=5, ignore_eos=True)
     short = req("len", prompt(7), max_tokens=3, seed=5, ignore_eos=False)
@@ -310,11 +334,11 @@ def test_eos_length_and_ignore_eos():
     assert_matches_reference([stop_at_eos, ignore, short], out, eos_ids=(eos_id,))
 
 
-def test_stop_string_cuts_text_and_keeps_the_completing_token():
+def test_stop_string_cuts_text_and_keeps_the_completing_token(async_scheduling):
     base = req("x", prompt(6, base=2), max_tokens=40, seed=9)
     ids, _, text = reference(base)
     stop = text[11:13]  # a two-character string from the middle of the completion
-    engine, _ = make_engine()
+    engine, _ = make_engine(async_scheduling=async_scheduling)
     stopped = req("st", prompt(6, base=2), max_tokens=40, seed=9, stop=(stop, "@@"))
     as_str = Request("st2", prompt(6, base=2), SamplingParams(max_tokens=40, seed=9, stop=stop, ignore_eos=True))
     out = engine.generate([stopped, as_str])
@@ -340,7 +364,7 @@ def test_a_failed_step_can_be_retried(fail_on_call):
             return method(*args)
         return call
 
-    runner.run, runner.decode = flaky(runner.run), flaky(runner.decode)
+    runner.launch = flaky(runner.launch)
     requests = [req(f"x{j}", prompt(10), max_tokens=5, seed=j) for j in range(3)]
     for q in requests:
         engine.add_request(q)
@@ -353,15 +377,67 @@ def test_a_failed_step_can_be_retried(fail_on_call):
     assert engine.block_manager.num_free_blocks == 64
 
 
+def test_async_scheduling_launches_the_next_step_before_reading_the_last_one(async_scheduling):
+    engine, runner = make_engine(async_scheduling=async_scheduling, decode_steps=3)
+    requests = [req(f"o{i}", prompt(5 + i), max_tokens=11, seed=i) for i in range(3)]
+    assert_matches_reference(requests, engine.generate(requests))
+    order = {event: i for i, event in enumerate(runner.log)}
+    launches = len(runner.calls)
+    assert launches >= 4 and all(("result", n) in order for n in range(1, launches + 1))
+    if async_scheduling:  # launch n+1 goes out before the tokens of launch n are read
+        assert all(order[("launch", n + 1)] < order[("result", n)] for n in range(1, launches))
+    else:
+        assert all(order[("result", n)] < order[("launch", n + 1)] for n in range(1, launches))
+
+
+def test_a_failed_read_back_abandons_the_steps_in_flight_and_they_run_again():
+    engine, runner = make_engine(decode_steps=2)
+    requests = [req(f"f{i}", prompt(6 + i), max_tokens=9, seed=i) for i in range(3)]
+    for q in requests:
+        engine.add_request(q)
+    done = engine.step() + engine.step()  # a prefill read back, a decode burst in flight
+    launch = runner.launch
+
+    def broken_read(*args):
+        pending = launch(*args)
+        pending.result = lambda: (_ for _ in ()).throw(RuntimeError("device lost"))
+        return pending
+
+    runner.launch = broken_read
+    done += engine.step()  # launches a burst that cannot be read, reads the good one before it
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()  # launches another, then fails to read the one before: both are abandoned
+    assert all(s.num_pending == 0 for s in engine.scheduler.running)
+    runner.launch = launch
+    while engine.has_unfinished():
+        done += engine.step()
+    assert_matches_reference(requests, sorted(done, key=lambda r: r.request_id))
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_sleep_reads_back_the_step_in_flight_first():
+    engine, runner = make_engine(decode_steps=2)
+    requests = [req(f"z{i}", prompt(5 + i), max_tokens=2, seed=i) for i in range(2)]
+    for q in requests:
+        engine.add_request(q)
+    done = engine.step() + engine.step()  # the prefill read back; a burst that finishes both is in flight
+    assert not done and runner.log[-2:] == [("launch", 2), ("result", 1)]
+    engine.sleep()
+    assert runner.log[-1] == ("result", 2) and not engine.scheduler.has_unfinished()
+    engine.wake()
+    done += engine.step()
+    assert_matches_reference(requests, sorted(done, key=lambda r: r.request_id))
+
+
 def test_generate_that_fails_leaves_a_clean_engine():
     engine, runner = make_engine()
     engine.add_request(req("bad-outside", []))  # an error rollout waiting for step()
-    run = runner.run
-    runner.run = lambda *args: (_ for _ in ()).throw(RuntimeError("device lost"))
+    launch = runner.launch
+    runner.launch = lambda *args: (_ for _ in ()).throw(RuntimeError("device lost"))
     with pytest.raises(RuntimeError, match="device lost"):
         engine.generate([req("a", prompt(6)), req("b", prompt(7))])
     assert engine.block_manager.num_free_blocks == 64 and not engine.scheduler.has_unfinished()
-    runner.run = run
+    runner.launch = launch
     assert [r.request_id for r in engine.step()] == ["bad-outside"]
     requests = [req("a", prompt(6)), req("b", prompt(7))]
     assert_matches_reference(requests, engine.generate(requests))

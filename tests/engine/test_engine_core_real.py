@@ -68,3 +68,16 @@ def test_preemption_matches_hf(model):
     out = backend.generate(requests)
     assert backend.stats()["preemptions"] > 0
     check(model, requests, out)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_bursts_and_joining_requests_match_hf_with_or_without_async_scheduling(model, async_scheduling):
+    """Default engine (CUDA graphs on a GPU): at most 3 sequences at once, so requests join while a burst of the
+    others is in flight, and bursts start from tokens still pending on the device."""
+    rng = random.Random(2)
+    config = EngineConfig(block_size=4, num_blocks=128, decode_steps=4, max_num_seqs=3,
+                          async_scheduling=async_scheduling)
+    backend = EngineBackend(model, None, config)
+    requests = [greedy(f"b{i}", [rng.randrange(3, 128) for _ in range(3 + 2 * i)], 5 + 3 * i) for i in range(6)]
+    check(model, requests, backend.generate(requests))
+    backend.close()
