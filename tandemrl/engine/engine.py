@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
 import operator
 from typing import Any, Protocol, Sequence as Seq
 
@@ -50,8 +49,10 @@ class ModelRunnerProtocol(Protocol):
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int: ...
 
 
-@dataclass
+@dataclasses.dataclass
 class _Launched:
+    """A step the runner has launched, its tokens not yet read back."""
+
     batch: ScheduledBatch
     pending: PendingTokens
 

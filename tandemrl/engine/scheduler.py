@@ -6,6 +6,9 @@ the last sampled token back on the device; a sequence's burst never passes its `
 the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a prefill is admitted whatever
 its length, so a long prompt is never starved by the budget.
 
+With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
+device: sequences count them as pending placeholders, and ``postprocess_steps`` puts the real ones in their place.
+
 Preemption is by recomputation: when a decode step cannot give a sequence its next block, the most recently
 added running sequence gives all its blocks back and returns to the FRONT of the waiting queue, keeping its
 generated tokens; its next prefill recomputes them (often partly from the prefix cache).
