@@ -179,24 +179,24 @@ class Scheduler:
         for seq, tokens, lps in zip(seqs, token_ids, logprobs):
             if seq.is_finished:
                 continue
-            later = _later_pending(seq, len(tokens))
             params = seq.params
             # Fast path, most sequences of most steps: nothing in this burst can finish them.
-            if (not params.stop and seq.num_completion_tokens + len(tokens) < params.max_tokens
+            known = seq.num_known_tokens - seq.num_prompt_tokens
+            if (not params.stop and known + len(tokens) < params.max_tokens
                     and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
-                seq.token_ids.extend(tokens)
-                seq.logprobs.extend(lps)
-            else:
-                for token, logprob in zip(tokens, lps):
-                    seq.append_token(token, logprob)
-                    reason = self._finish_reason(seq, seq.token_ids[-1])
-                    if reason is not None:
-                        seq.status = SequenceStatus.FINISHED
-                        seq.finish_reason = reason
-                        self.block_manager.register_finished(seq)
-                        self.block_manager.deallocate(seq)
-                        finished.append(seq)
-                        break
+                seq.add_tokens(tokens, lps)
+                continue
+            later = _later_pending(seq, len(tokens))  # the stop checks below read the completion's tail
+            for token, logprob in zip(tokens, lps):
+                seq.append_token(token, logprob)
+                reason = self._finish_reason(seq, seq.token_ids[-1])
+                if reason is not None:
+                    seq.status = SequenceStatus.FINISHED
+                    seq.finish_reason = reason
+                    self.block_manager.register_finished(seq)
+                    self.block_manager.deallocate(seq)
+                    finished.append(seq)
+                    break
             if later and not seq.is_finished:
                 seq.add_pending(later)
         if finished:

@@ -76,6 +76,21 @@ class Sequence:
         self.logprobs.extend([math.nan] * n)
         self.num_pending += n
 
+    def add_tokens(self, token_ids: list[int], logprobs: list[float]) -> None:
+        """Append a step's tokens in place of the oldest pending placeholders, or at the end if none are pending."""
+        n = len(token_ids)
+        if not self.num_pending:
+            self.token_ids.extend(token_ids)
+            self.logprobs.extend(logprobs)
+            return
+        if n > self.num_pending:
+            raise RuntimeError(f"sequence {self.seq_id} got {n} tokens for {self.num_pending} pending placeholders")
+        start = len(self.token_ids) - self.num_pending
+        self.token_ids[start:start + n] = token_ids
+        first = start - self.num_prompt_tokens
+        self.logprobs[first:first + n] = logprobs
+        self.num_pending -= n
+
     def drop_pending(self) -> int:
         """Remove every placeholder (the step results are appended in their place); returns how many there were."""
         n = self.num_pending
