@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from bench.kernel_sweep import per_layer_us
-from tandemrl.engine import triton_attention
+from tandemrl.engine.kernels import triton_attention
 
 
 def caches_for(layout: str, blocks: int, layers: int) -> list[torch.Tensor]:

@@ -15,8 +15,8 @@ import torch
 
 from bench.engine_throughput import decode_floor_s, measured_bandwidth, random_prompts
 from bench.grpo_step import ARCHITECTURES, build_model
-from tandemrl.engine.forward import compute_logits
-from tandemrl.engine.model_runner import ModelRunner
+from tandemrl.engine.model.forward import compute_logits
+from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.sequence import Sequence
 from tandemrl.types import SamplingParams
 

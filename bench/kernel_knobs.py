@@ -16,8 +16,8 @@ import torch
 from bench.decode_breakdown import prefilled, wall_ms
 from bench.engine_throughput import decode_floor_s, measured_bandwidth, random_prompts
 from bench.grpo_step import build_model
-from tandemrl.engine import fused_linear, triton_attention
-from tandemrl.engine.model_runner import ModelRunner
+from tandemrl.engine.kernels import fused_linear, triton_attention
+from tandemrl.engine.model.runner import ModelRunner
 
 # name -> ({(module, constant): value}, decode steps per burst)
 SETTINGS: dict[str, tuple[dict[tuple[object, str], object], int]] = {

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from bench.grpo_step import build_model
-from tandemrl.engine import fused_linear, triton_attention
-from tandemrl.engine.fused_linear import LinearTiles
+from tandemrl.engine.kernels import fused_linear, triton_attention
+from tandemrl.engine.kernels.fused_linear import LinearTiles
 
 
 def per_layer_us(op, layers, reps: int = 20) -> float:

@@ -23,8 +23,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from bench.grpo_step import build_model
 from bench.kernel_sweep import per_layer_us
-from tandemrl.engine import fused_linear
-from tandemrl.engine.fused_linear import LinearTiles
+from tandemrl.engine.kernels import fused_linear
+from tandemrl.engine.kernels.fused_linear import LinearTiles
 
 
 @triton.jit

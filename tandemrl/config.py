@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tandemrl.engine.config import EngineConfig
 
 
 class ConfigError(ValueError):
@@ -62,22 +65,6 @@ class RolloutConfig(Section):
     max_batch_size: int = Field(256, ge=1)
 
 
-class EngineSection(Section):
-    """The paged rollout engine (rollout.backend = "engine")."""
-
-    block_size: int = Field(16, ge=1)
-    num_blocks: int | None = Field(None, ge=1, description="KV blocks; None = gpu_memory_utilization of the GPU")
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(16384, ge=1)
-    enable_prefix_caching: bool = True
-    cuda_graphs: bool = True
-    decode_steps: int = Field(32, ge=1, description="decode steps per engine step: host work once per burst")
-    async_scheduling: bool = True  # launch each step before reading back the previous one's tokens
-    fused_kernels: bool = True  # Triton add+RMSNorm, RoPE and SiLU*mul in decode (CUDA only)
-    compile_decode: bool = False  # experimental: torch.compile the decode forward before graph capture
-
-
 class RewardConfig(Section):
     # name (registered, or "package.module:function") -> weight
     weights: dict[str, float] = {"accuracy": 1.0}
@@ -128,12 +115,20 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
-    engine: EngineSection = EngineSection()
+    engine: EngineConfig = EngineConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> Config:
+        try:
+            self.engine.validate()
+        except ValueError as err:
+            raise ValueError(str(err).replace("EngineConfig.", "engine.")) from None
+        return self
 
     @model_validator(mode="after")
     def _check_batching(self) -> Config:
@@ -220,25 +215,36 @@ def _describe(err: ValidationError) -> str:
     messages = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "config"
-        if e["type"] == "extra_forbidden":
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             messages.append(_unknown_key_message(e["loc"]))
+        elif not e["loc"]:  # a check across fields: its message names the keys
+            messages.append(str(e.get("ctx", {}).get("error", e["msg"])))
         else:
             messages.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
     return "invalid config:\n  " + "\n  ".join(messages)
 
 
 def _unknown_key_message(loc: tuple[Any, ...]) -> str:
-    model: type[BaseModel] = Config
+    section: type = Config
     for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+        field = _field_names(section).get(str(part))
+        if field is None or not _field_names(field):
             break
-        model = field.annotation
-    valid = list(model.model_fields)
+        section = field
+    valid = list(_field_names(section))
     key = ".".join(str(p) for p in loc)
     hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
     suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
     return f"unknown config key {key!r}{suggestion}; valid keys here: {', '.join(valid)}"
+
+
+def _field_names(section: Any) -> dict[str, Any]:
+    """A section's keys and their types: a pydantic model's fields or a dataclass's ({} for a plain value)."""
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        return {name: f.annotation for name, f in section.model_fields.items()}
+    if dataclasses.is_dataclass(section):
+        return {f.name: f.type for f in dataclasses.fields(section)}
+    return {}
 
 
 def _emit_table(table: dict[str, Any], prefix: list[str], lines: list[str]) -> None:

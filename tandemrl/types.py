@@ -41,8 +41,71 @@ class Request:
 
 
 @dataclass
+class RequestStats:
+    """What serving one request cost: times (seconds, from the engine's clock), tokens, cache reuse, KV memory.
+
+    Times are measured on the host when the engine learns of an event (a token is known once its step is read
+    back), so they include the asynchronous scheduler's one step of delay. ``drafted_tokens``/``accepted_tokens``
+    count speculative proposals and how many of them the target kept (0 without speculation).
+    """
+
+    arrival_time: float = 0.0  # when the request was added
+    first_scheduled_time: float | None = None  # when its first prefill was launched
+    first_token_time: float | None = None  # when its first generated token reached the host
+    finished_time: float | None = None  # when its last token reached the host
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache (at the first prefill)
+    kv_blocks: int = 0  # KV blocks held now (0 once finished)
+    peak_kv_blocks: int = 0
+    kv_block_bytes: int = 0  # bytes of one KV block over every model slot: blocks x this = KV memory
+    preemptions: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def queue_time(self) -> float:
+        return _elapsed(self.arrival_time, self.first_scheduled_time)
+
+    @property
+    def time_to_first_token(self) -> float:
+        return _elapsed(self.arrival_time, self.first_token_time)
+
+    @property
+    def latency(self) -> float:
+        """Arrival to the last token."""
+        return _elapsed(self.arrival_time, self.finished_time)
+
+    @property
+    def peak_kv_mb(self) -> float:
+        return self.peak_kv_blocks * self.kv_block_bytes / 2**20
+
+    @property
+    def kv_mb(self) -> float:
+        return self.kv_blocks * self.kv_block_bytes / 2**20
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+
+def _elapsed(start: float, end: float | None) -> float:
+    return end - start if end is not None else 0.0
+
+
+@dataclass
 class Rollout:
-    """One finished completion, as the rollout backend returns it."""
+    """One finished completion, as the rollout backend returns it.
+
+    ``logprobs[i]`` is the log-prob of ``completion_ids[i]`` under the distribution it was sampled from (after
+    temperature; top-k/top-p renormalised). ``loss_weights[i]`` is that token's weight in the loss: 1.0 for tokens
+    the trained policy wrote; tandem rollouts give frozen-written tokens less, tool output gets 0. Empty means all
+    1.0. ``policy_version`` names the weights that sampled it.
+    """
 
     request_id: str
     prompt_ids: list[int]
@@ -52,6 +115,17 @@ class Rollout:
     text: str = ""
     policy_version: int = 0
     error: str | None = None
+    loss_weights: list[float] = field(default_factory=list)  # per completion token; empty = all 1.0
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def token_weights(self) -> list[float]:
+        """The loss weight of every completion token (1.0 where none was set)."""
+        if not self.loss_weights:
+            return [1.0] * len(self.completion_ids)
+        if len(self.loss_weights) != len(self.completion_ids):
+            raise ValueError(f"rollout {self.request_id}: {len(self.loss_weights)} loss weights for "
+                             f"{len(self.completion_ids)} completion tokens")
+        return list(self.loss_weights)
 
 
 @dataclass

@@ -23,7 +23,7 @@ class EngineBackend:
 
     def __init__(self, model: nn.Module, tokenizer: Any, engine_config: EngineConfig | None = None,
                  device: torch.device | str | None = None) -> None:
-        from tandemrl.engine.model_runner import ModelRunner  # lazy: the runner pulls in the attention kernels
+        from tandemrl.engine.model.runner import ModelRunner  # lazy: the runner pulls in the attention kernels
 
         config = dataclasses.replace(engine_config) if engine_config is not None else EngineConfig()
         if config.max_model_len is None:
@@ -33,7 +33,7 @@ class EngineBackend:
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.runner = ModelRunner(model, self.device, config.block_size, max_model_len=config.max_model_len,
-                                  enforce_eager=not config.cuda_graphs, compile_decode=config.compile_decode,
+                                  enforce_eager=not config.cuda_graphs,
                                   fused_kernels=config.fused_kernels)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)

@@ -9,7 +9,7 @@ position ids are ``cumsum(mask) - 1``; after one prefill forward every row gets 
 Finished rows are fed a masked pad token until the whole chunk is done. Whether all rows are done (a host
 sync on GPU) and stop strings (a copy of the tokens to the host) are checked every ``stop_check_interval``
 steps; stopping later than the stop string does not change the result, since the completion is cut back
-afterwards (see ``tandemrl.backends.stopping`` for where a stop string cuts ids and text).
+afterwards (see ``tandemrl.engine.stopping`` for where a stop string cuts ids and text).
 
 Seeding: when any request of a chunk carries a seed, the chunk samples with ONE ``torch.Generator`` on the
 model's device seeded from the first seeded request of that chunk; same requests + same seed + same batch
@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from tandemrl.backends.sampler import sample_tokens
-from tandemrl.backends.stopping import find_stop, tokens_to_keep, truncate_at_stop, validate_stop
+from tandemrl.engine.model.sampler import sample_tokens
+from tandemrl.engine.stopping import find_stop, tokens_to_keep, truncate_at_stop, validate_stop
 from tandemrl.types import Request, Rollout, SamplingParams
 
 # Per-row finish codes, kept on the device during decoding.

@@ -1,6 +1,6 @@
 """The rollout engine: paged KV cache, continuous batching, prefix sharing, CUDA graphs.
 
-``step()`` = schedule -> run -> postprocess. The model runner (tandemrl.engine.model_runner) is imported
+``step()`` = schedule -> run -> postprocess. The model runner (tandemrl.engine.model.runner) is imported
 lazily by tandemrl.backends.engine_backend, so this package imports without it.
 """
 

@@ -13,7 +13,13 @@ class EngineConfig:
     (on CPU, the runner's own default). ``max_num_batched_tokens`` bounds the tokens COMPUTED by one prefill
     step (prefix-cache hits are free); a single sequence longer than it still runs, alone in its step.
     ``max_model_len=None`` means no limit beyond the pool's size (the backend fills in the model's own).
+
+    The main config nests this class as its ``engine`` section (validated there by pydantic, which reads the field
+    types; ``__pydantic_config__`` makes an unknown key an error), and it reaches the engine and the model runner
+    whole.
     """
+
+    __pydantic_config__ = {"extra": "forbid"}
 
     block_size: int = 16
     num_blocks: int | None = None
@@ -32,9 +38,6 @@ class EngineConfig:
     # postprocessing overlap the device's work. A sequence stopped by EOS or a stop string may compute one burst
     # more than it needed (dropped).
     async_scheduling: bool = True
-    # torch.compile the graphed decode forward (CUDA only). Off by default: on torch 2.11 inductor fails on the
-    # Triton paged-decode launcher and the fallback (attention outside the compiled graph) was slower (H100, 2026-11-22).
-    compile_decode: bool = False
     max_model_len: int | None = None
     # Triton kernels for RMSNorm + residual add, RoPE and the SiLU product (CUDA with Triton only; CPU: torch ops).
     fused_kernels: bool = True
@@ -55,7 +58,7 @@ class EngineConfig:
                              f"max_num_seqs ({self.max_num_seqs})")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
-        for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "compile_decode", "fused_kernels"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -18,7 +18,7 @@ import itertools
 import operator
 from typing import Any, Protocol, Sequence as Seq
 
-from tandemrl.backends.stopping import truncate_at_stop, validate_stop
+from tandemrl.engine.stopping import truncate_at_stop, validate_stop
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import ScheduledBatch, Scheduler

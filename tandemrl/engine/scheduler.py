@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Iterable, NamedTuple, Sequence as Seq
 
-from tandemrl.backends.stopping import find_stop, tokens_to_keep
+from tandemrl.engine.stopping import find_stop, tokens_to_keep
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tandemrl.engine import fused
+from tandemrl.engine.kernels import fused
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = fused.triton is not None and os.environ.get("TRITON_INTERPRET") == "1" and not HAS_CUDA

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tandemrl.backends.stopping import find_stop, truncate_at_stop
+from tandemrl.engine.stopping import find_stop, truncate_at_stop
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.sequence import PENDING_TOKEN, Sequence
@@ -532,7 +532,7 @@ def test_engine_backend_wires_the_runner(monkeypatch):
         made.append(FakeRunner(blocks_that_fit=32))
         return made[-1]
 
-    monkeypatch.setitem(sys.modules, "tandemrl.engine.model_runner", types.SimpleNamespace(ModelRunner=fake_runner))
+    monkeypatch.setitem(sys.modules, "tandemrl.engine.model.runner", types.SimpleNamespace(ModelRunner=fake_runner))
     model = _TinyModel().train()
     backend = EngineBackend(model, FakeTokenizer(), EngineConfig(block_size=BS))
     assert isinstance(backend, RolloutBackend)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-pytest.importorskip("tandemrl.engine.model_runner")
+pytest.importorskip("tandemrl.engine.model.runner")
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from tandemrl.backends.engine_backend import EngineBackend  # noqa: E402

@@ -13,9 +13,9 @@ from torch import Tensor, nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, apply_rotary_pos_emb
 
-from tandemrl.engine import fused as fk
-from tandemrl.engine.attention import store_kv
-from tandemrl.engine.model_runner import ModelRunner
+from tandemrl.engine.kernels import fused as fk
+from tandemrl.engine.model.attention import store_kv
+from tandemrl.engine.model.runner import ModelRunner
 from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, needs_kernels
 
 needs_cuda = pytest.mark.skipif(not HAS_CUDA or fk.triton is None, reason="needs a CUDA device and Triton")

@@ -13,9 +13,9 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
-from tandemrl.engine import fused as fk
-from tandemrl.engine import fused_linear as fl
-from tandemrl.engine import model_runner as mr
+from tandemrl.engine.kernels import fused as fk
+from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.model import runner as mr
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
 from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, INTERPRET, needs_kernels
 

@@ -20,8 +20,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from tandemrl.engine.cuda_graphs import DecodeGraphs
-from tandemrl.engine.model_runner import CPU_KV_BUDGET_BYTES, ModelRunner
+from tandemrl.engine.model.cuda_graphs import DecodeGraphs
+from tandemrl.engine.model.runner import CPU_KV_BUDGET_BYTES, ModelRunner
 from tandemrl.engine.sequence import Sequence
 from tandemrl.types import SamplingParams
 

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-import tandemrl.engine.triton_attention as triton_attention
-from tandemrl.engine.attention import (
+import tandemrl.engine.kernels.triton_attention as triton_attention
+from tandemrl.engine.model.attention import (
     DecodeMeta,
     build_prefill_meta,
     decode_attention,
@@ -17,7 +17,7 @@ from tandemrl.engine.attention import (
     sdpa_decode,
     store_kv,
 )
-from tandemrl.engine.triton_attention import (
+from tandemrl.engine.kernels.triton_attention import (
     decode_splits,
     triton_decode_available,
     triton_paged_decode,
@@ -91,7 +91,7 @@ def test_prefill_matches_dense(H, kvh, window):
 
 def test_prefill_chunks_agree(monkeypatch):
     """A batch split into several SDPA calls computes what one call does."""
-    import tandemrl.engine.attention as attention
+    import tandemrl.engine.model.attention as attention
 
     torch.manual_seed(1)
     D, H, kvh = 8, 4, 2

@@ -12,8 +12,8 @@ import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
-from tandemrl.backends.sampler import sample_tokens
-from tandemrl.engine import triton_sampler as ts
+from tandemrl.engine.model.sampler import sample_tokens
+from tandemrl.engine.kernels import triton_sampler as ts
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = ts.triton is not None and os.environ.get("TRITON_INTERPRET") == "1" and not HAS_CUDA

@@ -23,17 +23,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tandemrl.backends.sampler import sample_tokens
-from tandemrl.engine.attention import DecodeMeta, build_prefill_meta
-from tandemrl.engine.compile import CompiledDecode
-from tandemrl.engine.cuda_graphs import DecodeGraphs, batch_bucket
-from tandemrl.engine.decode_plan import DecodePlan, build_decode_plan
-from tandemrl.engine.fused import fused_available
-from tandemrl.engine.forward import compute_logits, forward_hidden, inspect_decoder
-from tandemrl.engine.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
+from tandemrl.engine.model.sampler import sample_tokens
+from tandemrl.engine.model.attention import DecodeMeta, build_prefill_meta
+from tandemrl.engine.model.cuda_graphs import DecodeForward, DecodeGraphs, batch_bucket
+from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
+from tandemrl.engine.kernels.fused import fused_available
+from tandemrl.engine.model.forward import compute_logits, forward_hidden, inspect_decoder
+from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.sequence import Sequence
-from tandemrl.engine.triton_attention import triton_decode_available
-from tandemrl.engine.triton_sampler import fused_sample, fused_sample_available
+from tandemrl.engine.kernels.triton_attention import triton_decode_available
+from tandemrl.engine.kernels.triton_sampler import fused_sample, fused_sample_available
 from tandemrl.types import SamplingParams
 
 StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or None for the staged ones) -> hidden
@@ -49,9 +48,7 @@ class ModelRunner:
     model: the trainer's model, used in place. device: where the model lives (default: its embedding's device).
     max_model_len: longest sequence (default the config's max_position_embeddings). enforce_eager: no CUDA
     graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
-    compile_decode: compile the graphed decode forward with torch.compile before capture (CUDA graphs only;
-    falls back to eager with a warning if compilation fails, see compile.py; the compiled decode forward uses torch
-    ops instead of fused.py/fused_linear.py, which inductor fuses itself). fused_kernels: the Triton kernels of
+    fused_kernels: the Triton kernels of
     fused.py (RMSNorm + residual add, RoPE with the K/V store, SiLU product), fused_linear.py (q/k/v and gate/up
     in one launch each) and triton_sampler.py (temperature sampling from one read of the logits; top-k/top-p
     batches keep the torch sampler) on CUDA when Triton is importable; CPU keeps torch ops.
@@ -60,7 +57,7 @@ class ModelRunner:
     def __init__(
         self, model: nn.Module, device: torch.device | str | None = None, block_size: int = 16, *,
         max_model_len: int | None = None, enforce_eager: bool = False, attention_backend: str = "auto",
-        compile_decode: bool = False, fused_kernels: bool = True,
+        fused_kernels: bool = True,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -72,8 +69,6 @@ class ModelRunner:
         self.enforce_eager = enforce_eager or self.device.type != "cuda"
         self.use_triton = _pick_backend(attention_backend, self.device)
         self.fused_kernels = bool(fused_kernels) and fused_available(self.device)
-        self.compile_decode = compile_decode and self.device.type == "cuda"  # CPU keeps the eager forward
-        self._compiled: CompiledDecode | None = None  # kept across cache reallocations: compiled once
         self._sample_cols: tuple[tuple, tuple[Tensor, ...]] | None = None  # last batch's sampling columns
         self.num_blocks = 0
         self.k_caches: list[Tensor] = []
@@ -234,20 +229,10 @@ class ModelRunner:
                 use_triton=self.use_triton, warmup_stream=self._warmup_stream)
         return self._graphs
 
-    def _graph_forward(self):
-        """The decode forward the graphs capture: reads the current caches; compiled once per runner if asked.
-        A compiled forward keeps torch ops where the fused kernels would go: inductor fuses those itself, and
-        its tracing of our in-place Triton kernels on column views gave wrong tokens (torch 2.11, H100)."""
-        spec, fused = self.spec, self.fused_kernels and not self.compile_decode
-
-        def forward(input_ids: Tensor, meta: DecodeMeta, k_caches: list[Tensor], v_caches: list[Tensor]) -> Tensor:
-            return forward_hidden(spec, input_ids, meta, k_caches, v_caches, fused=fused)
-
-        if self.compile_decode and self._compiled is None:
-            self._compiled = CompiledDecode(forward)
-        inner = self._compiled if self.compile_decode else forward
-        k_caches, v_caches = self.k_caches, self.v_caches
-        return lambda input_ids, meta: inner(input_ids, meta, k_caches, v_caches)
+    def _graph_forward(self) -> DecodeForward:
+        """The decode forward the graphs capture: reads the current caches."""
+        spec, fused, k_caches, v_caches = self.spec, self.fused_kernels, self.k_caches, self.v_caches
+        return lambda input_ids, meta: forward_hidden(spec, input_ids, meta, k_caches, v_caches, fused=fused)
 
     def _block_tables(self, seqs: Seq[Sequence]) -> Tensor:
         """[S, W] long on the host: the blocks holding each context (blocks reserved beyond it are left out),

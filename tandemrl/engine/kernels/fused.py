@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tandemrl.engine import pdl
-from tandemrl.engine.attention import store_kv
+from tandemrl.engine.kernels import pdl
+from tandemrl.engine.model.attention import store_kv
 
 try:  # optional: without Triton (or off CUDA) the forward keeps its plain torch ops
     import triton

@@ -17,8 +17,6 @@ column); "later steps" holds ``[positions | slots | context_lens]`` of steps 1..
 copy moves step j's columns into place and one copies the tokens sampled at step j - 1 into ``ids``: the burst
 needs no host sync until its end.
 
-The forward may be a ``torch.compile``d callable (see compile.py): its warm-up run compiles, then we capture.
-
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
 graph's private output stays small and the sampler's generator is never captured.
 """
@@ -30,8 +28,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from tandemrl.engine.attention import DecodeMeta
-from tandemrl.engine.decode_plan import DecodePlan
+from tandemrl.engine.model.attention import DecodeMeta
+from tandemrl.engine.model.decode_plan import DecodePlan
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -143,7 +141,7 @@ class DecodeGraphs:
 
     def _capture(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         ids, meta = self.static_inputs(bucket, width)
-        # Warm up outside the capture (Triton and torch.compile compile, cuBLAS picks its workspace). It runs the
+        # Warm up outside the capture (Triton compiles, cuBLAS picks its workspace). It runs the
         # real step: the K/V it writes are the same values the replay below writes again.
         if self.warmup_stream is None:
             self.warmup_stream = torch.cuda.Stream(self.device)

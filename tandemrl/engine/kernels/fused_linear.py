@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 
-from tandemrl.engine import pdl
-from tandemrl.engine.fused import is_silu_mlp
+from tandemrl.engine.kernels import pdl
+from tandemrl.engine.kernels.fused import is_silu_mlp
 
 try:  # optional: without Triton the callers keep the module calls
     import triton

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tandemrl.engine import fused as fk
-from tandemrl.engine import fused_linear as fl
-from tandemrl.engine.attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention, store_kv
+from tandemrl.engine.kernels import fused as fk
+from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention, store_kv
 from tandemrl.models.lora import unwrap_causal_lm
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tandemrl.engine.pending import copy_to_device
-from tandemrl.engine.triton_attention import triton_paged_decode, triton_paged_prefill
+from tandemrl.engine.model.pending import copy_to_device
+from tandemrl.engine.kernels.triton_attention import triton_paged_decode, triton_paged_prefill
 
 # Bound on one prefill SDPA call's padded mask (sequences x Q*G queries x L keys); larger batches go in chunks.
 _PREFILL_MASK_ELEMENTS = 1 << 26
@@ -55,7 +55,6 @@ class DecodeMeta:
     block_tables: Tensor  # [B, W] long
     context_lens: Tensor  # [B] long: tokens in each context, the new one included (= position + 1)
     use_triton: bool = False
-    opaque_attention: bool = False  # hide the attention call from torch.compile (see compile.py)
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -159,21 +158,9 @@ def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta, scale: float, window: int | None
 ) -> Tensor:
     """q [B, H, D] (one token per sequence, at position context_len - 1) -> [B, H, D]."""
-    if meta.opaque_attention:
-        return _opaque_decode_attention(q, k_cache, v_cache, meta, scale, window)
-    return _decode_attention(q, k_cache, v_cache, meta, scale, window)
-
-
-def _decode_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta, scale: float, window: int | None
-) -> Tensor:
     if meta.use_triton:
         return triton_paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
     return sdpa_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
-
-
-# torch.compile runs this eagerly (a graph break) when it cannot trace the Triton launcher.
-_opaque_decode_attention = torch.compiler.disable(_decode_attention)
 
 
 def sdpa_decode(

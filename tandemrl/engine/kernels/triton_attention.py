@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from tandemrl.engine import pdl
+from tandemrl.engine.kernels import pdl
 
 if TYPE_CHECKING:
-    from tandemrl.engine.attention import PrefillMeta
+    from tandemrl.engine.model.attention import PrefillMeta
 
 try:  # optional: without Triton the SDPA paths of attention.py serve
     import triton

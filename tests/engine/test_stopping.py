@@ -1,6 +1,6 @@
 import pytest
 
-from tandemrl.backends.stopping import find_stop, tokens_to_keep, truncate_at_stop, validate_stop
+from tandemrl.engine.stopping import find_stop, tokens_to_keep, truncate_at_stop, validate_stop
 
 PIECES = {0: "ab", 1: "c", 2: "de", 3: "f", 4: "gh", 5: ""}
 

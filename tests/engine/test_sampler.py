@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tandemrl.backends.sampler import sample_tokens
+from tandemrl.engine.model.sampler import sample_tokens
 
 LOGITS = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0]
 N = 20_000

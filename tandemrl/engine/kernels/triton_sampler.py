@@ -1,6 +1,6 @@
 """Triton sampler for the decode step: the sampled token and its log-probability from one read of the logits.
 
-Same results as ``backends.sampler.sample_tokens(..., apply_filters=False)`` (temperature only, no top-k/top-p):
+Same results as ``engine.model.sampler.sample_tokens(..., apply_filters=False)`` (temperature only, no top-k/top-p):
 sampled rows draw from ``softmax(logits / T)`` and report ``log_softmax(logits / T)[token]``; rows with ``T <= 0``
 are greedy: ``argmax(logits)`` (first index of the maximum, as torch) with ``log_softmax(logits)`` at it.
 
@@ -39,7 +39,7 @@ import os
 import torch
 from torch import Tensor
 
-from tandemrl.engine import pdl
+from tandemrl.engine.kernels import pdl
 
 try:  # optional: without Triton (or off CUDA) callers keep the torch sampler
     import triton

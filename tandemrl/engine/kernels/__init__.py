@@ -1,0 +1,1 @@
+"""Triton kernels of the engine (paged attention, sampler, fused norm/RoPE/activation, grouped projections, PDL)."""
