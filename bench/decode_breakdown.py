@@ -17,6 +17,7 @@ from bench.engine_throughput import decode_floor_s, measured_bandwidth, random_p
 from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.engine.model.forward import compute_logits
 from tandemrl.engine.model.runner import ModelRunner
+from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence
 from tandemrl.types import SamplingParams
 
@@ -61,11 +62,11 @@ def prefilled(runner: ModelRunner, prompts: list[list[int]], block_size: int) ->
 
 def profile_forward(runner: ModelRunner, seqs: list[Sequence]) -> None:
     """Kernels of one eager decode step (what the graph replays), by total device time."""
-    runner.enforce_eager = True
+    runner.target.enforce_eager = True
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         runner.run(seqs, False)
         torch.cuda.synchronize()
-    runner.enforce_eager = False
+    runner.target.enforce_eager = False
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=70))
 
 
@@ -83,17 +84,17 @@ def main() -> None:
     bandwidth = measured_bandwidth(device)
     rows = []
     for batch in args.batches:
-        runner = ModelRunner(model, device, 16)
+        runner = ModelRunner(model, EngineConfig(block_size=16), device)
         runner.allocate_kv_cache(batch * (-(-(args.prompt_len + 1024) // 16)))
         seqs = prefilled(runner, random_prompts(batch, args.prompt_len, model.config.vocab_size, batch), 16)
         for _ in range(3):
             runner.run(seqs, False)  # capture and warm up; the same position is rewritten each time
         torch.cuda.synchronize()
-        graph, out = next(iter(runner._graphs.graphs.values()))
+        graph, out = next(iter(runner.target.graphs.graphs.values()))
         forward_ms = event_ms(graph.replay, 50)
         hidden = out[:batch]
         with torch.inference_mode():
-            sample = runner._sampler(seqs)
+            sample = runner.sampler.for_rows(seqs)
             sample_ms = event_ms(lambda: sample(compute_logits(runner.spec, hidden)), 50)
         step_ms = wall_ms(lambda: runner.run(seqs, False), 50)
         burst_ms = wall_ms(lambda: runner.decode(seqs, [args.decode_steps] * batch), 10) / args.decode_steps

@@ -18,6 +18,7 @@ from bench.engine_throughput import decode_floor_s, measured_bandwidth, random_p
 from bench.grpo_step import build_model
 from tandemrl.engine.kernels import fused_linear, triton_attention
 from tandemrl.engine.model.runner import ModelRunner
+from tandemrl.engine.config import EngineConfig
 
 # name -> ({(module, constant): value}, decode steps per burst)
 SETTINGS: dict[str, tuple[dict[tuple[object, str], object], int]] = {
@@ -33,7 +34,7 @@ CONTEXT = 384
 
 
 def burst_ms(model, batch: int, steps: int) -> float:
-    runner = ModelRunner(model, "cuda", 16)
+    runner = ModelRunner(model, EngineConfig(block_size=16), "cuda")
     runner.allocate_kv_cache(batch * -(-(CONTEXT + 1024) // 16))
     seqs = prefilled(runner, random_prompts(batch, CONTEXT, model.config.vocab_size, batch), 16)
     runner.decode(seqs, [steps] * batch)  # capture and compile

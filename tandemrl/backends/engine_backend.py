@@ -32,9 +32,7 @@ class EngineBackend:
         config.validate()
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.runner = ModelRunner(model, self.device, config.block_size, max_model_len=config.max_model_len,
-                                  enforce_eager=not config.cuda_graphs,
-                                  fused_kernels=config.fused_kernels)
+        self.runner = ModelRunner(model, config, self.device)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer))

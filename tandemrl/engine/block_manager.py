@@ -11,6 +11,11 @@ the current step, will be) written for exactly that content:
   reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill,
   nor blocks holding tokens still pending on the device (their ids are not known yet).
 A freed block keeps its digest and can be revived by a later hit until it is handed out for new content.
+
+Cached K/V belongs to the weights that computed it: every digest chain starts from a root named by the weights
+version (``set_weights_version``) current when the sequence was allocated and by the sequence's policy version, so
+after the weights change (an optimizer step, a loaded state dict, a LoRA adapter switched) no new sequence can hit a
+block computed with the old ones.
 Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
 """
 
@@ -23,7 +28,9 @@ from dataclasses import dataclass
 
 from tandemrl.engine.sequence import Sequence
 
-_ROOT = b""  # parent digest of a sequence's first block
+def weights_root(weights_version: int, policy_version: int) -> bytes:
+    """Parent digest of the first block of a sequence allocated under these versions."""
+    return struct.pack("<qq", weights_version, policy_version)
 
 
 def block_digest(parent: bytes, token_ids: list[int]) -> bytes:
@@ -55,6 +62,7 @@ class BlockManager:
         self.prefill_tokens_computed = 0  # of those, tokens not served by the prefix cache
         self.cache_hit_blocks = 0
         self.cache_queried_blocks = 0
+        self.weights_version = 0
         self.reset()
 
     def reset(self) -> None:
@@ -64,7 +72,14 @@ class BlockManager:
         self._tokens: list[tuple[int, ...] | None] = [None] * self.num_blocks  # to verify a hit
         self._cached: dict[bytes, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
-        self._digest_memo: dict[int, list[bytes]] = {}  # seq_id -> digests of its full blocks so far
+        # seq_id -> (root, digests of its full blocks so far); the root is fixed when the sequence is allocated
+        self._digest_memo: dict[int, tuple[bytes, list[bytes]]] = {}
+
+    def set_weights_version(self, version: int) -> None:
+        """From now on, sequences allocated share cached blocks only with others allocated under ``version``."""
+        if version != self.weights_version:
+            self.weights_version = version
+            self._cached.clear()  # nothing cached so far can serve the new weights
 
     def forget_cached_blocks(self) -> None:
         """Stop offering any block to later hits (e.g. after a failed step left registered blocks unwritten)."""
@@ -102,6 +117,7 @@ class BlockManager:
             if i < len(plan.digests):
                 self._register(block, plan.digests[i], self._block_tokens(seq, i))
         seq.num_cached_tokens = len(plan.hits) * self.block_size
+        _note_blocks(seq)
         self.prefill_tokens_requested += seq.num_tokens
         self.prefill_tokens_computed += seq.num_tokens - seq.num_cached_tokens
         self.cache_hit_blocks += len(plan.hits)
@@ -119,6 +135,7 @@ class BlockManager:
         self._release(seq.block_table)
         seq.block_table.clear()
         seq.num_cached_tokens = 0
+        seq.stats.kv_blocks = 0
         self._digest_memo.pop(seq.seq_id, None)
 
     def release_reserved(self, seq: Sequence) -> None:
@@ -164,8 +181,10 @@ class BlockManager:
         if self.enable_prefix_caching and computed and (
                 computed > len(table) or self._digest[table[computed - 1]] is None):
             self._register_computed_blocks(seq)
-        for _ in range(missing):
-            table.append(self._take_free_block())
+        if missing:
+            for _ in range(missing):
+                table.append(self._take_free_block())
+            _note_blocks(seq)
 
     # ------------------------------------------------------------------ helpers
 
@@ -182,13 +201,13 @@ class BlockManager:
         first = computed
         while first > 0 and self._digest[table[first - 1]] is None:
             first -= 1
-        digests = self._digest_memo.setdefault(seq.seq_id, [])
+        root, digests = self._memo(seq)
         for i in range(first, computed):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])  # sliced once: hashed and kept to verify hits
             if i >= len(digests):  # usually the next digest to compute (else hash the ones before it first)
                 if i > len(digests):
                     self._full_block_digests(seq, i)
-                digests.append(block_digest(digests[-1] if digests else _ROOT, tokens))
+                digests.append(block_digest(digests[-1] if digests else root, tokens))
             self._register(table[i], digests[i], tokens)
 
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
@@ -197,17 +216,31 @@ class BlockManager:
     def _full_block_digests(self, seq: Sequence, count: int | None = None) -> list[bytes]:
         """Digests of (at least) the first ``count`` full blocks of ``seq``, all of them by default; memoised
         per sequence (its tokens only ever grow while it holds blocks)."""
-        digests = self._digest_memo.setdefault(seq.seq_id, [])
+        root, digests = self._memo(seq)
         if count is None:
             count = len(seq.token_ids) // self.block_size
         for i in range(len(digests), count):
-            digests.append(block_digest(digests[-1] if digests else _ROOT, self._block_tokens(seq, i)))
+            digests.append(block_digest(digests[-1] if digests else root, self._block_tokens(seq, i)))
         return digests
 
+    def _memo(self, seq: Sequence) -> tuple[bytes, list[bytes]]:
+        """``seq``'s digest root (the weights version it is allocated under) and its full blocks' digests so far."""
+        memo = self._digest_memo.get(seq.seq_id)
+        if memo is None:
+            memo = self._digest_memo[seq.seq_id] = (self._root(seq), [])
+        return memo
+
+    def _root(self, seq: Sequence) -> bytes:
+        return weights_root(self.weights_version, seq.policy_version)
+
     def _plan(self, seq: Sequence) -> _Plan:
+        """(For a sequence holding no blocks.)"""
         n_blocks = seq.num_blocks(self.block_size)
         if not self.enable_prefix_caching:
             return _Plan([], [], n_blocks)
+        memo = self._digest_memo.get(seq.seq_id)
+        if memo is not None and memo[0] != self._root(seq):  # probed under older weights
+            del self._digest_memo[seq.seq_id]
         digests = self._full_block_digests(seq)
         # The block holding the last token is never looked up: prefill must compute at least that token,
         # and it must not write into a block other sequences share.
@@ -239,3 +272,11 @@ class BlockManager:
         self._digest[block] = digest
         self._tokens[block] = tuple(token_ids)
         self._cached.setdefault(digest, block)
+
+
+def _note_blocks(seq: Sequence) -> None:
+    """Keep the sequence's stats of KV blocks held (now and peak) up to date."""
+    stats = seq.stats
+    stats.kv_blocks = held = len(seq.block_table)
+    if held > stats.peak_kv_blocks:
+        stats.peak_kv_blocks = held

@@ -16,30 +16,32 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-from typing import Any, Protocol, Sequence as Seq
+import time
+from typing import Any, Callable, Hashable, Protocol, Sequence as Seq
 
-from tandemrl.engine.stopping import truncate_at_stop, validate_stop
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.scheduler import ScheduledBatch, Scheduler
+from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence
-from tandemrl.types import Request, Rollout, SamplingParams
+from tandemrl.engine.step import StepOutput, StepPlan
+from tandemrl.engine.stopping import truncate_at_stop, validate_stop
+from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
-class PendingTokens(Protocol):
-    """A launched step's sampled tokens, on their way to the host."""
+class PendingStep(Protocol):
+    """A launched step's output, on its way to the host."""
 
-    def result(self) -> tuple[list[list[int]], list[list[float]]]:
-        """Per sequence of the step: its tokens and their log-probs (waits for the device)."""
+    def result(self) -> StepOutput:
+        """Waits for the device."""
         ...
 
 
 class ModelRunnerProtocol(Protocol):
-    """What the engine needs from the model side (KV cache owner, forward, sampling)."""
+    """What the engine needs from the model side (model slots with their KV pools, forwards, sampling)."""
 
-    def launch(self, seqs: list[Sequence], steps: list[int], is_prefill: bool) -> PendingTokens:
-        """Start a prefill (one token per sequence) or a decode burst (``steps[i]`` tokens for sequence i). A
-        sequence's pending placeholders stand for tokens of the runner's previous launch, fed on the device."""
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Start ``plan`` (step.py). A sequence's pending placeholders stand for tokens of the runner's previous
+        launch, fed on the device."""
         ...
 
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
@@ -48,18 +50,26 @@ class ModelRunnerProtocol(Protocol):
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int: ...
 
+    def bytes_per_block(self) -> int:
+        """KV bytes of one block over every model slot."""
+        ...
+
+    def weights_version(self) -> Hashable:
+        """Changes whenever the weights change (cached K/V is tied to it)."""
+        ...
+
 
 @dataclasses.dataclass
 class _Launched:
     """A step the runner has launched, its tokens not yet read back."""
 
-    batch: ScheduledBatch
-    pending: PendingTokens
+    plan: StepPlan
+    pending: PendingStep
 
 
 class LLMEngine:
     def __init__(self, runner: ModelRunnerProtocol, tokenizer: Any, config: EngineConfig,
-                 eos_ids: Seq[int]) -> None:
+                 eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter) -> None:
         config.validate()
         self.runner = runner
         self.tokenizer = tokenizer
@@ -81,6 +91,9 @@ class LLMEngine:
         self._ready: list[tuple[int, Rollout]] = []  # (seq_id, rollout) not yet returned by a step
         self._in_flight: _Launched | None = None  # launched, its tokens not read back yet (async scheduling)
         self._asleep = False
+        self._clock = clock
+        self._block_bytes = runner.bytes_per_block()
+        self._weights: tuple[Hashable, int] = (runner.weights_version(), 0)  # (runner's version, our counter)
         self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
                         "errors": 0}
 
@@ -93,9 +106,10 @@ class LLMEngine:
     def _add(self, request: Request, policy_version: int) -> tuple[int, str | None]:
         seq_id = next(self._seq_ids)
         error, prompt, params = _check_request(request)
+        stats = RequestStats(arrival_time=self._clock(), prompt_tokens=len(prompt), kv_block_bytes=self._block_bytes)
         if error is None:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
-                           policy_version=policy_version)
+                           policy_version=policy_version, stats=stats)
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:
@@ -105,7 +119,7 @@ class LLMEngine:
                 return seq_id, None
         self._counts["errors"] += 1
         rollout = Rollout(str(request.request_id), list(prompt), [], [], "error",
-                          policy_version=policy_version, error=error)
+                          policy_version=policy_version, error=error, stats=stats)
         self._ready.append((seq_id, rollout))
         return seq_id, error
 
@@ -134,8 +148,10 @@ class LLMEngine:
             raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
         out, self._ready = self._ready, []
         try:
-            batch = self.scheduler.schedule(in_flight=self._in_flight is not None)
-            launched = self._launch(batch) if batch.seqs else None
+            if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
+                self._sync_weights_version()
+            plan = self.scheduler.schedule(in_flight=self._in_flight is not None)
+            launched = self._launch(plan) if plan else None
             if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests waiting")  # add() rules this out
             previous, self._in_flight = self._in_flight, launched
@@ -148,31 +164,33 @@ class LLMEngine:
             raise
         return out
 
-    def _launch(self, batch: ScheduledBatch) -> _Launched:
+    def _launch(self, plan: StepPlan) -> _Launched:
         try:
-            pending = self.runner.launch(batch.seqs, batch.steps, batch.is_prefill)
+            pending = self.runner.launch(plan)
         except BaseException:
-            if batch.is_prefill:  # nothing was computed: requeue the batch and unpublish what it registered
+            if plan.is_prefill:  # nothing was computed: requeue the batch and unpublish what it registered
                 self.block_manager.forget_cached_blocks()
-                self.scheduler.requeue(batch.seqs)
+                self.scheduler.requeue(plan.seqs)
             raise  # a failed decode launch leaves its sequences as they were: the same step can run again
-        for seq, steps in zip(batch.seqs, batch.steps):
-            seq.add_pending(steps)
-        self._count_step(batch.steps, batch.is_prefill)
-        return _Launched(batch, pending)
+        for seq, n in zip(plan.seqs, plan.num_tokens):
+            seq.add_pending(n)
+        if plan.is_prefill:
+            _note_first_prefill(plan.seqs, self._clock())
+        self._count_step(plan)
+        return _Launched(plan, pending)
 
     def _complete(self, launched: _Launched) -> list[tuple[int, Rollout]]:
         """Read a launched step's tokens back and postprocess them; the rollouts of the sequences it finished. If
         the read fails, every step in flight is abandoned (its sequences are as before it was launched)."""
         try:
-            token_ids, logprobs = launched.pending.result()
+            output = launched.pending.result()
         except BaseException:
             for step in (launched, self._in_flight):
                 if step is not None:
                     self._abandon(step)
             self._in_flight = None
             raise
-        finished = self.scheduler.postprocess_steps(launched.batch.seqs, token_ids, logprobs)
+        finished = self.scheduler.postprocess(launched.plan, output, self._clock())
         out = []
         for seq in finished:
             self._live.pop(seq.seq_id, None)
@@ -180,11 +198,11 @@ class LLMEngine:
         return out
 
     def _abandon(self, launched: _Launched) -> None:
-        seqs = [s for s in launched.batch.seqs if not s.is_finished]
+        seqs = [s for s in launched.plan.seqs if not s.is_finished]
         for seq in seqs:
             seq.drop_pending()
             self.block_manager.release_reserved(seq)
-        if launched.batch.is_prefill:
+        if launched.plan.is_prefill:
             self.block_manager.forget_cached_blocks()
             self.scheduler.requeue(seqs)
 
@@ -227,6 +245,24 @@ class LLMEngine:
         for seq_id in seq_ids & self._live.keys():
             self.scheduler.abort(self._live.pop(seq_id))
 
+    # ------------------------------------------------------------------ weights
+
+    def _sync_weights_version(self) -> None:
+        """Tie the sequences allocated from now on to the current weights (block_manager.py): after the weights
+        changed in place, no cached block computed with the old ones can serve a new prompt."""
+        version, counter = self._weights
+        current = self.runner.weights_version()
+        if current != version:
+            self._weights = (current, counter + 1)
+            self.block_manager.set_weights_version(counter + 1)
+
+    def invalidate_prefix_cache(self) -> None:
+        """For a weight change the runner cannot see (a write through ``param.data``): new prompts reuse no cached
+        block computed so far."""
+        version, counter = self._weights
+        self._weights = (version, counter + 1)
+        self.block_manager.set_weights_version(counter + 1)
+
     # ------------------------------------------------------------------ memory
 
     def sleep(self) -> None:
@@ -266,13 +302,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _count_step(self, steps: list[int], is_prefill: bool) -> None:
+    def _count_step(self, plan: StepPlan) -> None:
         self._counts["steps"] += 1
-        if is_prefill:
+        if plan.is_prefill:
             self._counts["prefill_steps"] += 1
         else:  # decode tokens computed, including those after a stop inside a burst
-            self._counts["decode_steps"] += max(steps)
-            self._counts["decode_tokens"] += sum(steps)
+            self._counts["decode_steps"] += max(plan.num_tokens)
+            self._counts["decode_tokens"] += sum(plan.num_tokens)
 
     def _decode(self, ids: Seq[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -283,7 +319,16 @@ class LLMEngine:
         if self.tokenizer is not None:
             text, _ = truncate_at_stop(self._decode(completion), seq.params.stop)
         return Rollout(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], completion, list(seq.logprobs),
-                       seq.finish_reason or "stop", text=text, policy_version=seq.policy_version)
+                       seq.finish_reason or "stop", text=text, policy_version=seq.policy_version, stats=seq.stats)
+
+
+def _note_first_prefill(seqs: list[Sequence], now: float) -> None:
+    """Stats of a sequence's first prefill: when it left the queue and how much of its prompt the cache served."""
+    for seq in seqs:
+        stats = seq.stats
+        if stats.first_scheduled_time is None:
+            stats.first_scheduled_time = now
+            stats.cached_prompt_tokens = min(seq.num_cached_tokens, seq.num_prompt_tokens)
 
 
 def _check_request(request: Request) -> tuple[str | None, list[int], SamplingParams]:

@@ -7,7 +7,7 @@ the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a 
 its length, so a long prompt is never starved by the budget.
 
 With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
-device: sequences count them as pending placeholders, and ``postprocess_steps`` puts the real ones in their place.
+device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (step.py: a row may return fewer or more than planned).
 
 Preemption is by recomputation: when a decode step cannot give a sequence its next block, the most recently
 added running sequence gives all its blocks back and returns to the FRONT of the waiting queue, keeping its
@@ -17,20 +17,15 @@ generated tokens; its next prefill recomputes them (often partly from the prefix
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, NamedTuple, Sequence as Seq
+from typing import Callable, Iterable, Sequence as Seq
 
-from tandemrl.engine.stopping import find_stop, tokens_to_keep
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
+from tandemrl.engine.step import StepKind, StepOutput, StepPlan
+from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
 Decode = Callable[[Seq[int]], str]
-
-
-class ScheduledBatch(NamedTuple):
-    seqs: list[Sequence]
-    is_prefill: bool
-    steps: list[int]  # tokens each sequence computes this engine step (1 in a prefill)
 
 
 class Scheduler:
@@ -95,12 +90,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
 
-    def schedule(self, in_flight: bool = False) -> ScheduledBatch:
-        """The sequences of the next step; an empty batch when idle. ``in_flight``: a launched step's tokens are still
-        pending on the device; then nobody is preempted (an empty batch instead: read those tokens back first)."""
+    def schedule(self, in_flight: bool = False) -> StepPlan:
+        """The plan of the next step; an empty plan when idle. ``in_flight``: a launched step's tokens are still
+        pending on the device; then nobody is preempted (an empty plan instead: read those tokens back first)."""
         batch = self._schedule_prefill()
         if batch:
-            return ScheduledBatch(batch, True, [1] * len(batch))
+            return StepPlan(StepKind.PREFILL, batch, [1] * len(batch))
         return self._schedule_decode(in_flight)
 
     def _schedule_prefill(self) -> list[Sequence]:
@@ -122,20 +117,20 @@ class Scheduler:
             batch.append(seq)
         return batch
 
-    def _schedule_decode(self, in_flight: bool) -> ScheduledBatch:
+    def _schedule_decode(self, in_flight: bool) -> StepPlan:
         bm = self.block_manager
         # A sequence whose remaining tokens are all pending on the device only waits for them to be read back.
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
-            return ScheduledBatch([], False, [])
+            return StepPlan.idle()
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
             steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
             if bm.try_append_all(running, steps):
-                return ScheduledBatch(running, False, steps)
+                return StepPlan(StepKind.DECODE, running, steps)
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
-            return ScheduledBatch(running, False, [1] * len(running))
+            return StepPlan(StepKind.DECODE, running, [1] * len(running))
         if in_flight:  # a victim may still have tokens on the device: decide once they are read back
-            return ScheduledBatch([], False, [])
+            return StepPlan.idle()
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:
@@ -148,53 +143,48 @@ class Scheduler:
             else:  # nobody younger left to evict
                 self._preempt(seq)
         self.running = deque(batch)
-        return ScheduledBatch(batch, False, [1] * len(batch))
+        return StepPlan(StepKind.DECODE, batch, [1] * len(batch))
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        seq.stats.preemptions += 1
 
     # ------------------------------------------------------------------ postprocess
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int], logprobs: list[float]) -> list[Sequence]:
-        """One sampled token per sequence: see ``postprocess_steps``."""
-        if not len(seqs) == len(token_ids) == len(logprobs):
-            raise RuntimeError(f"the model runner returned {len(token_ids)} tokens and {len(logprobs)} "
-                               f"log-probs for {len(seqs)} sequences")
-        return self.postprocess_steps(seqs, [[t] for t in token_ids], [[lp] for lp in logprobs])
-
-    def postprocess_steps(self, seqs: list[Sequence], token_ids: list[list[int]],
-                          logprobs: list[list[float]]) -> list[Sequence]:
-        """Append each sequence's sampled tokens in order, up to the one that finishes it (the rest of its burst
-        is dropped); return (and free) the sequences that finished. The tokens replace the sequence's oldest pending
-        placeholders (those of a step launched later stay behind them; a finished sequence drops them too); a
-        sequence finished meanwhile (aborted, or stopped by an earlier step) ignores them."""
-        if not len(seqs) == len(token_ids) == len(logprobs):
-            raise RuntimeError(f"the model runner returned tokens for {len(token_ids)} and log-probs for "
-                               f"{len(logprobs)} of {len(seqs)} sequences")
+    def postprocess(self, plan: StepPlan, output: StepOutput, now: float = 0.0) -> list[Sequence]:
+        """Put each row's tokens in place of the placeholders its step reserved, up to the one that finishes it (the
+        rest is dropped); return (and free) the sequences that finished. Placeholders of a step launched later stay
+        behind them (a finished sequence drops them too); a sequence finished meanwhile (aborted, or stopped by an
+        earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
+        output.check(plan)
         finished = []
         eos_ids = self.eos_ids
-        for seq, tokens, lps in zip(seqs, token_ids, logprobs):
+        accepted = output.num_accepted
+        for i, (seq, planned, tokens, lps) in enumerate(zip(plan.seqs, plan.num_tokens, output.token_ids,
+                                                             output.logprobs)):
             if seq.is_finished:
                 continue
-            params = seq.params
-            # Fast path, most sequences of most steps: nothing in this burst can finish them.
+            stats, params = seq.stats, seq.params
+            if stats.first_token_time is None and tokens:
+                stats.first_token_time = now
+            if accepted is not None:
+                stats.drafted_tokens += planned - 1
+                stats.accepted_tokens += accepted[i]
+            # Fast path, most sequences of most steps: nothing in this step can finish them.
             known = seq.num_known_tokens - seq.num_prompt_tokens
             if (not params.stop and known + len(tokens) < params.max_tokens
                     and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
-                seq.add_tokens(tokens, lps)
+                seq.fill_pending(planned, tokens, lps)
                 continue
-            later = _later_pending(seq, len(tokens))  # the stop checks below read the completion's tail
+            later = _later_pending(seq, planned, len(tokens))  # the stop checks below read the completion's tail
             for token, logprob in zip(tokens, lps):
                 seq.append_token(token, logprob)
                 reason = self._finish_reason(seq, seq.token_ids[-1])
                 if reason is not None:
-                    seq.status = SequenceStatus.FINISHED
-                    seq.finish_reason = reason
-                    self.block_manager.register_finished(seq)
-                    self.block_manager.deallocate(seq)
+                    self._finish(seq, reason, now)
                     finished.append(seq)
                     break
             if later and not seq.is_finished:
@@ -202,6 +192,14 @@ class Scheduler:
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stats.finished_time = now
+        seq.stats.generated_tokens = seq.num_completion_tokens
+        self.block_manager.register_finished(seq)
+        self.block_manager.deallocate(seq)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
@@ -230,10 +228,15 @@ class Scheduler:
         return True
 
 
-def _later_pending(seq: Sequence, arrived: int) -> int:
-    """Drop ``seq``'s placeholders before ``arrived`` tokens of its oldest launched step are appended; returns how
-    many belong to later steps (to be put back behind them)."""
-    pending = seq.drop_pending()
-    if pending and pending < arrived:
-        raise RuntimeError(f"sequence {seq.seq_id} got {arrived} tokens for {pending} pending placeholders")
-    return pending - arrived if pending else 0
+def _later_pending(seq: Sequence, planned: int, arrived: int) -> int:
+    """Drop ``seq``'s placeholders before the ``arrived`` tokens of its oldest launched step (which reserved
+    ``planned``) are appended; returns how many belong to later steps (to be put back behind them)."""
+    later = seq.num_pending - planned
+    if later < 0:
+        raise RuntimeError(f"sequence {seq.seq_id} got a step of {planned} tokens for {seq.num_pending} pending "
+                           f"placeholders")
+    if later and arrived != planned:
+        raise RuntimeError(f"sequence {seq.seq_id} got {arrived} tokens for {planned} planned while a later step "
+                           f"is in flight")
+    seq.drop_pending()
+    return later

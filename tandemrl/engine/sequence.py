@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tandemrl.types import SamplingParams
+from tandemrl.types import RequestStats, SamplingParams
 
 
 PENDING_TOKEN = -1  # a token id no vocabulary has: the placeholder of a token not read back yet
@@ -40,6 +40,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # one per generated token
     finish_reason: str | None = None
     num_pending: int = 0  # trailing placeholders for tokens sampled on the device, not yet read back
+    stats: RequestStats = field(default_factory=RequestStats)
 
     @property
     def num_tokens(self) -> int:
@@ -76,20 +77,23 @@ class Sequence:
         self.logprobs.extend([math.nan] * n)
         self.num_pending += n
 
-    def add_tokens(self, token_ids: list[int], logprobs: list[float]) -> None:
-        """Append a step's tokens in place of the oldest pending placeholders, or at the end if none are pending."""
-        n = len(token_ids)
-        if not self.num_pending:
-            self.token_ids.extend(token_ids)
-            self.logprobs.extend(logprobs)
-            return
-        if n > self.num_pending:
-            raise RuntimeError(f"sequence {self.seq_id} got {n} tokens for {self.num_pending} pending placeholders")
+    def fill_pending(self, planned: int, token_ids: list[int], logprobs: list[float]) -> None:
+        """Put a step's tokens in place of the ``planned`` oldest placeholders it reserved; it may have returned
+        fewer or more. RuntimeError if the count changed while a later step (whose positions assumed it) is in
+        flight, or if the step reserved more placeholders than are pending."""
+        if len(token_ids) != len(logprobs):
+            raise RuntimeError(f"sequence {self.seq_id} got {len(token_ids)} tokens and {len(logprobs)} log-probs")
+        if planned > self.num_pending:
+            raise RuntimeError(f"sequence {self.seq_id} got a step of {planned} tokens for {self.num_pending} "
+                               f"pending placeholders")
+        if len(token_ids) != planned and self.num_pending > planned:
+            raise RuntimeError(f"sequence {self.seq_id} got {len(token_ids)} tokens for {planned} planned while a "
+                               f"later step is in flight")
         start = len(self.token_ids) - self.num_pending
-        self.token_ids[start:start + n] = token_ids
+        self.token_ids[start:start + planned] = token_ids
         first = start - self.num_prompt_tokens
-        self.logprobs[first:first + n] = logprobs
-        self.num_pending -= n
+        self.logprobs[first:first + planned] = logprobs
+        self.num_pending -= planned
 
     def drop_pending(self) -> int:
         """Remove every placeholder (the step results are appended in their place); returns how many there were."""

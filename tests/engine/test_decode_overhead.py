@@ -18,6 +18,7 @@ from tandemrl.engine.model.decode_plan import build_decode_plan
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.kernels.triton_attention import triton_decode_available, triton_paged_decode
 from tandemrl.types import Request, SamplingParams
 from tests.engine.test_model_runner import BLOCK, build, make_seq, prompts_of, _shrinking_decode
@@ -156,18 +157,23 @@ class _NullRunner:
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
         return 0
 
-    def launch(self, seqs: list[Sequence], steps: list[int], is_prefill: bool) -> _Done:
-        if not is_prefill:
-            build_decode_plan(seqs, steps, self.block_size, self.num_blocks, 4096)
-        return _Done([[5] * k for k in steps], [[0.0] * k for k in steps])
+    def bytes_per_block(self) -> int:
+        return 1024
+
+    def weights_version(self) -> int:
+        return 0
+
+    def launch(self, plan: StepPlan) -> _Done:
+        if not plan.is_prefill:
+            build_decode_plan(plan.seqs, plan.num_tokens, self.block_size, self.num_blocks, 4096)
+        return _Done(StepOutput([[5] * k for k in plan.num_tokens], [[0.0] * k for k in plan.num_tokens]))
 
 
 class _Done(NamedTuple):
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
+    output: StepOutput
 
-    def result(self) -> tuple[list[list[int]], list[list[float]]]:
-        return self.tokens, self.logprobs
+    def result(self) -> StepOutput:
+        return self.output
 
 
 def test_null_runner_bursts_fill_to_max_tokens_and_publish_generated_blocks():

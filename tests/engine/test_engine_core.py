@@ -18,6 +18,7 @@ from torch import nn
 from tandemrl.engine.stopping import find_stop, truncate_at_stop
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.sequence import PENDING_TOKEN, Sequence
 from tandemrl.types import Request, Rollout, SamplingParams
 
@@ -68,7 +69,14 @@ class FakeRunner:
     def free_kv_cache(self) -> None:
         self.kv = None
 
-    def launch(self, seqs: list[Sequence], steps: list[int], is_prefill: bool) -> FakePending:
+    def bytes_per_block(self) -> int:
+        return 1024
+
+    def weights_version(self) -> int:
+        return 0
+
+    def launch(self, plan: StepPlan) -> FakePending:
+        seqs, steps, is_prefill = plan.seqs, plan.num_tokens, plan.is_prefill
         assert self.kv is not None, "launch() without a KV cache"
         assert seqs and len(steps) == len(seqs) and min(steps) >= 1
         live = list(self.live())
@@ -132,9 +140,9 @@ class FakePending:
     number: int
     tokens: list[list[int]]
 
-    def result(self) -> tuple[list[list[int]], list[list[float]]]:
+    def result(self) -> StepOutput:
         self.log.append(("result", self.number))
-        return self.tokens, [[-1.0] * len(t) for t in self.tokens]
+        return StepOutput(self.tokens, [[-1.0] * len(t) for t in self.tokens])
 
 
 def check_block_tables(batch: list[Sequence], idle: list[Sequence], steps: list[int] | None = None) -> None:
@@ -527,8 +535,8 @@ def test_engine_backend_wires_the_runner(monkeypatch):
 
     made = []
 
-    def fake_runner(model, device, block_size, **options):
-        assert block_size == BS and isinstance(device, torch.device)
+    def fake_runner(model, config, device):
+        assert config.block_size == BS and config.max_model_len == 64 and isinstance(device, torch.device)
         made.append(FakeRunner(blocks_that_fit=32))
         return made[-1]
 

@@ -16,6 +16,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, app
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.model.attention import store_kv
 from tandemrl.engine.model.runner import ModelRunner
+from tandemrl.engine.config import EngineConfig
 from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, needs_kernels
 
 needs_cuda = pytest.mark.skipif(not HAS_CUDA or fk.triton is None, reason="needs a CUDA device and Triton")
@@ -203,7 +204,7 @@ def test_module_predicates():
 def test_cpu_runner_keeps_torch_ops():
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1, intermediate_size=64))
-    assert ModelRunner(model, "cpu", 16).fused_kernels is False
+    assert ModelRunner(model, EngineConfig(block_size=16), "cpu").fused_kernels is False
     assert fk.fused_available("cpu") is False
 
 
@@ -226,7 +227,7 @@ def _generate(model: nn.Module, fused: bool, enforce_eager: bool = False) -> lis
     finally:
         sys.path.pop(0)
 
-    runner = ModelRunner(model, "cuda", BLOCK, fused_kernels=fused, enforce_eager=enforce_eager)
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK, fused_kernels=fused, cuda_graphs=not enforce_eager), "cuda")
     assert runner.fused_kernels is fused
     runner.allocate_kv_cache(64)
     blocks = Blocks(64)

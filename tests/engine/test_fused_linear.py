@@ -15,6 +15,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.model import runner as mr
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
 from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, INTERPRET, needs_kernels
@@ -312,7 +313,7 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch):
     model = build(arch, device=DEVICE)
     results = []
     for fused in (True, False):
-        runner = mr.ModelRunner(model, DEVICE, BLOCK, fused_kernels=fused, enforce_eager=True)
+        runner = mr.ModelRunner(model, EngineConfig(block_size=BLOCK, fused_kernels=fused, cuda_graphs=False), DEVICE)
         assert runner.fused_kernels is fused
         runner.allocate_kv_cache(16)
         blocks = Blocks(16)

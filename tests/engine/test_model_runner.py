@@ -22,6 +22,7 @@ from transformers import (
 
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs
 from tandemrl.engine.model.runner import CPU_KV_BUDGET_BYTES, ModelRunner
+from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence
 from tandemrl.types import SamplingParams
 
@@ -80,7 +81,7 @@ def generate(runner: ModelRunner, seqs: list[Sequence], new_tokens: int) -> None
 
 
 def runner_for(model, num_blocks: int = 64, **kwargs) -> ModelRunner:
-    runner = ModelRunner(model, "cpu", BLOCK, **kwargs)
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK, **kwargs), "cpu")
     runner.allocate_kv_cache(num_blocks)
     return runner
 
@@ -235,12 +236,12 @@ def test_peft_lora_model_matches_its_own_forward():
 def test_unsupported_architecture_names_model_type():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64))
     with pytest.raises(NotImplementedError, match="gpt2"):
-        ModelRunner(model, "cpu")
+        ModelRunner(model, EngineConfig(), "cpu")
 
 
 def test_cache_sizing_and_lifecycle():
     model = build("qwen3")
-    runner = ModelRunner(model, "cpu", BLOCK)
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK), "cpu")
     per_block = 2 * 2 * BLOCK * 1 * 32 * 4  # K and V, layers, block, kv heads, head_dim, float32
     assert runner.bytes_per_block() == per_block
     assert runner.num_blocks_that_fit(BLOCK, 0.9) == CPU_KV_BUDGET_BYTES // per_block - 1
@@ -286,13 +287,13 @@ def test_graph_staging_pads_batches_without_touching_other_blocks(monkeypatch):
     model = build("qwen2")
     prompts = prompts_of([3, 9, 20, 40, 7])
     graphed, eager = runner_for(model, 128), runner_for(model, 128)
-    graphed.enforce_eager = False
+    graphed.target.enforce_eager = False
     for g, e in zip(_shrinking_decode(graphed, prompts), _shrinking_decode(eager, prompts)):
         assert g.completion_ids == e.completion_ids
         assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
-    assert {bucket for bucket, _ in graphed._graphs.graphs} == {8, 4, 1}
-    assert {width for _, width in graphed._graphs.graphs} >= {2, 4}
-    for mine, ref in zip(graphed.k_caches + graphed.v_caches, eager.k_caches + eager.v_caches):
+    assert {bucket for bucket, _ in graphed.target.graphs.graphs} == {8, 4, 1}
+    assert {width for _, width in graphed.target.graphs.graphs} >= {2, 4}
+    for mine, ref in zip(graphed.target.k_caches + graphed.target.v_caches, eager.target.k_caches + eager.target.v_caches):
         torch.testing.assert_close(mine[:128], ref[:128], atol=1e-6, rtol=1e-6)  # padding only hit the scratch
 
 
@@ -311,7 +312,7 @@ def _burst_vs_single_steps(burst_runner: ModelRunner, step_runner: ModelRunner, 
     for seq, toks, lps, ref in zip(burst, tokens, logprobs, single):
         assert toks == ref.completion_ids[1:]
         assert lps == pytest.approx(ref.logprobs[1:], abs=1e-5)
-    for mine, theirs in zip(burst_runner.k_caches + burst_runner.v_caches, step_runner.k_caches + step_runner.v_caches):
+    for mine, theirs in zip(burst_runner.target.k_caches + burst_runner.target.v_caches, step_runner.target.k_caches + step_runner.target.v_caches):
         torch.testing.assert_close(mine[:-1], theirs[:-1], atol=1e-6, rtol=1e-6)  # dead steps hit only the scratch
 
 
@@ -324,7 +325,7 @@ def test_decode_burst_equals_one_step_at_a_time(monkeypatch, graphed):
     for lengths, steps, params in [([3, 17, 30], [5, 1, 3], GREEDY),
                                    ([9, 16, 2], [4, 4, 4], SamplingParams(temperature=0.8, max_tokens=64, seed=5))]:
         burst_runner, step_runner = runner_for(model, 32), runner_for(model, 32)
-        burst_runner.enforce_eager = not graphed
+        burst_runner.target.enforce_eager = not graphed
         _burst_vs_single_steps(burst_runner, step_runner, lengths, steps, params)
 
 
@@ -349,7 +350,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 def test_bf16_runner_close_to_hf_on_gpu(arch):
     model = build(arch, dtype=torch.bfloat16, device="cuda")
-    runner = ModelRunner(model, "cuda", BLOCK)
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK), "cuda")
     runner.allocate_kv_cache(64)
     blocks = Blocks(64)
     seqs = [make_seq(i, p, blocks.take(3)) for i, p in enumerate(prompts_of([5, 17, 30]))]
@@ -368,7 +369,7 @@ def test_cuda_graph_replay_matches_eager_on_gpu(backend):
     prompts = prompts_of([3, 9, 20, 40, 7])
 
     def run(enforce_eager: bool) -> list[Sequence]:
-        runner = ModelRunner(model, "cuda", BLOCK, enforce_eager=enforce_eager, attention_backend=backend)
+        runner = ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=not enforce_eager), "cuda", attention_backend=backend)
         runner.allocate_kv_cache(128)
         return _shrinking_decode(runner, prompts)
 
@@ -383,7 +384,7 @@ def test_graph_replay_sees_in_place_updates_on_gpu():
     """Captured graphs read the parameters by address: an in-place update shows in the next replay."""
     model = build("qwen2", device="cuda")
     prompt = prompts_of([10])[0]
-    runner = ModelRunner(model, "cuda", BLOCK)
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK), "cuda")
     runner.allocate_kv_cache(32)
     generate(runner, [make_seq(0, prompt, [0, 1])], 6)  # captures the bucket-1 graph
     with torch.no_grad():
@@ -391,7 +392,7 @@ def test_graph_replay_sees_in_place_updates_on_gpu():
             p.add_(torch.randn_like(p) * 0.05)
     after = make_seq(1, prompt, [2, 3])
     generate(runner, [after], 6)
-    eager = ModelRunner(model, "cuda", BLOCK, enforce_eager=True)
+    eager = ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=False), "cuda")
     eager.allocate_kv_cache(32)
     reference = make_seq(2, prompt, [0, 1])
     generate(eager, [reference], 6)
@@ -403,7 +404,7 @@ def test_recapture_after_cache_reallocation_leaves_no_memory_behind():
     """Each sleep/wake frees the cache and graphs and the next decode captures them again: memory must come back
     to the same level every cycle (a new warm-up stream per capture once kept a cuBLAS workspace per cycle)."""
     model = build("qwen2", device="cuda")
-    runner = ModelRunner(model, "cuda", BLOCK)
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK), "cuda")
     prompt = prompts_of([10])[0]
     allocated = []
     for cycle in range(4):

@@ -10,6 +10,7 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence, SequenceStatus
+from tandemrl.engine.step import StepKind, StepOutput, StepPlan
 from tandemrl.types import SamplingParams
 
 BS = 4
@@ -24,9 +25,22 @@ def make(num_blocks=16, caching=True, decode=None, **cfg) -> Scheduler:
 
 
 def schedule(s: Scheduler) -> tuple[list[Sequence], bool]:
-    batch = s.schedule()
-    assert len(batch.steps) == len(batch.seqs)
-    return batch.seqs, batch.is_prefill
+    plan = s.schedule()
+    assert len(plan.num_tokens) == len(plan.seqs)
+    return plan.seqs, plan.is_prefill
+
+
+def post_steps(s: Scheduler, seqs: list[Sequence], tokens: list[list[int]], logprobs: list[list[float]],
+               planned: list[int] | None = None) -> list[Sequence]:
+    """The engine's side of a step: reserve each row's planned placeholders, then postprocess what came back."""
+    planned = planned or [len(t) for t in tokens]
+    for x, n in zip(seqs, planned):
+        x.add_pending(n)
+    return s.postprocess(StepPlan(StepKind.DECODE, seqs, planned), StepOutput(tokens, logprobs))
+
+
+def post(s: Scheduler, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> list[Sequence]:
+    return post_steps(s, seqs, [[t] for t in tokens], [[lp] for lp in logprobs])
 
 
 def seq(tokens, **params) -> Sequence:
@@ -74,7 +88,7 @@ def test_decode_gives_blocks_and_schedules_all_running():
     a = seq([1, 2, 3, 4])
     s.add(a)
     schedule(s)
-    s.postprocess([a], [7], [-0.5])
+    post(s, [a], [7], [-0.5])
     batch, prefill = schedule(s)
     assert batch == [a] and not prefill and len(a.block_table) == 2
 
@@ -85,7 +99,7 @@ def test_preemption_evicts_the_most_recent_and_requeues_it_first():
     for x in (old, mid, new):
         s.add(x)
     assert schedule(s) == ([old, mid, new], True)  # 3 of 4 blocks
-    s.postprocess([old, mid, new], [1, 1, 1], [-1.0] * 3)  # each now needs a second block; one is free
+    post(s, [old, mid, new], [1, 1, 1], [-1.0] * 3)  # each now needs a second block; one is free
     batch, prefill = schedule(s)
     assert not prefill and batch == [old, mid]  # old takes the free block, mid takes new's
     assert list(s.waiting) == [new] and s.num_preemptions == 1
@@ -100,7 +114,7 @@ def test_victims_return_to_the_front_of_waiting_oldest_first():
     late = seq([9])
     s.add(late)  # waits: max_num_seqs and the pool are full
     assert schedule(s) == (seqs, True)
-    s.postprocess(seqs, [1] * 4, [-1.0] * 4)  # all four need a block; none free
+    post(s, seqs, [1] * 4, [-1.0] * 4)  # all four need a block; none free
     batch, _ = schedule(s)
     assert batch == seqs[:2]  # seqs[0] evicts seqs[3], seqs[1] evicts seqs[2]
     assert list(s.waiting) == [seqs[2], seqs[3], late]
@@ -112,10 +126,10 @@ def test_preempted_sequence_recomputes_with_its_generated_tokens():
     s.add(a)
     s.add(b)
     schedule(s)
-    s.postprocess([a, b], [9, 9], [-1.0, -1.0])
+    post(s, [a, b], [9, 9], [-1.0, -1.0])
     batch, _ = schedule(s)  # a takes the last block; b is preempted
     assert batch == [a] and list(s.waiting) == [b]
-    s.postprocess([a], [3], [-1.0])
+    post(s, [a], [3], [-1.0])
     s.abort(a)  # a leaves; b comes back as a prefill of its prompt + generated tokens
     batch, prefill = schedule(s)
     assert prefill and batch == [b] and b.token_ids == [5, 6, 7, 8, 9] and b.num_cached_tokens == 4
@@ -127,7 +141,7 @@ def test_postprocess_finish_reasons():
     for x in (eos, length, cont, ign):
         s.add(x)
     batch, _ = schedule(s)
-    done = s.postprocess(batch, [EOS, 9, 9, EOS], [-1.0] * 4)
+    done = post(s, batch, [EOS, 9, 9, EOS], [-1.0] * 4)
     assert done == [eos, length]
     assert (eos.finish_reason, length.finish_reason) == ("stop", "length")
     assert eos.block_table == [] and list(s.running) == [cont, ign]
@@ -141,7 +155,7 @@ def test_stop_string_keeps_the_completing_token():
     s.add(x)
     for tok in (2, 3):  # "c" then "d": the second token completes "cd"
         batch, _ = schedule(s)
-        done = s.postprocess(batch, [tok], [-1.0])
+        done = post(s, batch, [tok], [-1.0])
     assert done == [x] and x.finish_reason == "stop" and x.completion_ids == [2, 3]
 
 
@@ -154,7 +168,7 @@ def test_stop_found_late_is_cut_back_at_finish():
     x.token_ids += [1, 2]
     x.logprobs += [-1.0, -1.0]
     schedule(s)
-    done = s.postprocess([x], [3], [-2.0])
+    done = post(s, [x], [3], [-2.0])
     assert done == [x] and x.finish_reason == "stop" and x.completion_ids == [1, 2, 3]
 
 
@@ -174,8 +188,8 @@ def test_postprocess_length_mismatch_is_an_error():
     a = seq([1])
     s.add(a)
     batch, _ = schedule(s)
-    with pytest.raises(RuntimeError, match="returned 0 tokens"):
-        s.postprocess(batch, [], [])
+    with pytest.raises(RuntimeError, match="returned tokens for 0 and log-probs for 0 of 1 rows"):
+        s.postprocess(StepPlan(StepKind.DECODE, batch, [1]), StepOutput([], []))
 
 
 def test_decode_bursts_reserve_blocks_ahead_and_stop_at_max_tokens():
@@ -184,15 +198,15 @@ def test_decode_bursts_reserve_blocks_ahead_and_stop_at_max_tokens():
     s.add(a)
     s.add(b)
     s.schedule()
-    s.postprocess([a, b], [7, 7], [-1.0, -1.0])
+    post(s, [a, b], [7, 7], [-1.0, -1.0])
     batch = s.schedule()
-    assert not batch.is_prefill and batch.steps == [6, 2]  # b has 2 tokens left
+    assert not batch.is_prefill and batch.num_tokens == [6, 2]  # b has 2 tokens left
     # a writes positions 3..8 (blocks 0-2), b positions 2..3 (block 0)
     assert (len(a.block_table), len(b.block_table)) == (3, 1)
-    done = s.postprocess_steps(batch.seqs, [[1] * 6, [2, EOS]], [[-1.0] * 6, [-1.0, -2.0]])
+    done = post_steps(s, batch.seqs, [[1] * 6, [2, EOS]], [[-1.0] * 6, [-1.0, -2.0]])
     assert done == [b] and b.completion_ids == [7, 2, EOS] and b.finish_reason == "stop"
     assert a.num_completion_tokens == 7 and list(s.running) == [a]
-    assert s.schedule().steps == [2]
+    assert s.schedule().num_tokens == [2]
 
 
 def test_a_burst_drops_the_tokens_after_a_finish_and_falls_back_to_single_steps_when_blocks_run_out():
@@ -200,16 +214,16 @@ def test_a_burst_drops_the_tokens_after_a_finish_and_falls_back_to_single_steps_
     a = seq([1, 2, 3, 4, 5], max_tokens=7)
     s.add(a)
     s.schedule()
-    s.postprocess([a], [9], [-1.0])
+    post(s, [a], [9], [-1.0])
     batch = s.schedule()
-    assert batch.steps == [6] and len(a.block_table) == 3  # positions 5..10
-    done = s.postprocess_steps([a], [[9, EOS, 9, 9, 9, 9]], [[-1.0] * 6])
+    assert batch.num_tokens == [6] and len(a.block_table) == 3  # positions 5..10
+    done = post_steps(s, [a], [[9, EOS, 9, 9, 9, 9]], [[-1.0] * 6])
     assert done == [a] and a.completion_ids == [9, 9, EOS] and len(a.logprobs) == 3
     assert s.block_manager.num_free_blocks == 3
     c, d = seq([1, 2, 3], max_tokens=6), seq([5, 6, 7], max_tokens=6)
     s.add(c)
     s.add(d)
     s.schedule()
-    s.postprocess([c, d], [1, 1], [-1.0, -1.0])
+    post(s, [c, d], [1, 1], [-1.0, -1.0])
     batch = s.schedule()  # bursts need one more block each, one is free; single steps fit
-    assert batch.steps == [1, 1] and s.num_preemptions == 0
+    assert batch.num_tokens == [1, 1] and s.num_preemptions == 0

@@ -1,7 +1,7 @@
 """What lets the model runner launch a step without waiting for the device (asynchronous scheduling, engine.py).
 
 - ``PendingTokens``: a launched step's sampled tokens, copied to pinned host memory behind the step's kernels;
-  ``result()`` waits for that copy only.
+  ``result()`` waits for that copy only and returns the step's ``StepOutput``.
 - ``LastSamples`` / ``link_pending`` / ``resolve_pending``: a sequence whose last token is still pending (sampled by
   the previous launch, not read back) gets it on the device: its input id is staged as a reference ``-1 - i`` to
   flat index i of the previous launch's tokens, and one gather on the device replaces the references.
@@ -19,13 +19,18 @@ import torch
 from torch import Tensor
 
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.step import StepOutput
 
 
 class PendingTokens:
-    """[B, K] tokens and log-probs of a launched step (row i keeps its first ``steps[i]``) on their way to the host."""
+    """[B, K] tokens and log-probs of a launched step on their way to the host: row i keeps its first ``steps[i]``,
+    or, for a verify step, its first ``accepted[i] + 1`` (``accepted`` [B] on the device)."""
 
-    def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int]) -> None:
-        packed = torch.stack((tokens.double(), logprobs.double()))  # float64 holds every token id exactly
+    def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int], accepted: Tensor | None = None) -> None:
+        planes = [tokens.double(), logprobs.double()]  # float64 holds every token id exactly
+        if accepted is not None:
+            planes.append(accepted.double()[:, None].expand_as(planes[0]))
+        packed = torch.stack(planes)
         self._copied: torch.cuda.Event | None = None
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -36,13 +41,18 @@ class PendingTokens:
             self._host = packed
         self.steps = list(steps)
 
-    def result(self) -> tuple[list[list[int]], list[list[float]]]:
+    def result(self) -> StepOutput:
         """Per row: its tokens and their log-probs (waits for the device to get there)."""
         if self._copied is not None:
             self._copied.synchronize()
         token_rows, logprob_rows = self._host[0].long().tolist(), self._host[1].tolist()
-        return ([row[:k] for row, k in zip(token_rows, self.steps)],
-                [row[:k] for row, k in zip(logprob_rows, self.steps)])
+        accepted = None
+        counts = self.steps
+        if len(self._host) == 3:
+            accepted = self._host[2, :, 0].long().tolist()
+            counts = [a + 1 for a in accepted]
+        return StepOutput([row[:k] for row, k in zip(token_rows, counts)],
+                          [row[:k] for row, k in zip(logprob_rows, counts)], accepted)
 
 
 @dataclass

@@ -1,41 +1,36 @@
-"""The model runner: owns the paged KV cache, turns scheduled Sequences into one forward, samples the next tokens.
+"""The model runner: hosts the model slots (slot.py), turns a step plan into forwards and samples its tokens.
 
-`launch(seqs, steps, is_prefill)` builds packed input ids, positions, slot mappings and block tables from the
-Sequence objects, runs `forward.forward_hidden` over the trainer's own modules (zero copy) under inference mode
-with the model in eval mode, takes logits of the sampled positions only, and samples with the shared sampler; it
-returns before the device is done (pending.py). A decode launch is a burst of steps (decode_plan.py): each step's
-sampled tokens are the next step's input on the device, so the burst syncs with the host once, when its tokens
-are read back. On CUDA, decode replays CUDA graphs captured per batch bucket (see cuda_graphs.py). `run` and
-`decode` are the same launches, waited for.
+``launch(plan)`` runs one step (step.py) on the plan's slot under inference mode with the model in eval mode and
+returns before the device is done (pending.py):
+- PREFILL: packed uncached tokens, logits of each row's last one, one sampled token per row;
+- DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
+  burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
+- VERIFY: each row's last token and its feed tokens in one forward (the prefill path over the cached context), a
+  token sampled at every position, the feed kept up to the first disagreement, all on the device.
+``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
 
-The cache holds one extra block past `num_blocks` (the scratch block): CUDA-graph padding rows and the dead steps
-of a burst write there, so block ids 0 .. num_blocks-1 all belong to the block manager.
+Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import random
-from typing import Callable, Iterator, Sequence as Seq
+from typing import Hashable, Iterator, Mapping, Sequence as Seq
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tandemrl.engine.model.sampler import sample_tokens
-from tandemrl.engine.model.attention import DecodeMeta, build_prefill_meta
-from tandemrl.engine.model.cuda_graphs import DecodeForward, DecodeGraphs, batch_bucket
-from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
+from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
-from tandemrl.engine.model.forward import compute_logits, forward_hidden, inspect_decoder
-from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
-from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
-from tandemrl.engine.kernels.triton_sampler import fused_sample, fused_sample_available
-from tandemrl.types import SamplingParams
+from tandemrl.engine.model.attention import build_prefill_meta
+from tandemrl.engine.model.decode_plan import build_decode_plan
+from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
+from tandemrl.engine.model.slot import ModelSlot
+from tandemrl.engine.model.step_sampler import StepSampler
+from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.step import TARGET, StepKind, StepPlan
 
-StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or None for the staged ones) -> hidden
 CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
 # Kept free on the GPU beside the cache: the sampler's [rows, vocab] float32 temporaries for a full decode batch
 # (about a dozen of them, sort indices included) plus a fixed slack for prefill activations and graph pools.
@@ -43,212 +38,200 @@ _SAMPLER_ROWS, _SAMPLER_TEMPS, _SLACK_BYTES = 256, 12, 512 * 1024 * 1024
 
 
 class ModelRunner:
-    """Forward + sampling over a paged KV cache for Qwen2/Qwen3/Llama/Mistral models (maybe peft-wrapped).
+    """Forwards + sampling over paged KV pools for Qwen2/Qwen3/Llama/Mistral models (maybe peft-wrapped).
 
-    model: the trainer's model, used in place. device: where the model lives (default: its embedding's device).
-    max_model_len: longest sequence (default the config's max_position_embeddings). enforce_eager: no CUDA
-    graphs. attention_backend: "auto" (Triton decode kernel on CUDA when available), "triton" or "sdpa".
-    fused_kernels: the Triton kernels of
-    fused.py (RMSNorm + residual add, RoPE with the K/V store, SiLU product), fused_linear.py (q/k/v and gate/up
-    in one launch each) and triton_sampler.py (temperature sampling from one read of the logits; top-k/top-p
-    batches keep the torch sampler) on CUDA when Triton is importable; CPU keeps torch ops.
+    models: the trainer's model (the ``target`` slot), or slot name -> model; each used in place. config: the
+    engine's config, read whole (block_size, max_model_len, cuda_graphs, fused_kernels). device: where the models
+    live (default: the target's embedding's device). attention_backend: "auto" (Triton kernels on CUDA when
+    available), "triton" or "sdpa". fused_kernels: the Triton kernels of kernels/ (RMSNorm + residual add, RoPE
+    with the K/V store, SiLU product, grouped q/k/v and gate/up, the one-read sampler) on CUDA when Triton is
+    importable; CPU keeps torch ops.
     """
 
-    def __init__(
-        self, model: nn.Module, device: torch.device | str | None = None, block_size: int = 16, *,
-        max_model_len: int | None = None, enforce_eager: bool = False, attention_backend: str = "auto",
-        fused_kernels: bool = True,
-    ) -> None:
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.model = model
-        self.spec = inspect_decoder(model)
-        self.device = torch.device(device) if device is not None else self.spec.device
-        self.block_size = block_size
-        self.max_model_len = int(max_model_len or self.spec.max_position_embeddings or 4096)
-        self.enforce_eager = enforce_eager or self.device.type != "cuda"
+    def __init__(self, models: nn.Module | Mapping[str, nn.Module], config: EngineConfig | None = None,
+                 device: torch.device | str | None = None, *, attention_backend: str = "auto") -> None:
+        config = config or EngineConfig()
+        config.validate()
+        models = dict(models) if isinstance(models, Mapping) else {TARGET: models}
+        if TARGET not in models:
+            raise ValueError(f"the runner needs a {TARGET!r} slot, got {sorted(models)}")
+        first = next(iter(models.values()))
+        self.device = torch.device(device) if device is not None else next(first.parameters()).device
+        self.block_size = config.block_size
+        self.enforce_eager = not config.cuda_graphs or self.device.type != "cuda"
         self.use_triton = _pick_backend(attention_backend, self.device)
-        self.fused_kernels = bool(fused_kernels) and fused_available(self.device)
-        self._sample_cols: tuple[tuple, tuple[Tensor, ...]] | None = None  # last batch's sampling columns
-        self.num_blocks = 0
-        self.k_caches: list[Tensor] = []
-        self.v_caches: list[Tensor] = []
-        self._graphs: DecodeGraphs | None = None
-        self._last: LastSamples | None = None  # the latest launch's tokens: pending ones are fed from here
+        self.fused_kernels = config.fused_kernels and fused_available(self.device)
         # One warm-up stream for every capture: each new stream costs a cuBLAS workspace that is never freed
         # (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
-        self._warmup_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._rng: tuple[int, torch.Generator] | None = None
-        self._seed_stream: tuple[int, random.Random] | None = None
-        self._modules = list(model.modules())
+        warmup = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.slots = {name: ModelSlot(name, model, self.device, self.block_size, config.max_model_len,
+                                      use_triton=self.use_triton, fused_kernels=self.fused_kernels,
+                                      enforce_eager=self.enforce_eager, warmup_stream=warmup)
+                      for name, model in models.items()}
+        self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
+        _check_vocabularies(self.slots)
+        self.sampler = StepSampler(self.device, self.fused_kernels)
+        self.num_blocks = 0
+        self._last: LastSamples | None = None  # the latest launch's tokens: pending ones are fed from here
 
-    # ------------------------------------------------------------------ KV cache
+    @property
+    def target(self) -> ModelSlot:
+        return self.slots[TARGET]
+
+    @property
+    def spec(self):  # the target's DecoderSpec (benches)
+        return self.target.spec
+
+    def weights_version(self) -> Hashable:
+        """Changes whenever any slot's weights change (slot.py); the engine ties cached K/V to it."""
+        return tuple(slot.weights_version() for slot in self.slots.values())
+
+    def reset_rng(self) -> None:
+        """Forget the seeded generators: the next seeded step starts its stream afresh (call at each new run)."""
+        self.sampler.reset()
+
+    # ------------------------------------------------------------------ KV pools
 
     def bytes_per_block(self, block_size: int | None = None) -> int:
-        """K and V of every layer for one block."""
-        s = self.spec
-        elem = torch.empty((), dtype=s.dtype).element_size()
-        return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * elem
+        """K and V of every layer of every slot for one block."""
+        return sum(slot.bytes_per_block(block_size) for slot in self.slots.values())
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
-        """Blocks the cache may have. CUDA: a `gpu_memory_utilization` share of the device's memory, bounded by
+        """Blocks the pools may have. CUDA: a `gpu_memory_utilization` share of the device's memory, bounded by
         what is free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB."""
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            reserve = _SAMPLER_ROWS * _SAMPLER_TEMPS * self.spec.vocab_size * 4 + _SLACK_BYTES
+            vocab = max(slot.spec.vocab_size for slot in self.slots.values())
+            reserve = _SAMPLER_ROWS * _SAMPLER_TEMPS * vocab * 4 + _SLACK_BYTES
             budget = min(gpu_memory_utilization * total, free - reserve)
         else:
             budget = CPU_KV_BUDGET_BYTES
         return max(0, int(budget // self.bytes_per_block(block_size)) - 1)  # minus the scratch block
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocate (zeroed, so masked-out slots are finite) K/V for `num_blocks` blocks plus the scratch block."""
+        """Allocate every slot's pool: `num_blocks` blocks plus the scratch block each."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.free_kv_cache()
-        s = self.spec
-        shape = (2, s.num_layers, num_blocks + 1, self.block_size, s.num_kv_heads, s.head_dim)
-        kv = torch.zeros(shape, dtype=s.dtype, device=self.device)
-        self.k_caches = list(kv[0].unbind(0))
-        self.v_caches = list(kv[1].unbind(0))
+        for slot in self.slots.values():
+            slot.allocate(num_blocks)
         self.num_blocks = num_blocks
 
     def free_kv_cache(self) -> None:
-        """Drop the cache and the CUDA graphs (their buffers and pool). The memory goes back to PyTorch's caching
+        """Drop the pools and the CUDA graphs (their buffers and pool). The memory goes back to PyTorch's caching
         allocator, where the trainer of this process reuses it; emptying that cache on every sleep would make the
         next update allocate from the device again (0.37 s of a 1.98 s GRPO step on an H100, 2026-11-22)."""
-        self._graphs = None
+        for slot in self.slots.values():
+            slot.free()
         self._last = None
-        self.k_caches, self.v_caches = [], []
         self.num_blocks = 0
-
-    def reset_rng(self) -> None:
-        """Forget the seeded generators: the next seeded step starts its stream afresh (call at each new run)."""
-        self._rng = None
-        self._seed_stream = None
 
     # ------------------------------------------------------------------ one step
 
-    def launch(self, seqs: Seq[Sequence], steps: Seq[int], is_prefill: bool) -> PendingTokens:
-        """Start a prefill (one token per sequence; `steps` all 1) or a decode burst (see decode_plan.py: sequence i
-        computes ``steps[i]`` tokens, each step feeding the token sampled at the previous one) and return without
-        waiting for the device. A sequence's pending tokens (sequence.py) must come from the previous launch: the
-        last one is fed to this one on the device."""
-        if not seqs:
+    def launch(self, plan: StepPlan) -> PendingTokens:
+        """Start ``plan`` (see the module docstring) and return without waiting for the device. A sequence's pending
+        tokens (sequence.py) must come from the previous launch: the last one is fed to this one on the device."""
+        if not plan.seqs:
             raise ValueError("launch needs at least one sequence")
-        self._require_cache()
-        with _eval_mode(self._modules), torch.inference_mode():
-            if is_prefill:
-                tokens, logprobs = self._sampler(seqs)(compute_logits(self.spec, self._prefill(seqs)))
+        if not self.num_blocks:
+            raise RuntimeError("ModelRunner has no KV cache: call allocate_kv_cache(num_blocks) first")
+        slot = self.slots.get(plan.slot)
+        if slot is None:
+            raise ValueError(f"no model slot {plan.slot!r}; the runner has {sorted(self.slots)}")
+        with _eval_mode(slot.modules), torch.inference_mode():
+            if plan.kind is StepKind.VERIFY:
+                pending = self._verify(slot, plan)
+                self._last = None  # how many tokens a row keeps is known on the device only
+                return pending
+            if plan.kind is StepKind.PREFILL:
+                tokens, logprobs = self.sampler.for_rows(plan.seqs)(slot.logits(self._prefill(slot, plan.seqs)))
                 tokens, logprobs = tokens[:, None], logprobs[:, None]
             else:
-                tokens, logprobs = self._decode_burst(seqs, steps)
-            self._last = LastSamples.of(seqs, steps, tokens)
-            return PendingTokens(tokens, logprobs, steps)
+                tokens, logprobs = self._decode_burst(slot, plan.seqs, plan.num_tokens)
+            self._last = LastSamples.of(plan.seqs, plan.num_tokens, tokens)
+            return PendingTokens(tokens, logprobs, plan.num_tokens)
 
     def run(self, seqs: Seq[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]:
-        """One forward for `seqs` and one sampled token per sequence, waited for: (token ids, their log-probs)."""
+        """One forward of the target for `seqs` and one sampled token per sequence, waited for."""
         if not seqs:
             return [], []
-        tokens, logprobs = self.launch(seqs, [1] * len(seqs), is_prefill).result()
-        return [t[0] for t in tokens], [lp[0] for lp in logprobs]
+        kind = StepKind.PREFILL if is_prefill else StepKind.DECODE
+        out = self.launch(StepPlan(kind, list(seqs), [1] * len(seqs))).result()
+        return [t[0] for t in out.token_ids], [lp[0] for lp in out.logprobs]
 
     def decode(self, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[list[list[int]], list[list[float]]]:
-        """A decode burst, waited for: per sequence its tokens and their log-probs."""
+        """A decode burst of the target, waited for: per sequence its tokens and their log-probs."""
         if not seqs:
             return [], []
-        return self.launch(seqs, steps, False).result()
+        out = self.launch(StepPlan(StepKind.DECODE, list(seqs), list(steps))).result()
+        return out.token_ids, out.logprobs
 
-    def _decode_burst(self, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[Tensor, Tensor]:
+    def _decode_burst(self, slot: ModelSlot, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[Tensor, Tensor]:
         """[B, K] tokens and log-probs of a burst, left on the device (no host sync)."""
         plan = build_decode_plan(seqs, steps, self.block_size, self.num_blocks, self.max_model_len)
         linked = link_pending(plan.ids, seqs, self._last)
-        run_step, staged_ids = self._graph_steps(plan) if self._use_graphs(len(seqs)) else self._eager_steps(plan)
+        run_step, staged_ids = slot.decode_steps(plan)
         tokens = resolve_pending(staged_ids, self._last) if linked else None
-        sample = self._sampler(seqs)
+        sample = self.sampler.for_rows(seqs)
         all_tokens, all_logprobs = [], []
         for j in range(plan.num_steps):
-            tokens, logprobs = sample(compute_logits(self.spec, run_step(j, tokens)))
+            tokens, logprobs = sample(slot.logits(run_step(j, tokens)))
             all_tokens.append(tokens)  # stacked once after the loop: no extra launches per step
             all_logprobs.append(logprobs)
         return torch.stack(all_tokens, 1), torch.stack(all_logprobs, 1)
 
-    def _require_cache(self) -> None:
-        if not self.k_caches:
-            raise RuntimeError("ModelRunner has no KV cache: call allocate_kv_cache(num_blocks) first")
-
-    def _use_graphs(self, batch: int) -> bool:
-        return not self.enforce_eager and batch_bucket(batch) is not None
-
-    def _graph_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
-        """(step j's forward, the staged step-0 input ids on the device)."""
-        graphs = self._decode_graphs()
-        graphs.stage(plan)
-        return graphs.step, graphs.staged_ids()
-
-    def _eager_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
-        """Step j's forward without graphs, and the step-0 input ids; the burst's columns go to the device at once."""
-        columns = copy_to_device(torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))),
-                                 self.device)
-        tables = copy_to_device(torch.from_numpy(plan.tables), self.device)
-        first_ids = copy_to_device(torch.from_numpy(plan.ids), self.device)
-
-        def run_step(j: int, input_ids: Tensor | None) -> Tensor:
-            positions, slots, context_lens = columns[:, j].unbind(0)
-            meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
-                              block_tables=tables, use_triton=self.use_triton)
-            ids = first_ids if input_ids is None else input_ids
-            return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
-
-        return run_step, first_ids
-
-    def _prefill(self, seqs: Seq[Sequence]) -> Tensor:
+    def _prefill(self, slot: ModelSlot, seqs: Seq[Sequence], feed: Seq[Seq[int]] | None = None) -> Tensor:
+        """Hidden states of each row's last token; with ``feed``, of every token fed: the row's last known token
+        and its feed tokens (positions past the sequence's tokens, which its blocks must cover)."""
         ids: list[int] = []
-        query_lens, context_lens = [], []
-        for seq in seqs:
-            self._check(seq)
+        query_lens, context_lens, tables = [], [], []
+        bs = self.block_size
+        for i, seq in enumerate(seqs):
+            extra = list(feed[i]) if feed is not None else []
+            self._check(seq, len(extra))
             # A fully cached sequence still recomputes its last token: we need that position's logits.
-            start = min(seq.num_cached_tokens, seq.num_tokens - 1)
-            ids.extend(seq.token_ids[start:])
-            query_lens.append(seq.num_tokens - start)
-            context_lens.append(seq.num_tokens)
-        meta = build_prefill_meta(query_lens, context_lens, self._block_tables(seqs), self.block_size, self.device,
+            start = min(seq.num_cached_tokens, seq.num_tokens - 1) if feed is None else seq.num_tokens - 1
+            ids += seq.token_ids[start:] + extra
+            context = seq.num_tokens + len(extra)
+            query_lens.append(context - start)
+            context_lens.append(context)
+            tables.append(seq.block_table[:-(-context // bs)])
+        meta = build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), bs, self.device,
                                   use_triton=self.use_triton)
         input_ids = copy_to_device(torch.tensor(ids, dtype=torch.long), self.device)
-        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=meta.last_rows,
-                              fused=self.fused_kernels)
+        return slot.forward(input_ids, meta, rows=meta.last_rows if feed is None else None)
 
-    def _decode_graphs(self) -> DecodeGraphs:
-        if self._graphs is None:
-            self._graphs = DecodeGraphs(
-                self._graph_forward(), self.device, scratch_block=self.num_blocks, block_size=self.block_size,
-                max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
-                use_triton=self.use_triton, warmup_stream=self._warmup_stream)
-        return self._graphs
-
-    def _graph_forward(self) -> DecodeForward:
-        """The decode forward the graphs capture: reads the current caches."""
-        spec, fused, k_caches, v_caches = self.spec, self.fused_kernels, self.k_caches, self.v_caches
-        return lambda input_ids, meta: forward_hidden(spec, input_ids, meta, k_caches, v_caches, fused=fused)
-
-    def _block_tables(self, seqs: Seq[Sequence]) -> Tensor:
-        """[S, W] long on the host: the blocks holding each context (blocks reserved beyond it are left out),
-        rows padded with the scratch block (a valid id nobody owns)."""
-        bs = self.block_size
-        return self._pad_tables([seq.block_table[:-(-seq.num_tokens // bs)] for seq in seqs])
+    def _verify(self, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
+        """Sample at every fed position; keep each row's feed up to the first token its sample disagrees with."""
+        feed = plan.feed or []
+        width = max(plan.num_tokens)
+        rows = [seq for seq, n in zip(plan.seqs, plan.num_tokens) for _ in range(n)]
+        tokens, logprobs = self.sampler.for_rows(rows)(slot.logits(self._prefill(slot, plan.seqs, feed)))
+        padded = torch.full((len(plan.seqs), width), -1, dtype=torch.long)  # -1: no feed token matches it
+        for i, f in enumerate(feed):
+            padded[i, :len(f)] = torch.tensor(f, dtype=torch.long)
+        lengths = torch.tensor(plan.num_tokens, dtype=torch.long)
+        index = torch.arange(width)
+        live = index < lengths[:, None]
+        flat = torch.where(live, (lengths.cumsum(0) - lengths)[:, None] + index, 0).to(self.device)
+        tokens, logprobs = tokens[flat], logprobs[flat]  # [B, width]: row i's samples at its fed positions
+        matches = (tokens == padded.to(self.device)) & live.to(self.device)
+        accepted = matches.long().cumprod(1).sum(1)  # leading feed tokens the samples agree with
+        return PendingTokens(tokens, logprobs, plan.num_tokens, accepted=accepted)
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
+        """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""
         width = max(len(t) for t in tables)
         pad = self.num_blocks
         return torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
 
-    def _check(self, seq: Sequence) -> None:
+    def _check(self, seq: Sequence, extra: int = 0) -> None:
         """Clear errors for what would otherwise be an out-of-bounds write on the device."""
-        n, bs = seq.num_tokens, self.block_size
-        if n == 0:
+        n, bs = seq.num_tokens + extra, self.block_size
+        if seq.num_tokens == 0:
             raise ValueError(f"sequence {seq.seq_id} has no tokens")
         if seq.num_pending:
             raise RuntimeError(f"sequence {seq.seq_id} cannot be prefilled with {seq.num_pending} tokens pending")
@@ -259,48 +242,12 @@ class ModelRunner:
         if any(not 0 <= b < self.num_blocks for b in seq.block_table):
             raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {self.num_blocks}): {seq.block_table}")
 
-    # ------------------------------------------------------------------ sampling
 
-    def _sampler(self, seqs: Seq[Sequence]) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
-        """logits [B, vocab] -> (tokens, log-probs) for these sequences; set up once per burst."""
-        params = [seq.params for seq in seqs]
-        temperature, top_p, top_k = self._sampling_columns(params, self.device)
-        filters = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
-        if self.fused_kernels and not filters and fused_sample_available(self.device):
-            next_seed = self._seed_source(params)  # one read of the logits instead of a dozen passes
-            return lambda logits: fused_sample(logits, temperature, next_seed())
-        generator = self._generator(params)
-        return lambda logits: sample_tokens(logits, temperature, top_p, top_k, generator, apply_filters=filters)
-
-    def _sampling_columns(self, params: list[SamplingParams], device: torch.device) -> tuple[Tensor, ...]:
-        """Per-row temperature, top_p (float32) and top_k (long) on the device: one copy, and none at all while
-        the batch's values stay the same (decode steps of the same requests)."""
-        key = tuple((p.temperature, p.top_p, p.top_k) for p in params)
-        cached = self._sample_cols
-        if cached is None or cached[0] != key or cached[1][0].device != device:
-            host = copy_to_device(torch.tensor(key, dtype=torch.float64).t(), device)  # float64: any top_k exactly
-            cached = self._sample_cols = (key, (host[0].float(), host[1].float(), host[2].long()))
-        return cached[1]
-
-    def _seed_source(self, params: list[SamplingParams]) -> Callable[[], int]:
-        """Per-step seeds of the fused sampler, drawn on the host (no device sync): a stream seeded by the first
-        seeded sequence and kept across steps, like ``_generator``; else torch's global CPU generator."""
-        seed = next((p.seed for p in params if p.seed is not None), None)
-        if seed is None:
-            return lambda: int(torch.randint(0, 2**62, ()))
-        if self._seed_stream is None or self._seed_stream[0] != seed:
-            self._seed_stream = (seed, random.Random(int(seed)))
-        return functools.partial(self._seed_stream[1].getrandbits, 62)
-
-    def _generator(self, params: list[SamplingParams]) -> torch.Generator | None:
-        """One generator, seeded from the first seeded sequence and kept across steps (reseeded when that seed
-        changes), so a seeded run with the same schedule reproduces its tokens."""
-        seed = next((p.seed for p in params if p.seed is not None), None)
-        if seed is None:
-            return None
-        if self._rng is None or self._rng[0] != seed:
-            self._rng = (seed, torch.Generator(device=self.device).manual_seed(int(seed)))
-        return self._rng[1]
+def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:
+    """Slots exchange token ids: their vocabularies must be the same size."""
+    sizes = {name: slot.spec.vocab_size for name, slot in slots.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
 
 
 def _pick_backend(name: str, device: torch.device) -> bool:

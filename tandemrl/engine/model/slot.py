@@ -1,0 +1,135 @@
+"""One model the runner hosts (the target policy, a draft, a frozen partner): its modules, its KV pool, its graphs.
+
+Every slot's pool has the same number of blocks, indexed by the block manager's block ids, so one block table
+addresses a sequence's K/V in every slot; each slot's pool is shaped by its own model (layers, KV heads, head
+size, dtype). The pool holds one extra block past ``num_blocks`` (the scratch block): CUDA-graph padding rows and
+the dead steps of a burst write there. Forwards read the model's parameter tensors in place (zero copy).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta
+from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
+from tandemrl.engine.model.decode_plan import DecodePlan
+from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder
+from tandemrl.engine.model.pending import copy_to_device
+
+StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or None for the staged ones) -> hidden
+
+
+class ModelSlot:
+    """A model's forward over its own paged KV pool; see the module docstring."""
+
+    def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int,
+                 max_model_len: int | None, *,
+                 use_triton: bool, fused_kernels: bool, enforce_eager: bool,
+                 warmup_stream: torch.cuda.Stream | None) -> None:
+        self.name = name
+        self.model = model
+        self.spec: DecoderSpec = inspect_decoder(model)
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = int(max_model_len or self.spec.max_position_embeddings or 4096)
+        self.use_triton = use_triton
+        self.fused_kernels = fused_kernels
+        self.enforce_eager = enforce_eager
+        self.warmup_stream = warmup_stream  # shared by the runner's slots: each stream costs a cuBLAS workspace
+        self.modules = list(model.modules())
+        self._params = list(model.parameters())
+        self._adapter_layers = [m for m in self.modules if hasattr(m, "disable_adapters") and hasattr(m, "merged")]
+        self._graphs_adapter_state: Hashable = self._adapter_state()
+        self.num_blocks = 0
+        self.k_caches: list[Tensor] = []
+        self.v_caches: list[Tensor] = []
+        self.graphs: DecodeGraphs | None = None
+
+    # ------------------------------------------------------------------ weights
+
+    def weights_version(self) -> Hashable:
+        """Changes when the weights this slot computes with change: an in-place write to a parameter that bumps its
+        version counter (``load_state_dict``, foreach/for-loop optimizers; NOT the fused optimizers, nor writes
+        through ``.data``: the engine also keys cached blocks by the rollout's policy version) or a peft adapter
+        switched, merged or unmerged. An adapter change also drops the CUDA graphs, which captured the adapters'
+        control flow."""
+        adapters = self._adapter_state()
+        if adapters != self._graphs_adapter_state:
+            self.graphs = None
+            self._graphs_adapter_state = adapters
+        return sum(p._version for p in self._params), adapters
+
+    def _adapter_state(self) -> Hashable:
+        return tuple((bool(m.disable_adapters), tuple(getattr(m, "active_adapters", ())), bool(m.merged))
+                     for m in self._adapter_layers)
+
+    # ------------------------------------------------------------------ KV pool
+
+    def bytes_per_block(self, block_size: int | None = None) -> int:
+        """K and V of every layer for one block."""
+        s = self.spec
+        elem = torch.empty((), dtype=s.dtype).element_size()
+        return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * elem
+
+    def allocate(self, num_blocks: int) -> None:
+        """Allocate (zeroed, so masked-out slots are finite) K/V for ``num_blocks`` blocks plus the scratch block."""
+        self.free()
+        s = self.spec
+        shape = (2, s.num_layers, num_blocks + 1, self.block_size, s.num_kv_heads, s.head_dim)
+        kv = torch.zeros(shape, dtype=s.dtype, device=self.device)
+        self.k_caches = list(kv[0].unbind(0))
+        self.v_caches = list(kv[1].unbind(0))
+        self.num_blocks = num_blocks
+
+    def free(self) -> None:
+        self.graphs = None
+        self.k_caches, self.v_caches = [], []
+        self.num_blocks = 0
+
+    # ------------------------------------------------------------------ forwards
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return compute_logits(self.spec, hidden)
+
+    def forward(self, input_ids: Tensor, meta: PrefillMeta, rows: Tensor | None) -> Tensor:
+        """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""
+        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
+                              fused=self.fused_kernels)
+
+    def decode_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
+        """(step j's forward, the staged step-0 input ids on the device) for a decode burst."""
+        if not self.enforce_eager and batch_bucket(len(plan.ids)) is not None:
+            graphs = self._decode_graphs()
+            graphs.stage(plan)
+            return graphs.step, graphs.staged_ids()
+        return self._eager_steps(plan)
+
+    def _eager_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
+        """Without graphs: the burst's columns go to the device at once."""
+        columns = copy_to_device(torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))),
+                                 self.device)
+        tables = copy_to_device(torch.from_numpy(plan.tables), self.device)
+        first_ids = copy_to_device(torch.from_numpy(plan.ids), self.device)
+
+        def run_step(j: int, input_ids: Tensor | None) -> Tensor:
+            positions, slots, context_lens = columns[:, j].unbind(0)
+            meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
+                              block_tables=tables, use_triton=self.use_triton)
+            ids = first_ids if input_ids is None else input_ids
+            return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
+
+        return run_step, first_ids
+
+    def _decode_graphs(self) -> DecodeGraphs:
+        if self.graphs is None:
+            spec, fused, k_caches, v_caches = self.spec, self.fused_kernels, self.k_caches, self.v_caches
+            self.graphs = DecodeGraphs(
+                lambda ids, meta: forward_hidden(spec, ids, meta, k_caches, v_caches, fused=fused), self.device,
+                scratch_block=self.num_blocks, block_size=self.block_size,
+                max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
+                use_triton=self.use_triton, warmup_stream=self.warmup_stream)
+        return self.graphs

@@ -1,0 +1,78 @@
+"""The contract of one engine step: the scheduler's plan and what the model runner returns for it.
+
+A plan names its kind, the model slot that runs it and, per row, how many tokens the row is planned to produce:
+- PREFILL: the row's uncached tokens are computed; one token is sampled after the last (``num_tokens`` 1);
+- DECODE: a burst of ``num_tokens[i]`` steps, each feeding the token sampled at the one before, on the device;
+- VERIFY: the row's last token and its ``feed`` tokens (drafts, or forced tokens) are computed in one forward; the
+  model samples at every one of those positions, keeps the feed tokens up to the first one its sample disagrees
+  with, and ends with its own sample there (or after the last feed token). A row may thus return fewer tokens
+  than planned (``len(feed) + 1``), and ``num_accepted`` says how many feed tokens it kept.
+
+The engine reserves ``num_tokens[i]`` pending placeholders per row at launch (sequence.py) and replaces them with
+however many tokens the row returns, fewer or more (a step that writes a run of forced tokens may return more).
+Only a row whose count matches its plan may have a later step in flight: that step's positions assumed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from tandemrl.engine.sequence import Sequence
+
+TARGET = "target"  # the slot of the model whose tokens the engine returns (the trained policy)
+
+
+class StepKind(Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    VERIFY = "verify"
+
+
+@dataclass
+class StepPlan:
+    kind: StepKind
+    seqs: list[Sequence]
+    num_tokens: list[int]  # per row: tokens it is planned to produce (the most it may return)
+    slot: str = TARGET
+    feed: list[list[int]] | None = None  # VERIFY: per row, the tokens to check after its last known one
+
+    def __post_init__(self) -> None:
+        if len(self.num_tokens) != len(self.seqs):
+            raise ValueError(f"a step plan needs one token count per row, got {len(self.num_tokens)} for "
+                             f"{len(self.seqs)} rows")
+        if self.kind is StepKind.VERIFY:
+            if self.feed is None or len(self.feed) != len(self.seqs):
+                raise ValueError("a verify step needs one list of feed tokens per row")
+            if any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed)):
+                raise ValueError("a verify row plans len(feed) + 1 tokens")
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.kind is StepKind.PREFILL
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+    @classmethod
+    def idle(cls) -> StepPlan:
+        """Nothing to run this step."""
+        return cls(StepKind.DECODE, [], [])
+
+
+@dataclass
+class StepOutput:
+    """Per row of the plan: the tokens it produced and their log-probs (under the distribution each was sampled
+    from); for a verify step, how many feed tokens each row kept."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    num_accepted: list[int] | None = None
+
+    def check(self, plan: StepPlan) -> None:
+        """RuntimeError unless this output has a row per plan row (the runner's bug otherwise, which must not
+        corrupt the sequences); rows are checked as they are applied (Sequence.fill_pending)."""
+        rows = len(plan.seqs)
+        if len(self.token_ids) != rows or len(self.logprobs) != rows:
+            raise RuntimeError(f"the model runner returned tokens for {len(self.token_ids)} and log-probs for "
+                               f"{len(self.logprobs)} of {rows} rows")
