@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bench.kernel_sweep import per_layer_us
+from bench.kernel_sweep import decode_tiles, per_layer_us
 from tandemrl.engine.kernels import triton_attention
 
 
@@ -38,28 +38,24 @@ def main() -> None:
     ctx = torch.full((batch,), args.context, device="cuda")
     q = torch.randn(batch, 14, 64, device="cuda", dtype=torch.bfloat16)
     kv_mb = 2 * batch * args.context * 2 * 64 * 2 / 1e6
-    knobs = ("_SINGLE_PASS_BLOCK_N", "_DECODE_WARPS", "_SINGLE_PASS_STAGES")
-    original = {k: getattr(triton_attention, k) for k in knobs}
     results = {}
     for layout in ("slot_major", "head_major"):
         caches = caches_for(layout, batch * width, layers)
         reference = triton_attention.triton_paged_decode(q, caches[0], caches[1], tables, ctx, 0.125, None)
         for bn, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
-            for knob, value in zip(knobs, (bn, warps, stages)):
-                setattr(triton_attention, knob, value)
+            tiles = decode_tiles(bn, warps, stages)
             name = f"{layout} {bn}/{warps}/{stages}"
             try:
-                out = triton_attention.triton_paged_decode(q, caches[0], caches[1], tables, ctx, 0.125, None)
+                out = triton_attention.triton_paged_decode(q, caches[0], caches[1], tables, ctx, 0.125, None,
+                                                           tiles=tiles)
                 err = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
                 us = per_layer_us(lambda i: triton_attention.triton_paged_decode(
-                    q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None), range(layers))
+                    q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None, tiles=tiles), range(layers))
             except Exception as exc:  # out of shared memory at large tiles
                 print(f"{name}: {type(exc).__name__}", flush=True)
                 continue
             results[name] = {"us": us, "rel_err": err, "gb_s": kv_mb / us * 1e3}
             print(f"{name}: {us:.2f} us  {kv_mb / us * 1e3:.0f} GB/s  err {err:.1e}", flush=True)
-        for knob, value in original.items():
-            setattr(triton_attention, knob, value)
         for splits in (2, 4):
             us = per_layer_us(lambda i: triton_attention.triton_paged_decode(
                 q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None, num_splits=splits), range(layers))

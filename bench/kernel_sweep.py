@@ -13,12 +13,17 @@ import json
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU install: the bench needs a GPU to run, not to import
+    triton = None
 
 from bench.grpo_step import build_model
 from tandemrl.engine.kernels import fused_linear, triton_attention
 from tandemrl.engine.kernels.fused_linear import LinearTiles
+from tandemrl.engine.kernels.triton_attention import DecodeAttentionTiles
 
 
 def per_layer_us(op, layers, reps: int = 20) -> float:
@@ -50,9 +55,16 @@ def tile_grid(rows: int) -> list[LinearTiles]:
     return grid
 
 
+def decode_tiles(block_n: int, warps: int, stages: int) -> DecodeAttentionTiles:
+    """Attention tiles with these values for both kernel variants, so whichever one the split count picks runs them."""
+    return DecodeAttentionTiles(block_n=block_n, stages=stages, single_pass_block_n=block_n,
+                                single_pass_stages=stages, num_warps=warps)
+
+
 def sweep_linear(layers, rows_list: list[int]) -> dict:
+    """The grouped kernels over `tile_grid`, passed as explicit tiles. gate/up is swept with plain loads (the TMA
+    kernel's tiles are bench.tma_probe's); `triton_*_default` is the engine's own call, tiles and kernel picked."""
     results = {}
-    original = fused_linear.pick_tiles
     for rows in rows_list:
         x = torch.randn(rows, 896, device="cuda", dtype=torch.bfloat16)
         act = torch.randn(rows, 4864, device="cuda", dtype=torch.bfloat16)
@@ -65,47 +77,50 @@ def sweep_linear(layers, rows_list: list[int]) -> dict:
                 lambda m: torch.nn.functional.silu(m.gate_proj(x)) * m.up_proj(x), mlps),
             "cublas_down": per_layer_us(lambda m: m.down_proj(act), mlps),
         }
-        for name, op, mods in (("qkv", lambda a: fused_linear.qkv_projection(a, x, max_rows=1 << 20), attn),
-                               ("gate_up", lambda m: fused_linear.gate_up_silu(m, x, max_rows=1 << 20), mlps)):
+        ops = (("qkv", lambda a, t: fused_linear.qkv_projection(a, x, max_rows=1 << 20, tiles=t), attn),
+               ("gate_up", lambda m, t: fused_linear.gate_up_silu(m, x, max_rows=1 << 20, tiles=t, tma=False), mlps))
+        for name, op, mods in ops:
             timed = []
             for tiles in tile_grid(rows):
-                fused_linear.pick_tiles = lambda *args, _t=tiles, **kw: _t
                 try:
-                    timed.append((per_layer_us(op, mods), vars(tiles)))
+                    timed.append((per_layer_us(lambda mod: op(mod, tiles), mods), vars(tiles)))
                 except Exception as exc:  # out of shared memory / registers: skip the config
                     print(f"  {name} {tiles}: {type(exc).__name__}")
-            fused_linear.pick_tiles = original
             timed.sort(key=lambda t: t[0])
             row[f"triton_{name}"] = timed[0][0]
             row[f"triton_{name}_tiles"] = timed[0][1]
             row[f"triton_{name}_top5"] = timed[:5]
-            row[f"triton_{name}_default"] = per_layer_us(op, mods)
+        row["triton_qkv_default"] = per_layer_us(lambda a: fused_linear.qkv_projection(a, x, max_rows=1 << 20), attn)
+        row["triton_gate_up_default"] = per_layer_us(lambda m: fused_linear.gate_up_silu(m, x, max_rows=1 << 20),
+                                                     mlps)
         results[rows] = row
         print(f"rows {rows}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in row.items()), flush=True)
     return results
 
 
-@triton.jit
-def _split_k_kernel(x_ptr, w_ptr, part_ptr, M, N, K, CHUNK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    # Prototype: partial sums of x[M, K] @ w[N, K]^T over one K chunk per program, float32 [splits, M, N].
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    split = tl.program_id(2)
-    offs_k = tl.arange(0, BLOCK_K)
-    lo = split * CHUNK
-    hi = tl.minimum(lo + CHUNK, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(lo, hi, BLOCK_K):
-        k_ok = (k0 + offs_k) < hi
-        x = tl.load(x_ptr + offs_m[:, None] * K + (k0 + offs_k)[None, :], mask=(offs_m[:, None] < M) & k_ok[None, :],
-                    other=0.0)
-        w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + (k0 + offs_k)[:, None],
-                    mask=(offs_n[None, :] < N) & k_ok[:, None], other=0.0)
-        acc = tl.dot(x, w, acc)
-    tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+if triton is not None:  # prototype kernel; the module imports without Triton (it runs on GPUs only)
+
+    @triton.jit
+    def _split_k_kernel(x_ptr, w_ptr, part_ptr, M, N, K, CHUNK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+        # Prototype: partial sums of x[M, K] @ w[N, K]^T over one K chunk per program, float32 [splits, M, N].
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        split = tl.program_id(2)
+        offs_k = tl.arange(0, BLOCK_K)
+        lo = split * CHUNK
+        hi = tl.minimum(lo + CHUNK, K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(lo, hi, BLOCK_K):
+            k_ok = (k0 + offs_k) < hi
+            x = tl.load(x_ptr + offs_m[:, None] * K + (k0 + offs_k)[None, :],
+                        mask=(offs_m[:, None] < M) & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + (k0 + offs_k)[:, None],
+                        mask=(offs_n[None, :] < N) & k_ok[:, None], other=0.0)
+            acc = tl.dot(x, w, acc)
+        tl.store(part_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 def sweep_split_k(layers, rows_list: list[int]) -> dict:
@@ -139,8 +154,6 @@ def sweep_split_k(layers, rows_list: list[int]) -> dict:
 def sweep_attention(batches: list[int], context: int = 384) -> dict:
     results = {}
     block, kv_heads, head_dim, heads, layers = 16, 2, 64, 14, 24
-    knobs = ("_DECODE_BLOCK_N", "_DECODE_WARPS", "_DECODE_STAGES")
-    original = {k: getattr(triton_attention, k) for k in knobs}
     for batch in batches:
         width = -(-context // block)
         caches = [torch.randn(batch * width, block, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -150,17 +163,15 @@ def sweep_attention(batches: list[int], context: int = 384) -> dict:
         q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
         row = {}
         for bn, warps, stages, splits in itertools.product((32, 64, 128), (2, 4), (2, 3, 4), (1, 2, 4)):
-            for knob, value in zip(knobs, (bn, warps, stages)):
-                setattr(triton_attention, knob, value)
+            tiles = decode_tiles(bn, warps, stages)
             try:
                 us = per_layer_us(lambda i: triton_attention.triton_paged_decode(
-                    q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None, num_splits=splits), range(layers))
+                    q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None, num_splits=splits, tiles=tiles),
+                    range(layers))
             except Exception as exc:
                 print(f"  attention {bn}/{warps}/{stages}/{splits}: {type(exc).__name__}")
                 continue
             row[f"{bn}/{warps}/{stages}/{splits}"] = us
-        for knob, value in original.items():
-            setattr(triton_attention, knob, value)
         row["default"] = per_layer_us(lambda i: triton_attention.triton_paged_decode(
             q, caches[2 * i], caches[2 * i + 1], tables, ctx, 0.125, None), range(layers))
         kv_bytes = 2 * batch * context * kv_heads * head_dim * 2

@@ -17,9 +17,13 @@ import json
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a CPU install: the bench needs a GPU to run, not to import
+    triton = None
 
 from bench.grpo_step import build_model
 from bench.kernel_sweep import per_layer_us
@@ -27,40 +31,32 @@ from tandemrl.engine.kernels import fused_linear
 from tandemrl.engine.kernels.fused_linear import LinearTiles
 
 
-@triton.jit
-def _splitk_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, k_per_split, stride_om,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    off_n = tl.program_id(0) * BLOCK_N
-    off_m = tl.program_id(1) * BLOCK_M
-    k_lo = tl.program_id(2) * k_per_split
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K, num_stages=STAGES):
-        acc = tl.dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
-    offs_m = off_m + tl.arange(0, BLOCK_M)
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.atomic_add(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=mask, sem="relaxed")
+if triton is not None:  # prototype kernel; the module imports without Triton (it runs on GPUs only)
+
+    @triton.jit
+    def _splitk_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, k_per_split, stride_om,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        off_n = tl.program_id(0) * BLOCK_N
+        off_m = tl.program_id(1) * BLOCK_M
+        k_lo = tl.program_id(2) * k_per_split
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in tl.range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K, num_stages=STAGES):
+            acc = tl.dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.atomic_add(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=mask, sem="relaxed")
 
 
 def gate_up_tma(mlp, x, bm, bn, bk, warps, stages):
     """fused_linear's TMA gate/up kernel with these tiles."""
     tiles = LinearTiles(bm, bn, bk, num_warps=warps, num_stages=stages)
-    original = fused_linear._TMA_GATE_UP_TILES
-    fused_linear._TMA_GATE_UP_TILES = {128: tiles, 256: tiles}
-    try:
-        return fused_linear.gate_up_silu(mlp, x)
-    finally:
-        fused_linear._TMA_GATE_UP_TILES = original
+    return fused_linear.gate_up_silu(mlp, x, tiles=tiles, tma=True)
 
 
 def gate_up_plain(mlp, x):
-    """fused_linear's gate/up kernel with plain loads (tensor descriptors refused)."""
-    original = fused_linear._tma_ready
-    fused_linear._tma_ready = lambda *tensors: False
-    try:
-        return fused_linear.gate_up_silu(mlp, x)
-    finally:
-        fused_linear._tma_ready = original
+    """fused_linear's gate/up kernel with plain loads (its own tiles), as the GEMV range runs it."""
+    return fused_linear.gate_up_silu(mlp, x, tma=False)
 
 
 def down_splitk(mlp, act, out, bm, bn, bk, splits, warps, stages):

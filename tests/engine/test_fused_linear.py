@@ -4,6 +4,7 @@ Kernel tests run on CUDA, or on the CPU under Triton's interpreter (TRITON_INTER
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -94,6 +95,30 @@ def test_pick_tiles_reads_weights_once_and_fills_the_sms():
             assert fl.pick_tiles(rows, (896,), 896, 2, per) == fl._LARGE_BATCH_TILES[(per, bucket)]
 
 
+def test_tile_defaults_are_the_measured_values():
+    """What the engine launches above the GEMV range (it passes no tiles): the H100 sweeps' winners. Changing one
+    is a tuning decision, made here too."""
+    T = fl.LinearTiles
+    assert fl._LARGE_BATCH_TILES == {(1, 128): T(64, 32, 128, 4, 4), (1, 256): T(64, 64, 128, 4, 3),
+                                     (2, 128): T(128, 64, 64, 8, 4), (2, 256): T(128, 32, 64, 4, 3)}
+    assert fl._TMA_GATE_UP_TILES == {128: T(128, 64, 64, 4, 4), 256: T(128, 64, 64, 4, 3)}
+    for fn, names in ((fl.qkv_projection, ("tiles",)), (fl.gate_up_silu, ("tiles", "tma"))):
+        assert all(inspect.signature(fn).parameters[n].default is None for n in names)
+
+
+def test_tma_choice():
+    """tma None: descriptors above the GEMV range where they apply; an explicit choice is kept, or refused."""
+    if not (INTERPRET or (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9)):
+        pytest.skip("tensor descriptors need Hopper or the interpreter")
+    x, w = torch.empty(100, 64, device=DEVICE), torch.empty(32, 64, device=DEVICE)
+    assert fl._use_tma(100, None, x, w) and not fl._use_tma(64, None, x, w)
+    assert fl._use_tma(64, True, x, w) and not fl._use_tma(100, False, x, w)
+    odd = torch.empty(100, 66, device=DEVICE)[:, :64]  # rows 264 bytes apart: not 16-byte aligned
+    assert not fl._use_tma(100, None, odd, w)
+    with pytest.raises(ValueError, match="tma=True"):
+        fl._use_tma(100, True, odd, w)
+
+
 def test_large_batches_group_only_short_reductions(monkeypatch):
     """Above 64 rows the grouped launch was measured to win only at hidden sizes up to _LARGE_ROWS_MAX_K."""
     monkeypatch.setattr(fl, "triton", fl.triton or object())  # the eligibility rule alone: no launch here
@@ -168,6 +193,22 @@ def test_large_batch_tiles(rows, hidden, tma):
         for got, proj in zip(fl.qkv_projection(attn, x), (attn.q_proj, attn.k_proj, attn.v_proj)):
             torch.testing.assert_close(got, proj(x), **_tols(dtype))
         torch.testing.assert_close(fl.gate_up_silu(mlp, x), _mlp_ref(mlp, x), **_tols(dtype))
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [3, 100])
+def test_explicit_tiles_match_modules(rows):
+    """Tiles a benchmark passes instead of the picked ones (masked K steps, masked last tiles), for q/k/v and for
+    both gate/up kernels where descriptors apply: the modules' results."""
+    dtype = DTYPES[0]
+    tiles = fl.LinearTiles(32, 16, 32, num_warps=4, num_stages=2)
+    attn, mlp, x = _attn(dtype, (True, False, True)), _mlp(dtype, bias=True), _x(rows, dtype)
+    tma_choices = [False] + ([True] if fl._tma_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight) else [])
+    with torch.no_grad():
+        for got, proj in zip(fl.qkv_projection(attn, x, tiles=tiles), (attn.q_proj, attn.k_proj, attn.v_proj)):
+            torch.testing.assert_close(got, proj(x), **_tols(dtype))
+        for tma in tma_choices:
+            torch.testing.assert_close(fl.gate_up_silu(mlp, x, tiles=tiles, tma=tma), _mlp_ref(mlp, x), **_tols(dtype))
 
 
 @needs_kernels

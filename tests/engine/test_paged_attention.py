@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 
@@ -18,6 +19,8 @@ from tandemrl.engine.model.attention import (
     store_kv,
 )
 from tandemrl.engine.kernels.triton_attention import (
+    DEFAULT_DECODE_TILES,
+    DecodeAttentionTiles,
     decode_splits,
     triton_decode_available,
     triton_paged_decode,
@@ -167,6 +170,17 @@ def test_decode_splits_depend_on_shapes_only():
     assert decode_splits(1, 2, 4, 16, 132) == 1 and decode_splits(1, 2, 9, 16, 132) == 3
     counts = [decode_splits(b, 2, 256, 16, 132) for b in range(1, 300)]
     assert counts == sorted(counts, reverse=True)
+    # explicit tiles: twice the waves, about twice the partitions (33, not 17); 128-token tiles, fewer of them
+    assert decode_splits(8, 2, 256, 16, 132, tiles=DecodeAttentionTiles(split_target_waves=4)) == 33
+    assert decode_splits(1, 2, 9, 16, 132, tiles=DecodeAttentionTiles(block_n=128)) == 2
+
+
+def test_decode_tile_defaults_are_the_tuned_values():
+    """What the engine launches (it passes no tiles): changing a default is a tuning decision, made here too."""
+    assert DEFAULT_DECODE_TILES == DecodeAttentionTiles() == DecodeAttentionTiles(
+        block_n=64, stages=3, single_pass_block_n=128, single_pass_stages=2, num_warps=4, split_target_waves=2)
+    for fn in (triton_paged_decode, decode_splits):
+        assert inspect.signature(fn).parameters["tiles"].default is DEFAULT_DECODE_TILES
 
 
 def _split_case(dtype, H, kvh, D, ctx_lens, seed):
@@ -198,6 +212,19 @@ def test_triton_decode_splits_match_sdpa(dtype, H, kvh, D, window, splits):
     assert out.shape == ref.shape and out.dtype == dtype and not out.isnan().any()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("splits,window", [(1, None), (3, 37), (None, None)])
+def test_triton_decode_with_explicit_tiles_matches_sdpa(splits, window):
+    """Tiles other than the defaults (as a benchmark passes them) for the single-pass kernel, split-K with its
+    merge, and the split count the tiles' waves pick (14 on 132 SMs): the same attention."""
+    tiles = DecodeAttentionTiles(block_n=16, stages=2, single_pass_block_n=32, single_pass_stages=3, num_warps=2,
+                                 split_target_waves=1)
+    q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 6, 2, 32, [1, 16, 17, 65, 200], seed=7)
+    ref = sdpa_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window)
+    out = triton_paged_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window, num_splits=splits, tiles=tiles)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_triton_decode_rejects_bad_splits():

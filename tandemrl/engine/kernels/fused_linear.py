@@ -50,6 +50,9 @@ _BLOCK_N_CHOICES = (64, 32, 16, 8)
 
 @dataclass(frozen=True)
 class LinearTiles:
+    """Tiles and launch options of one grouped-projection launch; the launchers take one as `tiles=` (benchmarks),
+    or pick their own (`pick_tiles`, `_TMA_GATE_UP_TILES`: what the engine runs)."""
+
     block_m: int
     block_n: int
     block_k: int
@@ -83,7 +86,7 @@ def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weigh
     More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket (128 or 256; 256's beyond).
     """
     if rows > _GEMV_ROWS:
-        return _LARGE_BATCH_TILES[(weights_per_tile, 128 if rows <= 128 else 256)]
+        return _LARGE_BATCH_TILES[(weights_per_tile, _bucket(rows))]
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_tiles = -(-rows // block_m)
     min_n = max(8, block_m // 4)
@@ -165,11 +168,12 @@ def _new_output(rows: int, cols: int, like: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------- launchers
 
 def qkv_projection(
-    attn: nn.Module, x: Tensor, *, max_rows: int | None = None,
+    attn: nn.Module, x: Tensor, *, max_rows: int | None = None, tiles: LinearTiles | None = None,
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer.
 
     None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
+    tiles: None picks them (`pick_tiles`); benchmarks pass their own.
     """
     projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
     if not (_launchable(x, max_rows) and _no_global_hooks() and all(
@@ -181,7 +185,8 @@ def qkv_projection(
     nq, nk, nv = (p.weight.shape[0] for p in projs)
     out = _new_output(rows, nq + nk + nv, x)
     if rows:
-        t = pick_tiles(rows, (nq, nk, nv), K, x.element_size(), 1, _sm_count(x.device))
+        t = tiles if tiles is not None else pick_tiles(rows, (nq, nk, nv), K, x.element_size(), 1,
+                                                        _sm_count(x.device))
         col_tiles = sum(triton.cdiv(n, t.block_n) for n in (nq, nk, nv))
         (wq, bq), (wk, bk), (wv, bv) = ((p.weight, p.bias) for p in projs)
         _qkv_kernel[(col_tiles, triton.cdiv(rows, t.block_m))](
@@ -198,9 +203,17 @@ def qkv_projection(
     return q.view(*lead, nq), k.view(*lead, nk), v.view(*lead, nv)
 
 
-def gate_up_silu(mlp: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
+def gate_up_silu(
+    mlp: nn.Module, x: Tensor, *, max_rows: int | None = None, tiles: LinearTiles | None = None,
+    tma: bool | None = None,
+) -> Tensor | None:
     """silu(gate_proj(x)) * up_proj(x) in one launch, rounded as ``fused.silu_mul_ref(gate_proj(x), up_proj(x))``
-    (gate and up rounded to the dtype, then silu rounded, then the product). None where it does not apply."""
+    (gate and up rounded to the dtype, then silu rounded, then the product). None where it does not apply.
+
+    The engine passes neither tiles nor tma: above the GEMV range tensor descriptors where they apply (`_use_tma`)
+    with the measured `_TMA_GATE_UP_TILES`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
+    (for whichever kernel runs) and may force descriptors (tma=True) or plain loads (tma=False).
+    """
     if not (is_silu_mlp(mlp) and _launchable(x, max_rows) and _no_global_hooks()):
         return None
     gate, up = mlp.gate_proj, mlp.up_proj
@@ -210,10 +223,10 @@ def gate_up_silu(mlp: nn.Module, x: Tensor, *, max_rows: int | None = None) -> T
     x2 = x.reshape(-1, K)
     rows, inter = x2.shape[0], gate.weight.shape[0]
     out = _new_output(rows, inter, x)
-    if rows > _GEMV_ROWS and _tma_ready(x2, gate.weight, up.weight):
-        _gate_up_silu_tma(x2, gate, up, out)
+    if rows and _use_tma(rows, tma, x2, gate.weight, up.weight):
+        _gate_up_silu_tma(x2, gate, up, out, tiles if tiles is not None else _TMA_GATE_UP_TILES[_bucket(rows)])
     elif rows:
-        t = pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
+        t = tiles if tiles is not None else pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
         _gate_up_silu_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
             x2, gate.weight, up.weight, _or(gate.bias, gate.weight), _or(up.bias, up.weight), out,
             rows, inter, K, x2.stride(0), out.stride(0),
@@ -224,11 +237,25 @@ def gate_up_silu(mlp: nn.Module, x: Tensor, *, max_rows: int | None = None) -> T
     return out.view(*x.shape[:-1], inter)
 
 
-def _gate_up_silu_tma(x: Tensor, gate: nn.Linear, up: nn.Linear, out: Tensor) -> None:
+def _use_tma(rows: int, tma: bool | None, *tensors: Tensor) -> bool:
+    """tma None: the engine's rule, descriptors above the GEMV range where they can address the operands. An
+    explicit True that descriptors cannot serve raises rather than timing the other kernel under its name."""
+    if tma is None:
+        return rows > _GEMV_ROWS and _tma_ready(*tensors)
+    if tma and not _tma_ready(*tensors):
+        raise ValueError("gate_up_silu: tma=True needs Hopper (or the interpreter) and 16-byte aligned operands")
+    return tma
+
+
+def _bucket(rows: int) -> int:
+    """The decode batch bucket of the measured large-batch tiles."""
+    return 128 if rows <= 128 else 256
+
+
+def _gate_up_silu_tma(x: Tensor, gate: nn.Linear, up: nn.Linear, out: Tensor, t: LinearTiles) -> None:
     """The large-batch launch: x [rows, K] and both weights read through tensor descriptors (out-of-range rows,
     columns and K steps come back as zeros, so the loads need no masks)."""
     rows, inter = out.shape
-    t = _TMA_GATE_UP_TILES[128 if rows <= 128 else 256]
     x_desc = TensorDescriptor.from_tensor(x, [t.block_m, t.block_k])
     g_desc, u_desc = (TensorDescriptor.from_tensor(w, [t.block_n, t.block_k]) for w in (gate.weight, up.weight))
     _gate_up_silu_tma_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](

@@ -7,6 +7,7 @@ the layout, the GQA folding and the sliding-window rule.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,22 +24,34 @@ try:  # optional: without Triton the SDPA paths of attention.py serve
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
-# Triton paged decode: tokens per inner step and warps per program. At head_dim 64 in bf16 on sm_90, 64 x 4
-# compiles to 80 registers and 21 KiB of shared memory (the next K and V tiles prefetched by cp.async): ~6
-# programs fit an SM, so 256 rows x 2 KV heads run in one wave with ~16 KiB each in flight. 128-token tiles
-# (96 registers, 40 KiB) halve the loop trips; 8 warps halve the registers but not the per-program latency.
-_DECODE_BLOCK_N = 64
-_DECODE_WARPS = 4
-_DECODE_STAGES = 3  # Triton's default software pipelining depth for the K/V loads
-# Without split-K (one program per row and KV head) 128-token tiles with 2 stages were fastest on an H100
-# (`python -m bench.kernel_sweep`, context 384: 9.8 vs 11.1 us per layer at 64 rows, 21.9 vs 22.0 at 256).
-_SINGLE_PASS_BLOCK_N = 128
-_SINGLE_PASS_STAGES = 2
+
+@dataclass(frozen=True)
+class DecodeAttentionTiles:
+    """Launch choices of `triton_paged_decode`: a parameter, so benchmarks sweep them without touching the module.
+    The defaults are what the engine runs (its callers pass nothing); changing one is a tuning decision.
+
+    Split-K: at head_dim 64 in bf16 on sm_90, 64 tokens x 4 warps compiles to 80 registers and 21 KiB of shared
+    memory (the next K and V tiles prefetched by cp.async): ~6 programs fit an SM, so 256 rows x 2 KV heads run in
+    one wave with ~16 KiB each in flight. 128-token tiles (96 registers, 40 KiB) halve the loop trips; 8 warps halve
+    the registers but not the per-program latency. Single pass (one program per row and KV head): 128-token tiles
+    with 2 stages were fastest on an H100 (`python -m bench.kernel_sweep`, context 384: 9.8 vs 11.1 us per layer at
+    64 rows, 21.9 vs 22.0 at 256).
+    """
+
+    block_n: int = 64  # split-K: tokens per inner step, and the granularity of the partitions
+    stages: int = 3  # split-K: software pipelining depth of the K/V loads (Triton's default)
+    single_pass_block_n: int = 128
+    single_pass_stages: int = 2
+    num_warps: int = 4  # both variants
+    split_target_waves: int = 2  # `decode_splits` aims at this many decode programs per SM
+
+
+DEFAULT_DECODE_TILES = DecodeAttentionTiles()
+
 # Triton paged prefill: rows of a program (queries x the query heads of one KV head) and keys per inner step.
 _PREFILL_BLOCK_M = 128
 _PREFILL_BLOCK_N = 64
 _PREFILL_WARPS = 8
-_SPLIT_TARGET_WAVES = 2  # split-K aims at this many decode programs per SM
 _MAX_SPLITS = 64  # the merge kernel reads all partitions of a head as one [splits, head_dim] tile
 _FALLBACK_SM_COUNT = 132  # off CUDA (the interpreter): an H100's
 _LOG2E = 1.4426950408889634  # the kernels use exp2 with log2(e) folded into the softmax scale
@@ -51,14 +64,15 @@ def triton_decode_available(device: torch.device) -> bool:
 
 def triton_paged_decode(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float,
-    window: int | None, *, num_splits: int | None = None,
+    window: int | None, *, num_splits: int | None = None, tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES,
 ) -> Tensor:
     """Same contract as sdpa_decode, fused: reads only each row's first context_len tokens (not the padded width).
 
     Split-K ("flash-decoding"): each (row, KV head) context is cut into `num_splits` partitions, attended by
     separate programs into a float32 workspace, then merged by a small second kernel. None picks the count from
     host-known shapes only (`decode_splits`), so a CUDA graph captured per (rows, width) stays valid for any
-    context_lens; one split runs the single-pass kernel, no workspace, no merge.
+    context_lens; one split runs the single-pass kernel, no workspace, no merge. `tiles`: the launch choices (the
+    engine keeps the defaults; benchmarks sweep them).
     """
     if triton is None:
         raise RuntimeError("triton_paged_decode needs the triton package")
@@ -71,7 +85,7 @@ def triton_paged_decode(
         raise ValueError(f"triton_paged_decode: block_tables {tuple(block_tables.shape)} / context_lens "
                          f"{tuple(context_lens.shape)} do not have {B} rows")
     if num_splits is None:
-        num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, _sm_count(q.device))
+        num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, _sm_count(q.device), tiles=tiles)
     if not 1 <= num_splits <= _MAX_SPLITS:
         raise ValueError(f"triton_paged_decode: num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
     if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
@@ -85,8 +99,8 @@ def triton_paged_decode(
     single = num_splits == 1
     common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D,
                   BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_WINDOW=window is not None,
-                  BLOCK_N=_SINGLE_PASS_BLOCK_N if single else _DECODE_BLOCK_N, IEEE=q.dtype == torch.float32,
-                  num_warps=_DECODE_WARPS, num_stages=_SINGLE_PASS_STAGES if single else _DECODE_STAGES)
+                  BLOCK_N=tiles.single_pass_block_n if single else tiles.block_n, IEEE=q.dtype == torch.float32,
+                  num_warps=tiles.num_warps, num_stages=tiles.single_pass_stages if single else tiles.stages)
     if single:
         part_acc = part_m = part_l = out  # unused by the single-pass variant
     else:
@@ -106,7 +120,7 @@ def triton_paged_decode(
         _combine_splits_kernel[(B, H)](
             part_acc, part_m, part_l, context_lens, out,
             window if window is not None else 0, num_splits, context_lens.stride(0), out.stride(0), out.stride(1),
-            HEAD_DIM=D, BLOCK_D=common["BLOCK_D"], BLOCK_N=_DECODE_BLOCK_N, HAS_WINDOW=window is not None,
+            HEAD_DIM=D, BLOCK_D=common["BLOCK_D"], BLOCK_N=tiles.block_n, HAS_WINDOW=window is not None,
             BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4, **pdl.launch_options(q.device),
         )
     return out
@@ -147,21 +161,22 @@ def triton_paged_prefill(
     return out
 
 
-def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int) -> int:
+def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int, *,
+                  tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES) -> int:
     """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only.
 
     When rows x KV heads fill half the SMs: 1, the single-pass kernel without workspace or merge (on an H100 at
     64 rows x 2 heads it beat every split, the merge costing more than the extra programs gain). Below that, enough
-    programs for about _SPLIT_TARGET_WAVES programs per SM (a decode program is latency-bound: more of them in
-    flight means more bytes in flight), never more partitions than BLOCK_N-token tiles in the widest context the
-    table allows (the rest would always be empty), at most _MAX_SPLITS (the merge reads them in one tile).
+    programs for about `tiles.split_target_waves` programs per SM (a decode program is latency-bound: more of them
+    in flight means more bytes in flight), never more partitions than `tiles.block_n`-token tiles in the widest
+    context the table allows (the rest would always be empty), at most _MAX_SPLITS (the merge reads them in one tile).
     """
     programs = rows * kv_heads
     if 2 * programs >= sm_count:
         return 1
-    target = _SPLIT_TARGET_WAVES * sm_count
-    tiles = -(-width * block_size // _DECODE_BLOCK_N)
-    return max(1, min(-(-target // programs), tiles, _MAX_SPLITS))
+    target = tiles.split_target_waves * sm_count
+    token_tiles = -(-width * block_size // tiles.block_n)
+    return max(1, min(-(-target // programs), token_tiles, _MAX_SPLITS))
 
 
 @functools.lru_cache(maxsize=None)
