@@ -85,6 +85,7 @@ class TrainConfig(Section):
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.2, ge=0.0)
     kl_beta: float = Field(0.0, ge=0.0)
+    tis_cap: float = Field(0.0, ge=0.0, description="truncated importance sampling cap on the rollout weight; 0 = off")
     epochs_per_batch: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1)
     micro_batch_size: int = Field(64, ge=1)

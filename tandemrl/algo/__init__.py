@@ -8,8 +8,12 @@ from tandemrl.algo.losses import (
     LossConfig,
     LossInputs,
     LossOutput,
+    accumulate_metrics,
     grpo_loss,
+    is_maximum,
     k3_kl,
+    rollout_metrics,
+    tis_weights,
 )
 from tandemrl.algo.registry import Registry, UnknownNameError
 
@@ -23,8 +27,12 @@ __all__ = [
     "LossOutput",
     "Registry",
     "UnknownNameError",
+    "accumulate_metrics",
     "dr_grpo_advantages",
     "grpo_advantages",
     "grpo_loss",
+    "is_maximum",
     "k3_kl",
+    "rollout_metrics",
+    "tis_weights",
 ]

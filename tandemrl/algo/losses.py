@@ -9,6 +9,8 @@ Metrics follow the same rule: every value in ``LossOutput.metrics`` is this micr
 mini-batch value, so the mini-batch metric is the plain SUM of the values over its micro-batches (with a
 single micro-batch, the values are already the batch values). Token-level metrics (clip_frac, kl,
 ratio_mean) are mask-weighted means over the mini-batch's tokens; pg_loss uses the configured aggregation.
+The one exception are maxima, named ``*_max``: each is this micro-batch's maximum, and the mini-batch value
+is their MAX (:func:`accumulate_metrics` applies both rules).
 
 The mask is a per-token WEIGHT (1 for completion tokens, 0 for prompt/padding, possibly fractional, e.g.
 0.2 for tokens written by a frozen model), not a boolean. Positions with weight 0 never affect the loss,
@@ -35,6 +37,7 @@ class LossInputs:
     advantages: Tensor  # [B] one advantage per sequence
     mask: Tensor  # [B,T] float loss weight per token (0 for prompt/padding)
     ref_logprobs: Tensor | None = None  # [B,T] same under the frozen reference policy, for the KL term
+    rollout_logprobs: Tensor | None = None  # [B,T] same as the rollout engine reported it, for TIS and metrics
 
 
 @dataclass
@@ -44,6 +47,7 @@ class LossConfig:
     kl_beta: float = 0.0  # weight of the k3 KL penalty to the reference policy
     aggregation: str = "token-mean"  # a name in AGGREGATIONS
     max_completion_length: int | None = None  # Dr.GRPO normaliser for "seq-mean-token-sum-norm"
+    tis_cap: float = 0.0  # truncated importance sampling: weight min(exp(old - rollout), tis_cap); 0 = off
 
     def validate(self) -> None:
         if not 0 <= self.eps_low < 1:
@@ -55,6 +59,8 @@ class LossConfig:
         AGGREGATIONS.get(self.aggregation)  # raises with the list of valid choices
         if self.max_completion_length is not None and self.max_completion_length <= 0:
             raise ValueError(f"max_completion_length must be > 0, got {self.max_completion_length}")
+        if self.tis_cap < 0:
+            raise ValueError(f"tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
 
 
 @dataclass
@@ -90,7 +96,21 @@ class BatchNorm:
 @dataclass
 class LossOutput:
     loss: Tensor  # scalar, differentiable; this micro-batch's share of the mini-batch loss
-    metrics: dict[str, float] = field(default_factory=dict)  # shares too: SUM them over micro-batches
+    metrics: dict[str, float] = field(default_factory=dict)  # shares too: SUM them over micro-batches (*_max: MAX)
+
+
+def is_maximum(key: str) -> bool:
+    """Metrics named ``*_max`` are maxima, not shares: they combine by max over micro-batches and steps."""
+    return key.endswith("_max")
+
+
+def accumulate_metrics(total: dict[str, float], part: dict[str, float]) -> None:
+    """Fold one micro-batch's metrics into its mini-batch's, in place: shares add up, maxima take the max."""
+    for key, value in part.items():
+        if key not in total:
+            total[key] = value
+        else:
+            total[key] = max(total[key], value) if is_maximum(key) else total[key] + value
 
 
 # ---------------------------------------------------------------------------------------- aggregation
@@ -134,6 +154,37 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(d) - d - 1
 
 
+def tis_weights(rollout_gap: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling weight per token: min(exp(logp_old - logp_rollout), cap), detached.
+
+    Corrects for the rollout engine sampling from a slightly different distribution than the trainer computes
+    (kernels, precision, stale weights), as verl's ``tis_imp_ratio_cap`` and TRL's
+    ``vllm_importance_sampling_cap`` do. ``rollout_gap`` is logp_old - logp_rollout, already 0 where masked.
+    """
+    return torch.exp(rollout_gap.detach()).clamp(max=cap)
+
+
+def rollout_metrics(rollout_gap: Tensor, mask: Tensor, norm: BatchNorm, tis_cap: float) -> dict[str, float]:
+    """How far the trainer's log-probs are from the rollout engine's, and what TIS did about it.
+
+      mismatch/logp_abs_mean  mask-weighted mean of |logp_old - logp_rollout| (a share: sum over micro-batches)
+      mismatch/logp_abs_max   the largest |logp_old - logp_rollout| over tokens with weight > 0 (a maximum)
+      tis/weight_mean         mask-weighted mean of the TIS weight (only when tis_cap > 0)
+      tis/clip_frac           mask-weighted fraction of tokens where the cap binds (only when tis_cap > 0)
+    """
+    tok = _nz(norm.total_tokens)
+    gap = rollout_gap.detach().abs()  # 0 where masked, so the max is over tokens with weight > 0
+    metrics = {
+        "mismatch/logp_abs_mean": float((gap * mask).sum()) / tok,
+        "mismatch/logp_abs_max": float(gap.max()),
+    }
+    if tis_cap > 0:
+        capped = torch.exp(rollout_gap.detach()) > tis_cap
+        metrics["tis/weight_mean"] = float((tis_weights(rollout_gap, tis_cap) * mask).sum()) / tok
+        metrics["tis/clip_frac"] = float((capped.to(mask.dtype) * mask).sum()) / tok
+    return metrics
+
+
 @POLICY_LOSSES.register("grpo")
 def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutput:
     """Clipped surrogate -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A) + kl_beta * k3 KL, aggregated per cfg.
@@ -145,6 +196,10 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
       ratio_mean mask-weighted mean of r = exp(logp - old_logp)
       kl         mask-weighted mean of k3 over the tokens (0 when ref_logprobs is None; reported even
                  when kl_beta is 0)
+      mismatch/*, tis/*  see :func:`rollout_metrics` (only when rollout_logprobs is given)
+
+    With tis_cap > 0 each token's surrogate is multiplied by its :func:`tis_weights` (rollout_logprobs is
+    then required); the KL term is not.
     """
     logp, mask = inputs.logprobs, inputs.mask
     if logp.dim() != 2 or logp.shape != mask.shape or logp.shape != inputs.old_logprobs.shape:
@@ -161,11 +216,17 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
 
     # Zero the log-ratio where the mask is 0 BEFORE exp, so padding garbage (inf/NaN) cannot leak into
     # the loss or, via 0 * NaN, into the gradient.
-    log_ratio = torch.where(active, logp - inputs.old_logprobs.detach().to(logp.dtype), zero)
+    old = inputs.old_logprobs.detach().to(logp.dtype)
+    log_ratio = torch.where(active, logp - old, zero)
     ratio = torch.exp(log_ratio)
     adv = inputs.advantages.detach().to(logp.dtype).unsqueeze(1)
     clipped = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     per_token_pg = -torch.minimum(ratio * adv, clipped * adv)
+    rollout_gap = _rollout_gap(inputs.rollout_logprobs, old, active)
+    if cfg.tis_cap > 0:
+        if rollout_gap is None:
+            raise ValueError("tis_cap > 0 needs rollout_logprobs: the sampling log-prob of every completion token")
+        per_token_pg = per_token_pg * tis_weights(rollout_gap, cfg.tis_cap)
     pg_loss = agg(per_token_pg, mask, norm)
     loss = pg_loss
 
@@ -186,4 +247,16 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
             "ratio_mean": float((ratio * mask).sum()) / tok,
             "kl": kl_metric,
         }
+        if rollout_gap is not None:
+            metrics.update(rollout_metrics(rollout_gap, mask, norm, cfg.tis_cap))
     return LossOutput(loss=loss, metrics=metrics)
+
+
+def _rollout_gap(rollout_logprobs: Tensor | None, old: Tensor, active: Tensor) -> Tensor | None:
+    """logp_old - logp_rollout per token, 0 where masked (engine garbage there never reaches exp); None without."""
+    if rollout_logprobs is None:
+        return None
+    if rollout_logprobs.shape != old.shape:
+        raise ValueError(f"rollout_logprobs must be [B,T]={tuple(old.shape)}, got {tuple(rollout_logprobs.shape)}")
+    zero = torch.zeros((), dtype=old.dtype, device=old.device)
+    return torch.where(active, old - rollout_logprobs.detach().to(old.dtype), zero)

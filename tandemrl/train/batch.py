@@ -18,15 +18,21 @@ class TrainBatch:
     attention_mask: Tensor  # [B, P+T] long
     position_ids: Tensor  # [B, P+T] long
     completion_ids: Tensor  # [B, T] long
-    loss_mask: Tensor  # [B, T] float: loss weight per completion token (0 on padding)
+    loss_mask: Tensor  # [B, T] float: loss weight per completion token (Rollout.token_weights(); 0 on padding)
     advantages: Tensor  # [B] float
+    policy_versions: Tensor  # [B] long: the weights that sampled each row
     prompt_width: int
+    rollout_logprobs: Tensor | None = None  # [B, T], as the rollout backend sampled (0 on padding); None = unknown
     old_logprobs: Tensor | None = None  # [B, T], sampling policy; None = on-policy (use detached current)
     ref_logprobs: Tensor | None = None  # [B, T], frozen reference for the KL term
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
+
+    def policy_version_lag(self, trainer_version: int) -> int:
+        """How many versions the trainer's weights are ahead of the oldest weights that sampled a row."""
+        return trainer_version - int(self.policy_versions.min())
 
     def rows(self, index: Tensor | slice) -> TrainBatch:
         pick = (lambda t: None if t is None else t[index])
@@ -37,7 +43,9 @@ class TrainBatch:
             completion_ids=self.completion_ids[index],
             loss_mask=self.loss_mask[index],
             advantages=self.advantages[index],
+            policy_versions=self.policy_versions[index],
             prompt_width=self.prompt_width,
+            rollout_logprobs=pick(self.rollout_logprobs),
             old_logprobs=pick(self.old_logprobs),
             ref_logprobs=pick(self.ref_logprobs),
         )
@@ -53,7 +61,7 @@ def build_batch(rollouts: list[Rollout], advantages: Tensor, pad_id: int, device
         rows.append([pad_id] * left + r.prompt_ids + r.completion_ids + [pad_id] * right)
         masks.append([0] * left + [1] * (len(r.prompt_ids) + len(r.completion_ids)) + [0] * right)
         targets.append(r.completion_ids + [pad_id] * right)
-        loss_masks.append([1.0] * len(r.completion_ids) + [0.0] * right)
+        loss_masks.append(r.token_weights() + [0.0] * right)
     attention_mask = torch.tensor(masks, dtype=torch.long, device=device)
     return TrainBatch(
         input_ids=torch.tensor(rows, dtype=torch.long, device=device),
@@ -62,5 +70,15 @@ def build_batch(rollouts: list[Rollout], advantages: Tensor, pad_id: int, device
         completion_ids=torch.tensor(targets, dtype=torch.long, device=device),
         loss_mask=torch.tensor(loss_masks, dtype=torch.float32, device=device),
         advantages=advantages.to(device=device, dtype=torch.float32),
+        policy_versions=torch.tensor([r.policy_version for r in rollouts], dtype=torch.long, device=device),
         prompt_width=prompt_width,
+        rollout_logprobs=_rollout_logprobs(rollouts, completion_width, device),
     )
+
+
+def _rollout_logprobs(rollouts: list[Rollout], width: int, device: torch.device) -> Tensor | None:
+    """[B, T] sampling log-probs, 0 on padding; None unless every rollout has one per completion token."""
+    if any(len(r.logprobs) != len(r.completion_ids) for r in rollouts):
+        return None  # a backend without log-probs: the mismatch metrics and TIS need them for every row
+    rows = [list(r.logprobs) + [0.0] * (width - len(r.logprobs)) for r in rollouts]
+    return torch.tensor(rows, dtype=torch.float32, device=device)

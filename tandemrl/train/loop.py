@@ -83,6 +83,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     advantages, valid = group_advantages(scored, cfg.rollout.group_size, cfg.train.advantage)
     batch = build_batch(scored.rollouts, advantages, run.tokenizer.pad_token_id, run.device)
     batch.loss_mask *= valid.to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
+    version_lag = batch.policy_version_lag(state.policy_version)
     run.backend.sleep()  # the rollout cache is not needed while the trainer steps
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
@@ -97,7 +98,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "step": state.step, "epoch": run.train_prompts.epoch, "policy_version": state.policy_version,
         **reward_metrics(scored.reward),
         "accuracy": sum(scored.correct) / len(scored.correct),
-        **update.metrics,
+        **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9),
         **times.metrics(), "time/step": sum(times.durations.values()),

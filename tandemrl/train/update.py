@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tandemrl.algo.losses import POLICY_LOSSES, BatchNorm, LossConfig, LossInputs
+from tandemrl.algo.losses import (
+    POLICY_LOSSES, BatchNorm, LossConfig, LossInputs, accumulate_metrics, is_maximum,
+)
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import TrainBatch
 from tandemrl.train.logprobs import completion_logprobs
@@ -22,18 +24,17 @@ class UpdateResult:
 
 @dataclass
 class _MeanOf:
-    """Means over optimizer steps of per-mini-batch metric values."""
+    """Means over optimizer steps of per-mini-batch metric values; maxima (``*_max``) keep their max."""
 
     sums: dict[str, float] = field(default_factory=dict)
     count: int = 0
 
     def add(self, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
+        accumulate_metrics(self.sums, metrics)
         self.count += 1
 
     def means(self) -> dict[str, float]:
-        return {k: v / max(self.count, 1) for k, v in self.sums.items()}
+        return {k: v if is_maximum(k) else v / max(self.count, 1) for k, v in self.sums.items()}
 
 
 def policy_update(
@@ -48,7 +49,7 @@ def policy_update(
     """Runs cfg.epochs_per_batch passes over the batch, one optimizer step per mini-batch."""
     loss_cfg = LossConfig(
         eps_low=cfg.eps_low, eps_high=cfg.eps_high, kl_beta=cfg.kl_beta,
-        aggregation=cfg.aggregation, max_completion_length=max_completion_length,
+        aggregation=cfg.aggregation, max_completion_length=max_completion_length, tis_cap=cfg.tis_cap,
     )
     result, step_metrics = UpdateResult(metrics={}), _MeanOf()
     generator = torch.Generator().manual_seed(cfg.seed + int(scheduler.last_epoch))
@@ -83,13 +84,15 @@ def _accumulate_gradients(
     for start in range(0, mini_batch.size, cfg.micro_batch_size):
         micro = mini_batch.rows(slice(start, start + cfg.micro_batch_size))
         out = completion_logprobs(model, micro, temperature, cfg.logprob_chunk_size)
+        # old = the policy before this update: fixed up front, or on a single on-policy pass the detached
+        # current log-probs. TIS and the mismatch metrics compare it with the rollout engine's.
         old = micro.old_logprobs if micro.old_logprobs is not None else out.logprobs.detach()
-        inputs = LossInputs(out.logprobs, old, micro.advantages, micro.loss_mask, micro.ref_logprobs)
+        inputs = LossInputs(out.logprobs, old, micro.advantages, micro.loss_mask, micro.ref_logprobs,
+                            micro.rollout_logprobs)
         loss_out = loss_fn(inputs, loss_cfg, norm)
         if not torch.isfinite(loss_out.loss):
             return None
         loss_out.loss.backward()
         entropy = float((out.entropy * micro.loss_mask).sum()) / max(norm.total_tokens, 1e-9)
-        for key, value in {**loss_out.metrics, "loss": float(loss_out.loss.detach()), "entropy": entropy}.items():
-            totals[key] = totals.get(key, 0.0) + value
+        accumulate_metrics(totals, {**loss_out.metrics, "loss": float(loss_out.loss.detach()), "entropy": entropy})
     return totals

@@ -3,7 +3,10 @@ import math
 import pytest
 import torch
 
-from tandemrl.algo import AGGREGATIONS, POLICY_LOSSES, BatchNorm, LossConfig, LossInputs, grpo_loss, k3_kl
+from tandemrl.algo import (
+    AGGREGATIONS, POLICY_LOSSES, BatchNorm, LossConfig, LossInputs, accumulate_metrics, grpo_loss, k3_kl,
+    tis_weights,
+)
 
 D = torch.float64
 
@@ -118,27 +121,112 @@ def test_kl_term_in_loss_and_metric():
     assert out0.loss.item() == 0.0
 
 
-def test_padding_garbage_does_not_leak():
-    logp = _t([[-1.0, float("nan"), float("-inf")]]).requires_grad_(True)
-    old = _t([[-1.2, float("-inf"), float("nan")]])
-    ref = _t([[-0.5, float("nan"), float("inf")]])
-    mask = _t([[1.0, 0.0, 0.0]])
+@pytest.mark.parametrize("tis_cap", [0.0, 2.0])
+def test_padding_garbage_does_not_leak(tis_cap):
+    nan, inf = float("nan"), float("inf")
+    logp = _t([[-1.0, nan, -inf, -1.0, -1.0]]).requires_grad_(True)
+    old = _t([[-1.2, -inf, nan, -1.0, -1.0]])
+    ref = _t([[-0.5, nan, inf, -1.0, -1.0]])
+    rollout = _t([[-1.1, nan, inf, -inf, nan]])  # the last two: finite train log-probs, garbage from the engine
+    mask = _t([[1.0, 0.0, 0.0, 0.0, 0.0]])
     for agg in AGGREGATIONS.names():
         logp.grad = None
-        cfg = LossConfig(kl_beta=0.1, aggregation=agg)
-        out = grpo_loss(LossInputs(logp, old, _t([1.0]), mask, ref), cfg, BatchNorm.from_masks([mask]))
+        cfg = LossConfig(kl_beta=0.1, aggregation=agg, tis_cap=tis_cap)
+        out = grpo_loss(LossInputs(logp, old, _t([1.0]), mask, ref, rollout), cfg, BatchNorm.from_masks([mask]))
         out.loss.backward()
         assert torch.isfinite(out.loss) and torch.isfinite(logp.grad).all(), agg
         assert all(math.isfinite(v) for v in out.metrics.values()), agg
         assert logp.grad[0, 1:].abs().sum() == 0
+        assert out.metrics["mismatch/logp_abs_max"] == pytest.approx(0.1)  # only the one unmasked token
 
 
 def test_config_validate():
     LossConfig().validate()
+    LossConfig(tis_cap=2.0).validate()
     with pytest.raises(ValueError, match="valid choices"):
         LossConfig(aggregation="nope").validate()
     with pytest.raises(ValueError):
         LossConfig(eps_low=1.0).validate()
+    with pytest.raises(ValueError, match="tis_cap"):
+        LossConfig(tis_cap=-0.5).validate()
+
+
+# --------------------------------------------------------- rollout log-probs: TIS and the mismatch
+
+# logp_old - logp_rollout per token: 0.5, 0, -0.5, -1  ->  exp: 1.6487, 1, 0.6065, 0.3679
+TIS_OLD = _t([[-1.0, -1.0, -1.0, -2.0]])
+TIS_ROLLOUT = _t([[-1.5, -1.0, -0.5, -1.0]])
+
+
+def test_tis_weights_by_hand():
+    gap = TIS_OLD - TIS_ROLLOUT
+    raw = [math.exp(0.5), 1.0, math.exp(-0.5), math.exp(-1.0)]
+    torch.testing.assert_close(tis_weights(gap, 1.5), _t([[1.5, 1.0, raw[2], raw[3]]]))  # binds on the first only
+    torch.testing.assert_close(tis_weights(gap, 2.0), _t([raw]))  # never binds
+    torch.testing.assert_close(tis_weights(gap, 0.5), _t([[0.5, 0.5, 0.5, raw[3]]]))
+
+
+def test_tis_scales_each_tokens_surrogate_and_gradient():
+    # On-policy (ratio 1, inside the clip band), A = +1: per-token loss -w, d loss / d logp = -w * mask / total.
+    logp = TIS_OLD.clone().requires_grad_(True)
+    mask = _t([[1.0, 1.0, 0.2, 1.0]])  # total weight 3.2
+    w = [1.5, 1.0, math.exp(-0.5), math.exp(-1.0)]
+    cfg = LossConfig(tis_cap=1.5)
+    out = grpo_loss(LossInputs(logp, TIS_OLD, _t([1.0]), mask, rollout_logprobs=TIS_ROLLOUT), cfg,
+                    BatchNorm.from_masks([mask]))
+    weighted = [wi * mi for wi, mi in zip(w, [1.0, 1.0, 0.2, 1.0])]
+    assert out.loss.item() == pytest.approx(-sum(weighted) / 3.2)
+    out.loss.backward()
+    torch.testing.assert_close(logp.grad, _t([weighted]) * -1 / 3.2)
+    assert out.metrics["tis/weight_mean"] == pytest.approx(sum(weighted) / 3.2)
+    assert out.metrics["tis/clip_frac"] == pytest.approx(1 / 3.2)
+    assert out.metrics["pg_loss"] == pytest.approx(out.loss.item())
+
+
+def test_tis_off_gives_exactly_the_loss_without_rollout_logprobs():
+    g = torch.Generator().manual_seed(7)
+    old = -torch.rand(3, 5, generator=g, dtype=D) * 3
+    logp0 = old + 0.3 * torch.randn(3, 5, generator=g, dtype=D)
+    rollout = old + 0.5 * torch.randn(3, 5, generator=g, dtype=D)
+    adv, mask = torch.randn(3, generator=g, dtype=D), (torch.rand(3, 5, generator=g) > 0.3).to(D)
+    norm = BatchNorm.from_masks([mask])
+    results = []
+    for rollout_logprobs, cap in ((None, 0.0), (rollout, 0.0), (rollout, 2.0)):
+        logp = logp0.clone().requires_grad_(True)
+        out = grpo_loss(LossInputs(logp, old, adv, mask, None, rollout_logprobs), LossConfig(tis_cap=cap), norm)
+        out.loss.backward()
+        results.append((out.loss.detach(), logp.grad, out.metrics))
+    (plain, plain_grad, plain_m), (off, off_grad, off_m), (on, _, on_m) = results
+    assert torch.equal(plain, off) and torch.equal(plain_grad, off_grad)
+    assert not torch.equal(plain, on)  # the comparison can tell TIS on from off
+    assert {k: off_m[k] for k in plain_m} == plain_m
+    assert set(off_m) - set(plain_m) == {"mismatch/logp_abs_mean", "mismatch/logp_abs_max"}
+    assert set(on_m) - set(off_m) == {"tis/weight_mean", "tis/clip_frac"}
+
+
+def test_tis_without_rollout_logprobs_is_refused():
+    mask = torch.ones(1, 4, dtype=D)
+    with pytest.raises(ValueError, match="tis_cap > 0 needs rollout_logprobs"):
+        grpo_loss(LossInputs(TIS_OLD, TIS_OLD, _t([1.0]), mask), LossConfig(tis_cap=2.0), BatchNorm.from_masks([mask]))
+
+
+def test_mismatch_metrics_by_hand_and_over_micro_batches():
+    old = _t([[-1.0, -2.0, -3.0], [-0.5, -4.0, float("nan")]])
+    rollout = _t([[-1.5, -2.0, -1.0], [-0.5, -3.0, 0.0]])
+    mask = _t([[1.0, 0.5, 0.0], [1.0, 1.0, 0.0]])  # the masked |gap| of 2.0 (and the NaN) must not count
+    norm = BatchNorm.from_masks([mask])  # total weight 3.5
+
+    def metrics(rows):
+        inputs = LossInputs(old[rows], old[rows], _t([1.0, -1.0])[rows], mask[rows], rollout_logprobs=rollout[rows])
+        return grpo_loss(inputs, LossConfig(), norm).metrics
+
+    whole = metrics(slice(0, 2))
+    assert whole["mismatch/logp_abs_mean"] == pytest.approx((0.5 * 1 + 0 * 0.5 + 0 * 1 + 1.0 * 1) / 3.5)
+    assert whole["mismatch/logp_abs_max"] == pytest.approx(1.0)
+    split: dict[str, float] = {}
+    for row in (slice(1, 2), slice(0, 1)):  # shares add up; the maximum is the max, not the sum (1.0 + 0.5)
+        accumulate_metrics(split, metrics(row))
+    assert split == pytest.approx(whole)
 
 
 # ----------------------------------------------------------- THE INVARIANT: accumulation is exact
@@ -159,7 +247,8 @@ def _setup():
     adv = torch.randn(B, generator=g, dtype=D)
     old_noise = 0.3 * torch.randn(B, T, generator=g, dtype=D)  # old policy differs -> some clipping
     ref_noise = 0.3 * torch.randn(B, T, generator=g, dtype=D)
-    return feats, tokens, mask, adv, old_noise, ref_noise
+    rollout_noise = 0.3 * torch.randn(B, T, generator=g, dtype=D)  # the engine differs -> the TIS cap binds
+    return feats, tokens, mask, adv, old_noise, ref_noise, rollout_noise
 
 
 def _model():
@@ -171,15 +260,16 @@ def _logprobs(model, feats, tokens):
     return torch.log_softmax(model(feats), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _run(micro_batches, aggregation):
+def _run(micro_batches, aggregation, tis_cap=0.0):
     """One optimizer step over the mini-batch split as given; returns (grads, params after AdamW, metrics)."""
-    feats, tokens, mask, adv, old_noise, ref_noise = _setup()
+    feats, tokens, mask, adv, old_noise, ref_noise, rollout_noise = _setup()
     model = _model()
     with torch.no_grad():
         base = _logprobs(model, feats, tokens)
-    old, ref = base + old_noise, base + ref_noise
+    old, ref, rollout = base + old_noise, base + ref_noise, base + old_noise + rollout_noise
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    cfg = LossConfig(eps_low=0.2, eps_high=0.28, kl_beta=0.05, aggregation=aggregation, max_completion_length=10)
+    cfg = LossConfig(eps_low=0.2, eps_high=0.28, kl_beta=0.05, aggregation=aggregation, max_completion_length=10,
+                     tis_cap=tis_cap)
     # each micro-batch is trimmed to its own longest sequence, as a real trainer pads per micro-batch
     slices = []
     for idx in micro_batches:
@@ -190,21 +280,21 @@ def _run(micro_batches, aggregation):
     metrics: dict[str, float] = {}
     for idx, w in slices:
         lp = _logprobs(model, feats[idx, :w], tokens[idx, :w])
-        inp = LossInputs(lp, old[idx, :w], adv[idx], mask[idx, :w], ref[idx, :w])
+        inp = LossInputs(lp, old[idx, :w], adv[idx], mask[idx, :w], ref[idx, :w], rollout[idx, :w])
         out = POLICY_LOSSES.get("grpo")(inp, cfg, norm)
         out.loss.backward()
-        for k, v in out.metrics.items():
-            metrics[k] = metrics.get(k, 0.0) + v
+        accumulate_metrics(metrics, out.metrics)
     grads = [p.grad.clone() for p in model.parameters()]
     opt.step()
     return grads, [p.detach().clone() for p in model.parameters()], metrics
 
 
+@pytest.mark.parametrize("tis_cap", [0.0, 1.2])
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_grad_accumulation_is_exact(aggregation):
-    g1, p1, m1 = _run([list(range(B))], aggregation)
-    g8, p8, m8 = _run([[i] for i in range(B)], aggregation)
-    g2, p2, m2 = _run([[0, 5, 2], [7, 1, 3, 4], [6]], aggregation)
+def test_grad_accumulation_is_exact(aggregation, tis_cap):
+    g1, p1, m1 = _run([list(range(B))], aggregation, tis_cap)
+    g8, p8, m8 = _run([[i] for i in range(B)], aggregation, tis_cap)
+    g2, p2, m2 = _run([[0, 5, 2], [7, 1, 3, 4], [6]], aggregation, tis_cap)
     for a, b, c in zip(g1, g8, g2):
         assert a.abs().sum() > 0
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
@@ -212,8 +302,12 @@ def test_grad_accumulation_is_exact(aggregation):
     for a, b, c in zip(p1, p8, p2):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
         torch.testing.assert_close(a, c, atol=1e-6, rtol=0)
-    assert m1.keys() == {"pg_loss", "clip_frac", "kl", "ratio_mean"}
-    assert 0 < m1["clip_frac"] < 1 and m1["kl"] > 0
+    tis = {"tis/weight_mean", "tis/clip_frac"} if tis_cap else set()
+    assert m1.keys() == {"pg_loss", "clip_frac", "kl", "ratio_mean", "mismatch/logp_abs_mean",
+                         "mismatch/logp_abs_max"} | tis
+    assert 0 < m1["clip_frac"] < 1 and m1["kl"] > 0 and m1["mismatch/logp_abs_max"] > m1["mismatch/logp_abs_mean"]
+    if tis_cap:
+        assert 0 < m1["tis/clip_frac"] < 1
     for k in m1:
         assert m8[k] == pytest.approx(m1[k], abs=1e-9), k
         assert m2[k] == pytest.approx(m1[k], abs=1e-9), k

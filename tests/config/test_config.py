@@ -38,11 +38,17 @@ def test_unknown_key_names_the_key_and_suggests(tmp_path):
         ("rollout.temperature=-0.5", "rollout.temperature"),
         ("train.max_steps=zero", "train.max_steps"),
         ("model.dtype=float8", "model.dtype"),
+        ("train.tis_cap=-1.0", "train.tis_cap"),
     ],
 )
 def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, [override])
+
+
+def test_tis_cap_defaults_to_off_and_takes_a_cap():
+    assert load_config(None, []).train.tis_cap == 0.0
+    assert load_config(None, ["train.tis_cap=2.0"]).train.tis_cap == 2.0
 
 
 def test_dtype_error_lists_valid_choices():

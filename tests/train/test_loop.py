@@ -163,6 +163,27 @@ def test_training_variants_run_and_report_finite_metrics(tmp_path, overrides):
         assert rows[2]["kl"] >= 0.0
 
 
+@pytest.mark.parametrize("overrides", [
+    (),
+    ("train.tis_cap=2.0", "rollout.temperature=0.7", "train.mini_batches=2"),  # old log-probs fixed up front
+])
+def test_rollout_logprobs_reach_the_loss(tmp_path, overrides):
+    cfg = small_config(tmp_path, "train.max_steps=2", "checkpoint.every_steps=0", "eval.pass_k=0", *overrides)
+    train(cfg, tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
+    for step in (1, 2):
+        row = rows[step]
+        # The engine samples with the trainer's own float32 weights: the log-probs agree up to rounding, which
+        # also checks that the two line up token for token and use the same temperature.
+        assert 0 <= row["mismatch/logp_abs_mean"] <= row["mismatch/logp_abs_max"] < 1e-4, row
+        assert row["mismatch/policy_version_lag"] == 0
+        assert row["skipped_nonfinite"] == 0
+        if cfg.train.tis_cap > 0:
+            assert row["tis/weight_mean"] == pytest.approx(1.0, abs=1e-3) and row["tis/clip_frac"] == 0.0
+        else:
+            assert not any(key.startswith("tis/") for key in row)
+
+
 def test_ctrl_c_on_the_command_line_saves_and_exits_130(tmp_path):
     import subprocess
     import sys
