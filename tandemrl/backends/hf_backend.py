@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 
 from tandemrl.engine.model.sampler import sample_tokens
 from tandemrl.engine.stopping import find_stop, tokens_to_keep, truncate_at_stop, validate_stop
-from tandemrl.types import Request, Rollout, SamplingParams
+from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 # Per-row finish codes, kept on the device during decoding.
 _RUNNING, _EOS, _LENGTH, _STOP = 0, 1, 2, 3
@@ -75,11 +76,12 @@ class HFBackend:
                                      policy_version=policy_version, error=err)
         if valid:
             eos_ids = eos_token_ids(self.model, self.tokenizer)
+            arrival = time.perf_counter()
             with sampling_mode(self.model), torch.inference_mode():
                 for start in range(0, len(valid), self.max_batch_size):
                     idx = valid[start:start + self.max_batch_size]
                     chunk = [requests[i] for i in idx]
-                    for i, rollout in zip(idx, self._run_chunk(chunk, eos_ids, policy_version)):
+                    for i, rollout in zip(idx, self._run_chunk(chunk, eos_ids, policy_version, arrival)):
                         results[i] = rollout
         return results  # type: ignore[return-value]
 
@@ -125,7 +127,9 @@ class HFBackend:
             return "stop strings need a tokenizer to decode the completion"
         return None
 
-    def _run_chunk(self, reqs: list[Request], eos_ids: list[int], policy_version: int) -> list[Rollout]:
+    def _run_chunk(self, reqs: list[Request], eos_ids: list[int], policy_version: int,
+                   arrival: float) -> list[Rollout]:
+        timing = _ChunkTiming(arrival, time.perf_counter())
         pad = _pad_id(self.tokenizer, eos_ids)
         max_new = max(r.params.max_tokens for r in reqs)
         stops = [validate_stop(r.params.stop) for r in reqs]
@@ -143,6 +147,8 @@ class HFBackend:
             tok, lp = sample_tokens(out.logits[:, -1, :], rows.temperature, rows.top_p, rows.top_k,
                                     rows.generator, apply_filters=rows.apply_filters)
             tok, alive = state.record(t, tok, lp, rows)
+            if t == 0:
+                timing.first_token = _host_time(self.device)  # one sync per chunk, for the stats
             if t + 1 == max_new:
                 break
             if (t + 1) % self.stop_check_interval == 0:
@@ -155,10 +161,10 @@ class HFBackend:
                         position_ids=next_pos, past_key_values=cache, use_cache=True)
             next_pos = next_pos + 1
         del cache, out
-        return self._to_rollouts(reqs, stops, state, policy_version)
+        return self._to_rollouts(reqs, stops, state, policy_version, timing)
 
     def _to_rollouts(self, reqs: list[Request], stops: list[tuple[str, ...]], state: "_DecodeState",
-                     policy_version: int) -> list[Rollout]:
+                     policy_version: int, timing: "_ChunkTiming") -> list[Rollout]:
         """Copy the chunk's results to the host once; cut at stop strings; decode the text."""
         host_tokens, host_lp = state.tokens.tolist(), state.logprobs.tolist()
         host_len, host_code = state.lengths.tolist(), state.code.tolist()
@@ -172,9 +178,27 @@ class HFBackend:
                     ids, lps, reason = ids[:keep], lps[:keep], _STOP
             text, _ = truncate_at_stop(self._decode(ids), stops[b])
             finish = "length" if reason == _LENGTH else "stop"
+            stats = RequestStats(timing.arrival, timing.started, timing.first_token, time.perf_counter(),
+                                 prompt_tokens=len(r.prompt_ids), generated_tokens=len(ids))
             rollouts.append(Rollout(r.request_id, list(r.prompt_ids), ids, lps, finish, text=text,
-                                    policy_version=policy_version))
+                                    policy_version=policy_version, stats=stats))
         return rollouts
+
+
+@dataclass
+class _ChunkTiming:
+    """Host times shared by a chunk's requests (the chunk decodes in lockstep)."""
+
+    arrival: float
+    started: float
+    first_token: float | None = None
+
+
+def _host_time(device: torch.device) -> float:
+    """The host clock once the device has caught up."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _left_pad(prompts: list[Sequence[int]], pad: int, max_new: int,

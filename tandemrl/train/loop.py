@@ -16,6 +16,7 @@ from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
+from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
 from tandemrl.telemetry.writers import make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
@@ -100,7 +101,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "accuracy": sum(scored.correct) / len(scored.correct),
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
-        "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9),
+        "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
         **times.metrics(), "time/step": sum(times.durations.values()),
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,

@@ -13,7 +13,7 @@ from tandemrl.train.checkpoint import find_latest
 from tandemrl.train.loop import TrainingError, train
 
 # Wall-clock and memory numbers differ between runs; everything else must match exactly.
-NONDETERMINISTIC = ("time/", "tokens_per_s", "memory/")
+NONDETERMINISTIC = ("time/", "tokens_per_s", "memory/", "requests/queue_s", "requests/ttft_s", "requests/latency_s")
 
 
 def small_config(tmp_path: Path, *overrides: str):
@@ -178,6 +178,10 @@ def test_rollout_logprobs_reach_the_loss(tmp_path, overrides):
         assert 0 <= row["mismatch/logp_abs_mean"] <= row["mismatch/logp_abs_max"] < 1e-4, row
         assert row["mismatch/policy_version_lag"] == 0
         assert row["skipped_nonfinite"] == 0
+        # What serving the step's requests cost reaches the metrics too.
+        assert 0 < row["requests/ttft_s/mean"] <= row["requests/latency_s/mean"] <= row["requests/latency_s/max"]
+        assert row["requests/generated_tokens/mean"] == pytest.approx(row["response_length/mean"])
+        assert row["requests/kv_peak_mb/max"] > 0 and row["requests/preemptions"] == 0
         if cfg.train.tis_cap > 0:
             assert row["tis/weight_mean"] == pytest.approx(1.0, abs=1e-3) and row["tis/clip_frac"] == 0.0
         else:
