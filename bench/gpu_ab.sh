@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of the engine in one GPU call: this tree against a baseline tree (default .ab/base, e.g.
 # `mkdir -p .ab/base && git archive <commit> | tar -x -C .ab/base`), alternating runs, same machine.
-# Batch-256 throughput (engine only) and the GRPO step 8x8x512; JSON and logs under $OUT.
+# Batch-256 throughput (engine only) and the GRPO step 8x8x512; the summary table last; every JSON and log in
+# $OUT/ab.tar.gz (the device tool brings back at most 8 files).
 # Usage: bench/gpu_ab.sh [baseline dir] [rounds]   (carry .whl and the baseline dir)
 set -u
 BASE=${1:-.ab/base}
@@ -20,3 +21,4 @@ for r in $(seq 1 "$ROUNDS"); do
   run new "$NEW" "$r"
 done
 PYTHONPATH=/tmp/site:$NEW python3 -m bench.ab_summary "$OUT"
+(cd "$OUT" && tar -czf ab.tar.gz ./*.json ./*.log && rm -f ./*.log ./tp-*.json ./grpo-*.json)
