@@ -1,7 +1,9 @@
 """The rollout engine: paged KV cache, continuous batching, prefix sharing, CUDA graphs.
 
-``step()`` = schedule -> run -> postprocess. The model runner (tandemrl.engine.model.runner) is imported
-lazily by tandemrl.backends.engine_backend, so this package imports without it.
+Layers: the host-side core here (sequence, block manager, scheduler, the step contract, the engine), model execution
+in ``model/`` (runner and its model slots, forward, attention metadata, CUDA graphs, sampling) and the Triton kernels
+in ``kernels/``. ``step()`` = schedule -> run -> postprocess. The model runner is imported lazily by
+tandemrl.backends.engine_backend, so this package imports without torch's model code.
 """
 
 from tandemrl.engine.block_manager import BlockManager
@@ -9,6 +11,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine, ModelRunnerProtocol
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence, SequenceStatus
+from tandemrl.engine.step import StepKind, StepOutput, StepPlan
 
 __all__ = ["BlockManager", "EngineConfig", "LLMEngine", "ModelRunnerProtocol", "Scheduler", "Sequence",
-           "SequenceStatus"]
+           "SequenceStatus", "StepKind", "StepOutput", "StepPlan"]

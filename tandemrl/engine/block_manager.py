@@ -11,12 +11,12 @@ the current step, will be) written for exactly that content:
   reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill,
   nor blocks holding tokens still pending on the device (their ids are not known yet).
 A freed block keeps its digest and can be revived by a later hit until it is handed out for new content.
+Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
 
 Cached K/V belongs to the weights that computed it: every digest chain starts from a root named by the weights
 version (``set_weights_version``) current when the sequence was allocated and by the sequence's policy version, so
 after the weights change (an optimizer step, a loaded state dict, a LoRA adapter switched) no new sequence can hit a
 block computed with the old ones.
-Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tandemrl.engine.sequence import Sequence
+
 
 def weights_root(weights_version: int, policy_version: int) -> bytes:
     """Parent digest of the first block of a sequence allocated under these versions."""
@@ -143,6 +144,7 @@ class BlockManager:
         keep = seq.num_blocks(self.block_size)
         self._release(seq.block_table[keep:])
         del seq.block_table[keep:]
+        seq.stats.kv_blocks = len(seq.block_table)
 
     def _release(self, blocks: list[int]) -> None:
         for block in reversed(blocks):  # the tail first, so eviction keeps shared prefixes longest

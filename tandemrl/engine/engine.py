@@ -93,7 +93,7 @@ class LLMEngine:
         self._asleep = False
         self._clock = clock
         self._block_bytes = runner.bytes_per_block()
-        self._weights: tuple[Hashable, int] = (runner.weights_version(), 0)  # (runner's version, our counter)
+        self._runner_weights = runner.weights_version()  # as of the last prefill schedule
         self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
                         "errors": 0}
 
@@ -250,18 +250,15 @@ class LLMEngine:
     def _sync_weights_version(self) -> None:
         """Tie the sequences allocated from now on to the current weights (block_manager.py): after the weights
         changed in place, no cached block computed with the old ones can serve a new prompt."""
-        version, counter = self._weights
         current = self.runner.weights_version()
-        if current != version:
-            self._weights = (current, counter + 1)
-            self.block_manager.set_weights_version(counter + 1)
+        if current != self._runner_weights:
+            self._runner_weights = current
+            self.invalidate_prefix_cache()
 
     def invalidate_prefix_cache(self) -> None:
-        """For a weight change the runner cannot see (a write through ``param.data``): new prompts reuse no cached
-        block computed so far."""
-        version, counter = self._weights
-        self._weights = (version, counter + 1)
-        self.block_manager.set_weights_version(counter + 1)
+        """New prompts reuse no cached block computed so far (call it after a weight change the runner cannot see,
+        e.g. a write through ``param.data``)."""
+        self.block_manager.set_weights_version(self.block_manager.weights_version + 1)
 
     # ------------------------------------------------------------------ memory
 

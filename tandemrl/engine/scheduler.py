@@ -7,7 +7,8 @@ the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a 
 its length, so a long prompt is never starved by the budget.
 
 With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
-device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (step.py: a row may return fewer or more than planned).
+device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (a row
+may return fewer or more tokens than planned: step.py).
 
 Preemption is by recomputation: when a decode step cannot give a sequence its next block, the most recently
 added running sequence gives all its blocks back and returns to the FRONT of the waiting queue, keeping its
@@ -179,7 +180,7 @@ class Scheduler:
                     and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
                 seq.fill_pending(planned, tokens, lps)
                 continue
-            later = _later_pending(seq, planned, len(tokens))  # the stop checks below read the completion's tail
+            later = seq.release_step(planned, len(tokens))  # the stop checks below read the completion's tail
             for token, logprob in zip(tokens, lps):
                 seq.append_token(token, logprob)
                 reason = self._finish_reason(seq, seq.token_ids[-1])
@@ -226,17 +227,3 @@ class Scheduler:
         del seq.token_ids[seq.num_prompt_tokens + keep:]
         del seq.logprobs[keep:]
         return True
-
-
-def _later_pending(seq: Sequence, planned: int, arrived: int) -> int:
-    """Drop ``seq``'s placeholders before the ``arrived`` tokens of its oldest launched step (which reserved
-    ``planned``) are appended; returns how many belong to later steps (to be put back behind them)."""
-    later = seq.num_pending - planned
-    if later < 0:
-        raise RuntimeError(f"sequence {seq.seq_id} got a step of {planned} tokens for {seq.num_pending} pending "
-                           f"placeholders")
-    if later and arrived != planned:
-        raise RuntimeError(f"sequence {seq.seq_id} got {arrived} tokens for {planned} planned while a later step "
-                           f"is in flight")
-    seq.drop_pending()
-    return later

@@ -79,21 +79,31 @@ class Sequence:
 
     def fill_pending(self, planned: int, token_ids: list[int], logprobs: list[float]) -> None:
         """Put a step's tokens in place of the ``planned`` oldest placeholders it reserved; it may have returned
-        fewer or more. RuntimeError if the count changed while a later step (whose positions assumed it) is in
-        flight, or if the step reserved more placeholders than are pending."""
+        fewer or more (step.py)."""
+        self._check_step(planned, len(token_ids))
         if len(token_ids) != len(logprobs):
             raise RuntimeError(f"sequence {self.seq_id} got {len(token_ids)} tokens and {len(logprobs)} log-probs")
-        if planned > self.num_pending:
-            raise RuntimeError(f"sequence {self.seq_id} got a step of {planned} tokens for {self.num_pending} "
-                               f"pending placeholders")
-        if len(token_ids) != planned and self.num_pending > planned:
-            raise RuntimeError(f"sequence {self.seq_id} got {len(token_ids)} tokens for {planned} planned while a "
-                               f"later step is in flight")
         start = len(self.token_ids) - self.num_pending
         self.token_ids[start:start + planned] = token_ids
         first = start - self.num_prompt_tokens
         self.logprobs[first:first + planned] = logprobs
         self.num_pending -= planned
+
+    def release_step(self, planned: int, arrived: int) -> int:
+        """Drop every placeholder before the ``arrived`` tokens of a step that reserved ``planned`` are appended one
+        by one; returns how many belong to later steps (to be put back behind them)."""
+        self._check_step(planned, arrived)
+        return self.drop_pending() - planned
+
+    def _check_step(self, planned: int, arrived: int) -> None:
+        """RuntimeError if the step reserved more placeholders than are pending, or if its count changed while a
+        later step, whose positions assumed it, is in flight."""
+        if planned > self.num_pending:
+            raise RuntimeError(f"sequence {self.seq_id} got a step of {planned} tokens for {self.num_pending} "
+                               f"pending placeholders")
+        if arrived != planned and self.num_pending > planned:
+            raise RuntimeError(f"sequence {self.seq_id} got {arrived} tokens for {planned} planned while a later "
+                               f"step is in flight")
 
     def drop_pending(self) -> int:
         """Remove every placeholder (the step results are appended in their place); returns how many there were."""
