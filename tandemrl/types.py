@@ -46,7 +46,8 @@ class RequestStats:
 
     Times are measured on the host when the engine learns of an event (a token is known once its step is read
     back), so they include the asynchronous scheduler's one step of delay. ``drafted_tokens``/``accepted_tokens``
-    count speculative proposals and how many of them the target kept (0 without speculation).
+    count speculative proposals and how many of them the target kept (0 without speculation);
+    ``acceptance_histogram[a]`` counts the verify steps that kept ``a`` proposed tokens.
     """
 
     arrival_time: float = 0.0  # when the request was added
@@ -62,6 +63,19 @@ class RequestStats:
     preemptions: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    acceptance_histogram: list[int] = field(default_factory=list)
+
+    def record_verify(self, drafted: int, accepted: int) -> None:
+        """One verify step of this request: ``drafted`` tokens proposed, ``accepted`` of them kept."""
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        if len(self.acceptance_histogram) <= accepted:
+            self.acceptance_histogram.extend([0] * (accepted + 1 - len(self.acceptance_histogram)))
+        self.acceptance_histogram[accepted] += 1
+
+    @property
+    def verify_steps(self) -> int:
+        return sum(self.acceptance_histogram)
 
     @property
     def queue_time(self) -> float:
@@ -91,6 +105,12 @@ class RequestStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens each verify step produced: the kept proposals plus the target's own token (0 without any)."""
+        steps = self.verify_steps
+        return (self.accepted_tokens + steps) / steps if steps else 0.0
 
 
 def _elapsed(start: float, end: float | None) -> float:

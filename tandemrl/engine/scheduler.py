@@ -172,8 +172,7 @@ class Scheduler:
             if stats.first_token_time is None and tokens:
                 stats.first_token_time = now
             if accepted is not None:
-                stats.drafted_tokens += planned - 1
-                stats.accepted_tokens += accepted[i]
+                stats.record_verify(planned - 1, accepted[i])
             # Fast path, most sequences of most steps: nothing in this step can finish them.
             known = seq.num_known_tokens - seq.num_prompt_tokens
             if (not params.stop and known + len(tokens) < params.max_tokens

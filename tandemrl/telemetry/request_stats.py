@@ -11,7 +11,7 @@ def request_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Means (and maxima where the tail matters) over the rollouts that ran (errors are left out).
 
     ``requests/prefix_cache_hit_ratio`` is over all prompt tokens of the step; the speculative-decoding rates appear
-    once any request was drafted for."""
+    once any request went through a verify step."""
     stats = [r.stats for r in rollouts if r.error is None]
     if not stats:
         return {}
@@ -28,7 +28,9 @@ def request_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "requests/kv_peak_mb/max": max(s.peak_kv_mb for s in stats),
         "requests/preemptions": float(sum(s.preemptions for s in stats)),
     }
-    drafted = sum(s.drafted_tokens for s in stats)
-    if drafted:
-        metrics["spec/acceptance_rate"] = sum(s.accepted_tokens for s in stats) / drafted
+    drafted, steps = sum(s.drafted_tokens for s in stats), sum(s.verify_steps for s in stats)
+    if drafted and steps:
+        accepted = sum(s.accepted_tokens for s in stats)
+        metrics["spec/acceptance_rate"] = accepted / drafted
+        metrics["spec/mean_accepted_length"] = (accepted + steps) / steps  # tokens per verify step, bonus included
     return metrics

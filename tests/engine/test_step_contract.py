@@ -203,3 +203,4 @@ def test_verify_outputs_count_drafted_and_accepted_tokens():
     engine.scheduler.postprocess(plan, StepOutput([[7, 8]], [[-0.5, -0.25]], num_accepted=[1]), now=2.0)
     assert seq.completion_ids == [7, 8] and seq.num_pending == 0
     assert (seq.stats.drafted_tokens, seq.stats.accepted_tokens, seq.stats.acceptance_rate) == (3, 1, 1 / 3)
+    assert seq.stats.acceptance_histogram == [0, 1] and seq.stats.mean_accepted_length == 2.0
