@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tandemrl.engine.config import EngineConfig
+from tandemrl.engine.speculative import SpeculativeConfig
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,21 @@ class RolloutConfig(Section):
     stop: list[str] = []
     ignore_eos: bool = False
     max_batch_size: int = Field(256, ge=1)
+    speculative: SpeculativeConfig = SpeculativeConfig()
+
+    @model_validator(mode="after")
+    def _check_speculative(self) -> RolloutConfig:
+        spec = self.speculative
+        try:
+            spec.validate()
+        except ValueError as err:
+            raise ValueError(str(err).replace("speculative.", "rollout.speculative.")) from None
+        if spec.method == "draft" and not spec.draft_model:
+            raise ValueError("rollout.speculative.method = 'draft' needs rollout.speculative.draft_model "
+                             "(a hub id or a local directory)")
+        if spec.enabled and self.backend != "engine":
+            raise ValueError("rollout.speculative needs rollout.backend = 'engine'")
+        return self
 
 
 class RewardConfig(Section):
@@ -218,7 +234,7 @@ def _describe(err: ValidationError) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "config"
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             messages.append(_unknown_key_message(e["loc"]))
-        elif not e["loc"]:  # a check across fields: its message names the keys
+        elif e["type"] == "value_error":  # our own checks: their messages name the keys
             messages.append(str(e.get("ctx", {}).get("error", e["msg"])))
         else:
             messages.append(f"{key}: {e['msg']} (got {e.get('input')!r})")

@@ -15,6 +15,8 @@ from torch import nn
 from tandemrl.backends.hf_backend import eos_token_ids, sampling_mode
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.step import TARGET
 from tandemrl.types import Request, Rollout
 
 
@@ -22,7 +24,8 @@ class EngineBackend:
     """RolloutBackend (generate / sleep / wake / close) backed by ``LLMEngine`` and the model runner."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, engine_config: EngineConfig | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, speculative: SpeculativeConfig | None = None,
+                 draft_model: nn.Module | None = None) -> None:
         from tandemrl.engine.model.runner import ModelRunner  # lazy: the runner pulls in the attention kernels
 
         config = dataclasses.replace(engine_config) if engine_config is not None else EngineConfig()
@@ -32,10 +35,16 @@ class EngineBackend:
         config.validate()
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.runner = ModelRunner(model, config, self.device)
+        speculative = speculative or SpeculativeConfig()
+        if (speculative.method == DRAFT) != (draft_model is not None):
+            raise ValueError("speculative.method = 'draft' needs a draft model, and a draft model needs that method; "
+                             f"got method {speculative.method!r} and {'a' if draft_model is not None else 'no'} draft")
+        models = {TARGET: model, DRAFT: draft_model} if draft_model is not None else {TARGET: model}
+        self.runner = ModelRunner(models, config, self.device)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
-        self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer))
+        self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
+                                speculative=speculative)
         self._closed = False
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:

@@ -12,11 +12,17 @@ from tandemrl.backends.hf_backend import HFBackend
 from tandemrl.config import Config
 
 
-def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device) -> RolloutBackend:
+def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device,
+                 draft_model: nn.Module | None = None) -> RolloutBackend:
+    speculative = cfg.rollout.speculative
     if cfg.rollout.backend == "engine" and _engine_supports(model):
         from tandemrl.backends.engine_backend import EngineBackend
 
-        return EngineBackend(model, tokenizer, cfg.engine, device=device)
+        return EngineBackend(model, tokenizer, cfg.engine, device=device, speculative=speculative,
+                             draft_model=draft_model)
+    if speculative.enabled:
+        raise ValueError(f"rollout.speculative needs the engine backend; {type(model).__name__} runs on the HF "
+                         "backend (rollout.backend = 'hf' or an architecture the engine does not support)")
     # The generic path: any decoder-only architecture, or the user asked for it.
     return HFBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, device=device)
 

@@ -23,6 +23,7 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.speculative import SpeculativeConfig, ngram_proposer
 from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.stopping import truncate_at_stop, validate_stop
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
@@ -69,8 +70,11 @@ class _Launched:
 
 class LLMEngine:
     def __init__(self, runner: ModelRunnerProtocol, tokenizer: Any, config: EngineConfig,
-                 eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter) -> None:
+                 eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter,
+                 speculative: SpeculativeConfig | None = None) -> None:
         config.validate()
+        self.speculative = speculative or SpeculativeConfig()
+        self.speculative.validate()
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -85,7 +89,10 @@ class LLMEngine:
         runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         decode = self._decode if tokenizer is not None else None
-        self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode)
+        self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
+                                   propose=ngram_proposer(self.speculative))
+        # Speculative steps wait for their tokens: what a step kept decides where the next one starts.
+        self._synchronous = not config.async_scheduling or self.speculative.enabled
         self._seq_ids = itertools.count()
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ready: list[tuple[int, Rollout]] = []  # (seq_id, rollout) not yet returned by a step
@@ -157,7 +164,7 @@ class LLMEngine:
             previous, self._in_flight = self._in_flight, launched
             if previous is not None:
                 out += self._complete(previous)
-            if not self.config.async_scheduling:
+            if self._synchronous:
                 self._drain(out)
         except BaseException:
             self._ready = out + self._ready  # still to be returned

@@ -23,16 +23,21 @@ from typing import Callable, Iterable, Sequence as Seq
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
+from tandemrl.engine.speculative import SpeculativeConfig
 from tandemrl.engine.step import StepKind, StepOutput, StepPlan
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
 Decode = Callable[[Seq[int]], str]
+Propose = Callable[[Seq[int], int], list[int]]  # (a sequence's known tokens, at most k) -> proposed tokens
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: Iterable[int],
-                 decode: Decode | None = None) -> None:
+                 decode: Decode | None = None, speculative: SpeculativeConfig | None = None,
+                 propose: Propose | None = None) -> None:
         self.config = config
+        self.speculative = speculative or SpeculativeConfig()
+        self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes
         self.block_manager = block_manager
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.decode = decode  # ids -> text; needed only by requests with stop strings
@@ -124,10 +129,33 @@ class Scheduler:
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
             return StepPlan.idle()
+        if self.speculative.enabled:
+            return self._schedule_verify(running, in_flight)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
             steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
             if bm.try_append_all(running, steps):
                 return StepPlan(StepKind.DECODE, running, steps)
+        return self._schedule_single_steps(running, in_flight)
+
+    def _schedule_verify(self, running: list[Sequence], in_flight: bool) -> StepPlan:
+        """Speculative decoding (speculative.py): every row proposes up to ``num_tokens`` tokens (never past its
+        ``max_tokens``) and the target verifies them. If the free blocks cannot cover that, a step with no
+        proposals, which may preempt."""
+        k = self.speculative.num_tokens
+        drafts = [min(k, s.params.max_tokens - s.num_completion_tokens - 1) for s in running]
+        feed = None
+        if self.propose is not None:  # proposals known on the host (n-gram)
+            feed = [self.propose(s.token_ids, d) if d else [] for s, d in zip(running, drafts)]
+            drafts = [len(f) for f in feed]
+        if self.block_manager.try_append_all(running, [d + 1 for d in drafts]):
+            return StepPlan(StepKind.VERIFY, running, [d + 1 for d in drafts], feed=feed)
+        plan = self._schedule_single_steps(running, in_flight)
+        return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens,
+                        feed=None if feed is None else [[] for _ in plan.seqs])
+
+    def _schedule_single_steps(self, running: list[Sequence], in_flight: bool) -> StepPlan:
+        """One token for every running sequence, preempting the youngest while the blocks run short."""
+        bm = self.block_manager
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
             return StepPlan(StepKind.DECODE, running, [1] * len(running))
         if in_flight:  # a victim may still have tokens on the device: decide once they are read back

@@ -3,10 +3,12 @@
 A plan names its kind, the model slot that runs it and, per row, how many tokens the row is planned to produce:
 - PREFILL: the row's uncached tokens are computed; one token is sampled after the last (``num_tokens`` 1);
 - DECODE: a burst of ``num_tokens[i]`` steps, each feeding the token sampled at the one before, on the device;
-- VERIFY: the row's last token and its ``feed`` tokens (drafts, or forced tokens) are computed in one forward; the
-  model samples at every one of those positions, keeps the feed tokens up to the first one its sample disagrees
-  with, and ends with its own sample there (or after the last feed token). A row may thus return fewer tokens
-  than planned (``len(feed) + 1``), and ``num_accepted`` says how many feed tokens it kept.
+- VERIFY: the row's last token and its proposed tokens are computed in one forward, the proposals kept up to the
+  first one the model rejects (rejection sampling: the output follows the model's distribution; a greedy row keeps
+  the proposals its argmax agrees with), ending with the model's own token there (or after the last proposal).
+  The proposals are ``feed`` (tokens known on the host: n-gram proposals, forced tokens) or, with ``feed`` None,
+  ``num_tokens[i] - 1`` tokens the runner's draft slot proposes in the same launch. A row may thus return fewer
+  tokens than planned, and ``num_accepted`` says how many proposals it kept.
 
 The engine reserves ``num_tokens[i]`` pending placeholders per row at launch (sequence.py) and replaces them with
 however many tokens the row returns, fewer or more (a step that writes a run of forced tokens may return more).
@@ -35,15 +37,15 @@ class StepPlan:
     seqs: list[Sequence]
     num_tokens: list[int]  # per row: tokens it is planned to produce (the most it may return)
     slot: str = TARGET
-    feed: list[list[int]] | None = None  # VERIFY: per row, the tokens to check after its last known one
+    feed: list[list[int]] | None = None  # VERIFY: per row, the proposals known on the host (None: the draft's)
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.seqs):
             raise ValueError(f"a step plan needs one token count per row, got {len(self.num_tokens)} for "
                              f"{len(self.seqs)} rows")
-        if self.kind is StepKind.VERIFY:
-            if self.feed is None or len(self.feed) != len(self.seqs):
-                raise ValueError("a verify step needs one list of feed tokens per row")
+        if self.kind is StepKind.VERIFY and self.feed is not None:
+            if len(self.feed) != len(self.seqs):
+                raise ValueError("a verify step needs one list of feed tokens per row (or none: the draft proposes)")
             if any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed)):
                 raise ValueError("a verify row plans len(feed) + 1 tokens")
 

@@ -69,6 +69,16 @@ def load_policy(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, obje
     return model, tokenizer
 
 
+def load_draft(cfg: Config, device: torch.device) -> nn.Module | None:
+    """The frozen draft model of speculative decoding (rollout.speculative.method = "draft"), or None."""
+    spec = cfg.rollout.speculative
+    if spec.method != "draft" or spec.draft_model is None:
+        return None
+    path = resolve_name_or_path(spec.draft_model, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
+    draft = load_model(path, dtype=cfg.model.dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
+    return draft.eval().requires_grad_(False)
+
+
 def build_run(cfg: Config, out_dir: Path) -> Run:
     torch.manual_seed(cfg.train.seed)
     device = resolve_device(cfg.model.device)
@@ -87,7 +97,7 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
         encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt),
-        backend=make_backend(cfg, model, tokenizer, device),
+        backend=make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device)),
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model,

@@ -33,12 +33,13 @@ class DecodePlan:
 
 
 def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num_blocks: int,
-                      max_model_len: int) -> DecodePlan:
+                      max_model_len: int, back: int = 0) -> DecodePlan:
     """The plan for ``seqs`` decoding ``steps[i]`` tokens each; ValueError (naming the sequence) for what would
-    otherwise be an out-of-bounds access on the device. Block ``num_blocks`` is the scratch block."""
+    otherwise be an out-of-bounds access on the device. Block ``num_blocks`` is the scratch block. ``back``: start
+    that many tokens earlier (step 0 feeds ``token_ids[-1 - back]``; a draft model catching up on a token)."""
     if len(seqs) != len(steps) or not seqs:
         raise ValueError(f"a decode burst needs one step count per sequence, got {len(steps)} for {len(seqs)}")
-    n = _int64_array([len(s.token_ids) for s in seqs])
+    n = _int64_array([len(s.token_ids) - back for s in seqs])
     live_steps = _int64_array(steps)
     last = n - 2 + live_steps  # the last position a row writes
     for i in np.flatnonzero((n < 1) | (live_steps < 1) | (last >= max_model_len)):
@@ -55,7 +56,7 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
     blocks = tables[np.arange(len(seqs)), block_index]
     slots = np.where(live, blocks * block_size + (positions - block_index * block_size), num_blocks * block_size)
     context_lens = positions + 1
-    ids = _int64_array([s.token_ids[-1] for s in seqs])
+    ids = _int64_array([s.token_ids[-1 - back] for s in seqs])
     return DecodePlan(ids, positions, slots, context_lens, tables, list(steps))
 
 

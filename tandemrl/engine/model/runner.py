@@ -15,6 +15,7 @@ Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; th
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Hashable, Iterator, Mapping, Sequence as Seq
 
 import torch
@@ -23,12 +24,15 @@ from torch import Tensor, nn
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
-from tandemrl.engine.model.attention import build_prefill_meta
+from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
 from tandemrl.engine.model.decode_plan import build_decode_plan
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
+from tandemrl.engine.model.rejection import rejection_sample
+from tandemrl.engine.model.sampler import sample_with_probs
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
 
 CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
@@ -183,44 +187,94 @@ class ModelRunner:
             all_logprobs.append(logprobs)
         return torch.stack(all_tokens, 1), torch.stack(all_logprobs, 1)
 
-    def _prefill(self, slot: ModelSlot, seqs: Seq[Sequence], feed: Seq[Seq[int]] | None = None) -> Tensor:
-        """Hidden states of each row's last token; with ``feed``, of every token fed: the row's last known token
-        and its feed tokens (positions past the sequence's tokens, which its blocks must cover)."""
+    def _prefill(self, slot: ModelSlot, seqs: Seq[Sequence]) -> Tensor:
+        """Hidden states of each row's last token from ``slot``; every other slot ingests the same tokens (each
+        model's cache holds every token of the sequence, whoever samples from it)."""
         ids: list[int] = []
-        query_lens, context_lens, tables = [], [], []
-        bs = self.block_size
-        for i, seq in enumerate(seqs):
-            extra = list(feed[i]) if feed is not None else []
-            self._check(seq, len(extra))
+        query_lens, context_lens = [], []
+        for seq in seqs:
+            self._check(seq)
             # A fully cached sequence still recomputes its last token: we need that position's logits.
-            start = min(seq.num_cached_tokens, seq.num_tokens - 1) if feed is None else seq.num_tokens - 1
-            ids += seq.token_ids[start:] + extra
-            context = seq.num_tokens + len(extra)
-            query_lens.append(context - start)
-            context_lens.append(context)
-            tables.append(seq.block_table[:-(-context // bs)])
-        meta = build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), bs, self.device,
-                                  use_triton=self.use_triton)
+            start = min(seq.num_cached_tokens, seq.num_tokens - 1)
+            ids += seq.token_ids[start:]
+            query_lens.append(seq.num_tokens - start)
+            context_lens.append(seq.num_tokens)
+        meta = self._prefill_meta(seqs, query_lens, context_lens)
         input_ids = copy_to_device(torch.tensor(ids, dtype=torch.long), self.device)
-        return slot.forward(input_ids, meta, rows=meta.last_rows if feed is None else None)
+        for other in self.slots.values():
+            if other is not slot:
+                with _eval_mode(other.modules):
+                    other.forward(input_ids, meta, rows=meta.last_rows)
+        return slot.forward(input_ids, meta, rows=meta.last_rows)
+
+    def _prefill_meta(self, seqs: Seq[Sequence], query_lens: list[int], context_lens: list[int]) -> PrefillMeta:
+        """Metadata for rows that compute their last ``query_lens[i]`` tokens of a ``context_lens[i]``-token context
+        (which may run past the sequence's tokens: a verify step's proposals)."""
+        bs = self.block_size
+        tables = [seq.block_table[:-(-context // bs)] for seq, context in zip(seqs, context_lens)]
+        return build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), bs, self.device,
+                                  use_triton=self.use_triton)
 
     def _verify(self, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
-        """Sample at every fed position; keep each row's feed up to the first token its sample disagrees with."""
-        feed = plan.feed or []
-        width = max(plan.num_tokens)
-        rows = [seq for seq, n in zip(plan.seqs, plan.num_tokens) for _ in range(n)]
-        tokens, logprobs = self.sampler.for_rows(rows)(slot.logits(self._prefill(slot, plan.seqs, feed)))
-        padded = torch.full((len(plan.seqs), width), -1, dtype=torch.long)  # -1: no feed token matches it
+        """Each row's proposals (the plan's feed, or the draft slot's), the target's logits at its last token and at
+        every proposal in one forward, then rejection sampling (rejection.py)."""
+        seqs, drafts = plan.seqs, [n - 1 for n in plan.num_tokens]
+        for seq, d in zip(seqs, drafts):
+            self._check(seq, d)
+        if plan.feed is None:
+            tokens, probs = self._propose(seqs, drafts)
+        else:
+            tokens, probs = self._host_proposals(plan.feed, slot.spec.vocab_size)
+        width = tokens.shape[1]
+        last = copy_to_device(torch.tensor([seq.token_ids[-1] for seq in seqs], dtype=torch.long), self.device)
+        rows = torch.cat((last[:, None], tokens), dim=1).clamp(min=0)  # [B, width + 1] the tokens fed
+        packed = [i * (width + 1) + j for i, d in enumerate(drafts) for j in range(d + 1)]
+        meta = self._prefill_meta(seqs, [d + 1 for d in drafts], [s.num_tokens + d for s, d in zip(seqs, drafts)])
+        logits = slot.logits(slot.forward(rows.reshape(-1)[self._index(packed)], meta, rows=None))
+        padded = torch.zeros(len(seqs) * (width + 1), dtype=torch.long)
+        padded[packed] = torch.arange(len(packed))
+        logits = logits[self._index(padded.tolist())].view(len(seqs), width + 1, -1)  # [B, width + 1, V]
+        result = rejection_sample(logits, probs, tokens, self._index(drafts), self.sampler.temperatures(seqs),
+                                  self.sampler.generator(seqs))
+        return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted)
+
+    def _propose(self, seqs: Seq[Sequence], drafts: list[int]) -> tuple[Tensor, Tensor]:
+        """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V]. Its burst
+        starts one token early: after a step that kept every proposal, the draft never computed the last one."""
+        draft = self.slots.get(DRAFT)
+        if draft is None:
+            raise ValueError(f"a verify step without proposals needs a {DRAFT!r} model slot")
+        # Step 0 feeds the token before the last, step 1 the last, step j > 1 the proposal of step j - 1; a row
+        # with nothing to propose still ingests its last token (one proposal, ignored).
+        plan = build_decode_plan(seqs, [max(d, 1) + 1 for d in drafts], self.block_size, self.num_blocks,
+                                 self.max_model_len, back=1)
+        run_step, _ = draft.decode_steps(plan)
+        sample = functools.partial(sample_with_probs, temperature=self.sampler.temperatures(seqs),
+                                   generator=self.sampler.generator(seqs))
+        tokens, probs = [], []
+        with _eval_mode(draft.modules):
+            run_step(0, None)  # only its K/V: no logits needed
+            ids = copy_to_device(torch.tensor([seq.token_ids[-1] for seq in seqs], dtype=torch.long), self.device)
+            for j in range(1, plan.num_steps):
+                ids, p = sample(draft.logits(run_step(j, ids)))
+                tokens.append(ids)
+                probs.append(p)
+        return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+    def _host_proposals(self, feed: Seq[Seq[int]], vocab: int) -> tuple[Tensor, Tensor]:
+        """Proposals known on the host, padded with -1 to at least one column, as tokens [B, width] and the one-hot
+        distributions [B, width, V] a deterministic proposer draws from."""
+        width = max(1, max(len(f) for f in feed))
+        host = torch.full((len(feed), width), -1, dtype=torch.long)
         for i, f in enumerate(feed):
-            padded[i, :len(f)] = torch.tensor(f, dtype=torch.long)
-        lengths = torch.tensor(plan.num_tokens, dtype=torch.long)
-        index = torch.arange(width)
-        live = index < lengths[:, None]
-        flat = torch.where(live, (lengths.cumsum(0) - lengths)[:, None] + index, 0).to(self.device)
-        tokens, logprobs = tokens[flat], logprobs[flat]  # [B, width]: row i's samples at its fed positions
-        matches = (tokens == padded.to(self.device)) & live.to(self.device)
-        accepted = matches.long().cumprod(1).sum(1)  # leading feed tokens the samples agree with
-        return PendingTokens(tokens, logprobs, plan.num_tokens, accepted=accepted)
+            host[i, :len(f)] = torch.tensor(list(f), dtype=torch.long)
+        tokens = copy_to_device(host, self.device)
+        probs = torch.zeros(len(feed), width, vocab, device=self.device)
+        probs.scatter_(-1, tokens.clamp(min=0).unsqueeze(-1), 1.0)
+        return tokens, probs
+
+    def _index(self, values: list[int]) -> Tensor:
+        return copy_to_device(torch.tensor(values, dtype=torch.long), self.device)
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
         """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""

@@ -70,3 +70,18 @@ def sample_tokens(
     tokens = torch.where(greedy, greedy_tok.squeeze(-1), sampled)
     logprobs = torch.where(greedy, greedy_logp, sampled_logp)
     return tokens, logprobs
+
+
+def sample_with_probs(logits: Tensor, temperature: Tensor,
+                      generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Tokens [B] and the distributions [B, V] they were drawn from (float32; temperature only), for a draft model
+    whose proposals are verified by rejection sampling. Greedy rows: the argmax, and a one-hot distribution."""
+    logits = logits.float()
+    greedy = temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
+    probs = (logits / temp.unsqueeze(-1)).softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    argmax = logits.argmax(dim=-1)
+    tokens = torch.where(greedy, argmax, (probs / noise).argmax(dim=-1))  # p_i / E_i: the exponential race
+    one_hot = torch.zeros_like(probs).scatter_(-1, argmax.unsqueeze(-1), 1.0)
+    return tokens, torch.where(greedy.unsqueeze(-1), one_hot, probs)

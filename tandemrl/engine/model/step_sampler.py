@@ -48,6 +48,14 @@ class StepSampler:
         generator = self._generator(params)
         return lambda logits: sample_tokens(logits, temperature, top_p, top_k, generator, apply_filters=filters)
 
+    def temperatures(self, seqs: Seq[Sequence]) -> Tensor:
+        """[B] float32 on the device."""
+        return self._columns([seq.params for seq in seqs])[0]
+
+    def generator(self, seqs: Seq[Sequence]) -> torch.Generator | None:
+        """The torch generator of these rows (seeded by the first seeded one), for samplers beside ``for_rows``."""
+        return self._generator([seq.params for seq in seqs])
+
     def _columns(self, params: list[SamplingParams]) -> tuple[Tensor, ...]:
         """Per-row temperature, top_p (float32) and top_k (long) on the device: one copy, and none at all while
         the batch's values stay the same (decode steps of the same requests)."""
