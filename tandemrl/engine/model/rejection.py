@@ -1,0 +1,202 @@
+"""The speculative-decoding rejection sampler: batched, on the device, with no host synchronisation.
+
+A draft model proposes up to ``k`` tokens per row; the target scores them (and the position after them) in one
+forward. This module decides, per row, how many drafts to keep and which token follows them, by the standard
+rule of Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding") and Chen et al. 2023
+("Accelerating Large Language Model Decoding with Speculative Sampling"), so the tokens a row emits are
+distributed exactly as if the target had sampled them one by one:
+
+* draft token ``x`` at position ``i`` is accepted with probability ``min(1, p(x) / q(x))``, ``p`` the target's
+  sampling distribution and ``q`` the draft's, both at position ``i``;
+* at the first rejection the row emits one token drawn from the residual ``norm(max(0, p - q))`` and stops;
+* when every drafted token is accepted the row emits a bonus token drawn from ``p`` at the position after them.
+
+Greedy rows (temperature 0) accept while the draft equals the target's argmax and then emit the target's
+argmax, which reproduces plain greedy decoding token for token.
+
+Everything is tensor arithmetic over the whole batch (no ``.item()``, no branching on values), so the engine
+can queue the step behind the target's forward without waiting for the device. The random draws come from the
+optional ``torch.Generator`` (on the tensors' device), in a fixed order: ``B * k`` uniforms, then ``B * V``
+exponentials; a seeded generator therefore reproduces a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+PAD_TOKEN = -1
+"""``RejectionResult.tokens`` past a row's last emitted token (its log-prob there is 0.0)."""
+
+
+@dataclass(frozen=True)
+class RejectionResult:
+    """What one verification step emits per row.
+
+    tokens: [B, k+1] long. Row ``b`` emits ``tokens[b, :num_accepted[b] + 1]``: its accepted drafts, then one
+        token from the target (the residual sample at the first rejection, or the bonus token); the rest is
+        ``PAD_TOKEN``.
+    logprobs: [B, k+1] float32. The log-probability of each emitted token under the target's sampling
+        distribution at its position, ``log_softmax(logits / T)`` (raw ``log_softmax`` for greedy rows): the
+        distribution the rollout follows, whichever of draft or residual proposed the token. 0.0 at padding.
+    num_accepted: [B] long, in ``[0, num_draft]``.
+    """
+
+    tokens: Tensor
+    logprobs: Tensor
+    num_accepted: Tensor
+
+    @property
+    def num_emitted(self) -> Tensor:
+        """[B] long: tokens each row emits this step (``num_accepted + 1``)."""
+        return self.num_accepted + 1
+
+
+def rejection_sample(
+    target_logits: Tensor,
+    draft_probs: Tensor,
+    draft_tokens: Tensor,
+    num_draft: Tensor,
+    temperature: Tensor,
+    generator: torch.Generator | None = None,
+) -> RejectionResult:
+    """Verify each row's drafted tokens against the target; see the module docstring for the rule.
+
+    target_logits: [B, k+1, V] the target's logits at the ``k`` drafted positions and the bonus position (any
+        float dtype; the arithmetic is float32). Row ``b`` only reads positions ``0..num_draft[b]``.
+    draft_probs: [B, k, V] the distribution each draft token was sampled from (after the draft's temperature;
+        a draft with a smaller vocabulary pads with zeros). Only rows with temperature > 0 read it, and only at
+        positions ``< num_draft[b]``, so the rest may hold anything (even NaN).
+    draft_tokens: [B, k] long; entries at positions ``>= num_draft[b]`` are ignored (may be padding such as -1).
+    num_draft: [B] long, tokens drafted for each row; values are clamped to ``[0, k]`` (checking them would
+        need a host sync).
+    temperature: [B] float, the target's sampling temperature; ``<= 0`` means greedy.
+    generator: optional, on the tensors' device.
+
+    Temperature only: top-k / top-p are out of scope (the residual of a truncated ``p`` would need both
+    distributions truncated the same way). ``q(x) == 0`` for a proposed token can only come from rounding or a
+    draft that sampled outside the distribution it reports; the ratio ``p/q`` is then taken as +inf, so the
+    token is accepted iff ``p(x) > 0`` (the test is ``u * q(x) < p(x)`` with ``u ~ U[0, 1)``, which needs no
+    division). ``p(x) == 0`` is never accepted. If the residual has no mass (``q >= p`` everywhere, e.g.
+    ``p == q`` up to rounding) the token is drawn from ``p``.
+
+    Memory: one float32 [B, k+1, V] temporary (the log-softmax of every position) and a few [B, V] ones.
+    """
+    batch, positions, vocab = _check_shapes(target_logits, draft_probs, draft_tokens, num_draft, temperature)
+    k = positions - 1
+    device = target_logits.device
+    greedy = temperature <= 0
+    n = num_draft.clamp(0, k)
+
+    # logp: [B, k+1, V] the target's sampling distribution; greedy rows divide by 1, i.e. raw log_softmax.
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    logp = torch.log_softmax(target_logits.float() / temp[:, None, None], dim=-1)
+    # greedy argmax on the raw logits, as plain greedy decoding takes it (subtracting the logsumexp could merge
+    # two nearly equal logits and change which is first)
+    target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
+
+    drafted = torch.arange(k, device=device)[None, :] < n[:, None]  # [B, k]
+    x = torch.where(drafted, draft_tokens, torch.zeros_like(draft_tokens))  # gather-safe ids
+    draft_logp = logp[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k] log p(x_i)
+    accept = _accept_mask(draft_logp, draft_probs, x, target_argmax[:, :k], greedy, generator) & drafted
+    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)  # [B] length of the accepted prefix
+
+    last_token, last_logp = _final_token(
+        logp, draft_probs, target_argmax, num_accepted, num_accepted < n, greedy, generator
+    )
+    tokens, logprobs = _assemble(x, draft_logp, last_token, last_logp, num_accepted)
+    return RejectionResult(tokens=tokens, logprobs=logprobs, num_accepted=num_accepted)
+
+
+def _check_shapes(
+    target_logits: Tensor, draft_probs: Tensor, draft_tokens: Tensor, num_draft: Tensor, temperature: Tensor
+) -> tuple[int, int, int]:
+    """Shape checks only (host-side metadata, no sync); returns (B, k+1, V)."""
+    if target_logits.dim() != 3 or target_logits.shape[1] < 2:
+        raise ValueError(f"target_logits must be [B, k+1, V] with k >= 1, got {tuple(target_logits.shape)}")
+    batch, positions, vocab = target_logits.shape
+    k = positions - 1
+    expected = {
+        "draft_probs": (draft_probs, (batch, k, vocab)),
+        "draft_tokens": (draft_tokens, (batch, k)),
+        "num_draft": (num_draft, (batch,)),
+        "temperature": (temperature, (batch,)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+    return batch, positions, vocab
+
+
+def _accept_mask(
+    draft_logp: Tensor,
+    draft_probs: Tensor,
+    x: Tensor,
+    target_argmax: Tensor,
+    greedy: Tensor,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """[B, k] bool: whether each drafted token passes its own test, before the "stop at the first rejection"
+    prefix is taken. Sampled rows: ``u * q(x) < p(x)``, ``u ~ U[0, 1)``, i.e. probability ``min(1, p/q)``
+    without a division (q(x) == 0 accepts iff p(x) > 0). Greedy rows: ``x == argmax``."""
+    q_x = draft_probs.gather(-1, x[..., None]).squeeze(-1).float()  # [B, k]
+    u = torch.rand(x.shape, device=x.device, dtype=torch.float32, generator=generator)
+    sampled_ok = u * q_x < draft_logp.exp()
+    return torch.where(greedy[:, None], x == target_argmax, sampled_ok)
+
+
+def _final_token(
+    logp: Tensor,
+    draft_probs: Tensor,
+    target_argmax: Tensor,
+    num_accepted: Tensor,
+    rejected: Tensor,
+    greedy: Tensor,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """The one token the target adds after the accepted prefix, at position ``a = num_accepted``, and its
+    log-prob under ``p``: from ``norm(max(0, p - q))`` where the draft at ``a`` was rejected, from ``p`` where
+    every draft was accepted (bonus) or the residual is empty, the argmax for greedy rows. Returns ([B], [B])."""
+    batch, positions, vocab = logp.shape
+    a = num_accepted
+    logp_a = logp.gather(1, a[:, None, None].expand(batch, 1, vocab)).squeeze(1)  # [B, V]
+    # q at a; a == k (all accepted) reads position k-1, which only matters where `rejected`, i.e. never there
+    a_q = a.clamp(max=positions - 2)
+    q_a = draft_probs.gather(1, a_q[:, None, None].expand(batch, 1, vocab)).squeeze(1).float()  # [B, V]
+
+    residual = (logp_a.exp() - q_a).clamp_min_(0.0)  # NaN q (unread garbage) only reaches rows not `rejected`
+    use_residual = rejected & ~greedy & (residual.sum(dim=-1) > 0)
+    # log of the (unnormalised) weights to sample from: the race below does not need them normalised
+    log_weights = torch.where(use_residual[:, None], residual.log(), logp_a)
+    sampled = _sample_from_log_weights(log_weights, generator)
+
+    greedy_token = target_argmax.gather(1, a[:, None]).squeeze(1)
+    token = torch.where(greedy, greedy_token, sampled)
+    token_logp = logp_a.gather(-1, token[:, None]).squeeze(-1)
+    return token, token_logp
+
+
+def _sample_from_log_weights(log_weights: Tensor, generator: torch.Generator | None) -> Tensor:
+    """[B, V] log of non-negative weights (-inf for 0) -> [B] long, index ``i`` with probability
+    ``w_i / sum(w)``. Exponential race (as in sampler.py): ``argmax(log w_i - log E_i)``, ``E_i ~ Exp(1)``; no
+    normalisation or cumulative sum needed."""
+    neg_log_noise = torch.empty_like(log_weights).exponential_(1.0, generator=generator)
+    neg_log_noise.clamp_min_(torch.finfo(neg_log_noise.dtype).tiny).log_().neg_()
+    return (log_weights + neg_log_noise).argmax(dim=-1)
+
+
+def _assemble(
+    x: Tensor, draft_logp: Tensor, last_token: Tensor, last_logp: Tensor, num_accepted: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Rows of ``[accepted drafts..., last token, PAD...]``: tokens [B, k+1] long and logprobs [B, k+1]
+    float32 (0.0 at padding)."""
+    batch, k = x.shape
+    col = torch.arange(k + 1, device=x.device)[None, :]
+    a = num_accepted[:, None]
+    drafts = torch.cat([x, x.new_full((batch, 1), PAD_TOKEN)], dim=1)
+    drafts_logp = torch.cat([draft_logp, draft_logp.new_zeros((batch, 1))], dim=1)
+    tokens = torch.where(col < a, drafts, torch.where(col == a, last_token[:, None], PAD_TOKEN))
+    logprobs = torch.where(col < a, drafts_logp, torch.where(col == a, last_logp[:, None], 0.0))
+    return tokens, logprobs.float()
