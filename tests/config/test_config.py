@@ -1,3 +1,4 @@
+import re
 import tomllib
 
 import pytest
@@ -84,3 +85,16 @@ def test_resolved_toml_is_parseable_and_complete():
     parsed = tomllib.loads(text)
     assert set(parsed) == {"model", "data", "rollout", "engine", "reward", "train", "eval", "checkpoint", "log"}
     assert parsed["model"]["lora"]["rank"] == 16
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.speculative.method=\"draft\""], "rollout.speculative.draft_model"),
+    (["rollout.speculative.method=\"ngram\"", "rollout.speculative.num_tokens=0"],
+     "rollout.speculative.num_tokens must be an integer >= 1"),
+    (["rollout.speculative.method=\"ngram\"", "rollout.backend=\"hf\""], "needs rollout.backend = 'engine'"),
+    (["rollout.speculative.method=\"medusa\""], "rollout.speculative.method"),
+    (["rollout.speculative.draft=\"x\""], "unknown config key 'rollout.speculative.draft'"),
+])
+def test_speculative_config_errors_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)

@@ -208,3 +208,15 @@ def test_ctrl_c_on_the_command_line_saves_and_exits_130(tmp_path):
     assert "interrupted after step" in output
     latest = find_latest(tmp_path / "run" / "checkpoints")
     assert latest is not None and int(latest.name.split("-")[1]) >= 2
+
+
+def test_training_with_speculative_decoding_by_a_self_draft(tmp_path):
+    """The tiny model drafts for itself: every proposal is the token the target would sample, so all are kept; the
+    run trains as usual (rollout.max_tokens=3: the one verify step proposes one token)."""
+    cfg = small_config(tmp_path, "train.max_steps=2", "checkpoint.every_steps=0", "eval.pass_k=0",
+                       "rollout.speculative.method=\"draft\"", "rollout.speculative.draft_model=\"tiny\"")
+    train(cfg, tmp_path / "run")
+    for row in read_rows(tmp_path / "run").values():
+        assert row["spec/acceptance_rate"] == pytest.approx(1.0, abs=0.02)
+        assert 1.0 < row["spec/mean_accepted_length"] <= 2.0
+        assert row["skipped_nonfinite"] == 0
