@@ -32,7 +32,13 @@ ARCHITECTURES = {
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                          rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
-    # A small one for a quick CPU check of the script itself.
+    # Qwen2.5-1.5B's published configuration (a speculative-decoding target for the 0.5B draft: same vocabulary).
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # Small ones for a quick CPU check of the scripts themselves.
+    "tiny-draft": dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048),
 }

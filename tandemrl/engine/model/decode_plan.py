@@ -87,3 +87,14 @@ def _int64_array(values: Seq[int]) -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     struct.pack_into(f"{len(values)}q", out, 0, *values)
     return out
+
+
+def as_one_step(burst: DecodePlan, ids: Seq[int]) -> DecodePlan:
+    """Every live (step, row) of ``burst`` as a row of one step, row by row: a verify step computes a sequence's last
+    token and its proposals in one forward, each query attending to the context up to its own position (a layer
+    stores the K/V of all rows before any row attends). ``ids``: the input of each new row."""
+    steps = np.asarray(burst.steps, dtype=np.int64)
+    row = np.repeat(np.arange(len(steps)), steps)
+    step = np.concatenate([np.arange(k) for k in burst.steps])
+    return DecodePlan(_int64_array(ids), burst.positions[step, row][None], burst.slots[step, row][None],
+                      burst.context_lens[step, row][None], np.ascontiguousarray(burst.tables[row]), [1] * len(row))

@@ -18,16 +18,17 @@ import contextlib
 import functools
 from typing import Hashable, Iterator, Mapping, Sequence as Seq
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
-from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
-from tandemrl.engine.model.decode_plan import build_decode_plan
+from tandemrl.engine.model.attention import build_prefill_meta
+from tandemrl.engine.model.decode_plan import as_one_step, build_decode_plan
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
-from tandemrl.engine.model.rejection import rejection_sample
+from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
 from tandemrl.engine.model.sampler import sample_with_probs
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
@@ -199,7 +200,9 @@ class ModelRunner:
             ids += seq.token_ids[start:]
             query_lens.append(seq.num_tokens - start)
             context_lens.append(seq.num_tokens)
-        meta = self._prefill_meta(seqs, query_lens, context_lens)
+        tables = [seq.block_table[:-(-seq.num_tokens // self.block_size)] for seq in seqs]
+        meta = build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), self.block_size, self.device,
+                                  use_triton=self.use_triton)
         input_ids = copy_to_device(torch.tensor(ids, dtype=torch.long), self.device)
         for other in self.slots.values():
             if other is not slot:
@@ -207,36 +210,38 @@ class ModelRunner:
                     other.forward(input_ids, meta, rows=meta.last_rows)
         return slot.forward(input_ids, meta, rows=meta.last_rows)
 
-    def _prefill_meta(self, seqs: Seq[Sequence], query_lens: list[int], context_lens: list[int]) -> PrefillMeta:
-        """Metadata for rows that compute their last ``query_lens[i]`` tokens of a ``context_lens[i]``-token context
-        (which may run past the sequence's tokens: a verify step's proposals)."""
-        bs = self.block_size
-        tables = [seq.block_table[:-(-context // bs)] for seq, context in zip(seqs, context_lens)]
-        return build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), bs, self.device,
-                                  use_triton=self.use_triton)
-
     def _verify(self, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
         """Each row's proposals (the plan's feed, or the draft slot's), the target's logits at its last token and at
-        every proposal in one forward, then rejection sampling (rejection.py)."""
+        every proposal in one forward (one decode step over a row per token: CUDA graphs apply), then rejection
+        sampling (rejection.py)."""
         seqs, drafts = plan.seqs, [n - 1 for n in plan.num_tokens]
-        for seq, d in zip(seqs, drafts):
-            self._check(seq, d)
+        if any(seq.num_pending for seq in seqs):
+            raise RuntimeError("a verify step needs every token of its sequences on the host")
+        burst = build_decode_plan(seqs, plan.num_tokens, self.block_size, self.num_blocks, self.max_model_len)
         if plan.feed is None:
             tokens, probs = self._propose(seqs, drafts)
+            rows = torch.cat((self._index([seq.token_ids[-1] for seq in seqs])[:, None], tokens), dim=1)
+            ids = rows.reshape(-1)[self._index(_packed(drafts, tokens.shape[1] + 1))]
+            run_step, _ = slot.decode_steps(as_one_step(burst, [0] * sum(plan.num_tokens)))
+            hidden = run_step(0, ids)
         else:
             tokens, probs = self._host_proposals(plan.feed, slot.spec.vocab_size)
-        width = tokens.shape[1]
-        last = copy_to_device(torch.tensor([seq.token_ids[-1] for seq in seqs], dtype=torch.long), self.device)
-        rows = torch.cat((last[:, None], tokens), dim=1).clamp(min=0)  # [B, width + 1] the tokens fed
-        packed = [i * (width + 1) + j for i, d in enumerate(drafts) for j in range(d + 1)]
-        meta = self._prefill_meta(seqs, [d + 1 for d in drafts], [s.num_tokens + d for s, d in zip(seqs, drafts)])
-        logits = slot.logits(slot.forward(rows.reshape(-1)[self._index(packed)], meta, rows=None))
-        padded = torch.zeros(len(seqs) * (width + 1), dtype=torch.long)
-        padded[packed] = torch.arange(len(packed))
-        logits = logits[self._index(padded.tolist())].view(len(seqs), width + 1, -1)  # [B, width + 1, V]
-        result = rejection_sample(logits, probs, tokens, self._index(drafts), self.sampler.temperatures(seqs),
-                                  self.sampler.generator(seqs))
+            fed = [t for seq, f in zip(seqs, plan.feed) for t in [seq.token_ids[-1], *f]]
+            run_step, _ = slot.decode_steps(as_one_step(burst, fed))
+            hidden = run_step(0, None)
+        width = tokens.shape[1] + 1
+        padded = np.zeros(len(seqs) * width, dtype=np.int64)  # row of each (sequence, position); 0 past the feed
+        padded[_packed(drafts, width)] = np.arange(sum(plan.num_tokens))
+        logits = slot.logits(hidden)[self._index(padded.tolist())].view(len(seqs), width, -1)
+        result = self.accept(logits, probs, tokens, self._index(drafts), seqs)
         return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted)
+
+    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor,
+               seqs: Seq[Sequence]) -> RejectionResult:
+        """Which proposals a verify step keeps: the standard rejection rule (rejection.py). (bench/speculative.py
+        overrides it to fix the acceptance rate; nothing else may.)"""
+        return rejection_sample(logits, probs, tokens, num_draft, self.sampler.temperatures(seqs),
+                                self.sampler.generator(seqs))
 
     def _propose(self, seqs: Seq[Sequence], drafts: list[int]) -> tuple[Tensor, Tensor]:
         """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V]. Its burst
@@ -254,7 +259,7 @@ class ModelRunner:
         tokens, probs = [], []
         with _eval_mode(draft.modules):
             run_step(0, None)  # only its K/V: no logits needed
-            ids = copy_to_device(torch.tensor([seq.token_ids[-1] for seq in seqs], dtype=torch.long), self.device)
+            ids = self._index([seq.token_ids[-1] for seq in seqs])
             for j in range(1, plan.num_steps):
                 ids, p = sample(draft.logits(run_step(j, ids)))
                 tokens.append(ids)
@@ -274,6 +279,7 @@ class ModelRunner:
         return tokens, probs
 
     def _index(self, values: list[int]) -> Tensor:
+        """Host ints as a long tensor on the device (through pinned memory: no wait for the work in flight)."""
         return copy_to_device(torch.tensor(values, dtype=torch.long), self.device)
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
@@ -282,10 +288,10 @@ class ModelRunner:
         pad = self.num_blocks
         return torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
 
-    def _check(self, seq: Sequence, extra: int = 0) -> None:
+    def _check(self, seq: Sequence) -> None:
         """Clear errors for what would otherwise be an out-of-bounds write on the device."""
-        n, bs = seq.num_tokens + extra, self.block_size
-        if seq.num_tokens == 0:
+        n, bs = seq.num_tokens, self.block_size
+        if n == 0:
             raise ValueError(f"sequence {seq.seq_id} has no tokens")
         if seq.num_pending:
             raise RuntimeError(f"sequence {seq.seq_id} cannot be prefilled with {seq.num_pending} tokens pending")
@@ -295,6 +301,11 @@ class ModelRunner:
             raise ValueError(f"sequence {seq.seq_id} has {n} tokens but {len(seq.block_table)} blocks of {bs}")
         if any(not 0 <= b < self.num_blocks for b in seq.block_table):
             raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {self.num_blocks}): {seq.block_table}")
+
+
+def _packed(drafts: list[int], width: int) -> list[int]:
+    """Flat index, in a [B, width] layout, of each row's last token and its proposals, row by row."""
+    return [i * width + j for i, d in enumerate(drafts) for j in range(d + 1)]
 
 
 def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:

@@ -1,0 +1,154 @@
+"""Speculative decoding against the standard model of its speed-up, in one run.
+
+Random weights make acceptance meaningless, so the acceptance rate ``a`` is FIXED here by a benchmark-only runner
+(``FixedAcceptanceRunner``, defined in this file and used nowhere else: the trainer cannot reach it) that keeps each
+proposal with probability ``a`` until the first miss. Everything else is the engine's real path: the draft slot's
+burst, the target's verify step, the postprocessing. ``c`` is measured: the draft's decode step over the target's,
+each from a plain engine run at the same batch. The model predicts a speed-up of
+``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` over plain decoding; achieved = plain time / speculative time.
+Telemetry overhead: the host time of the per-request bookkeeping a verify step adds (first-token time, drafted and
+accepted counts and the histogram, KV blocks held: the same calls, timed alone over the batch's rows) over the
+speculative step's time.
+
+GPU:  python -m bench.speculative                      (Qwen2.5-1.5B target, Qwen2.5-0.5B draft)
+CPU:  python -m bench.speculative --target tiny --draft tiny-draft --batches 2 --ks 2 --rates 0.8 --new-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from bench.engine_throughput import random_prompts, timed
+from bench.grpo_step import ARCHITECTURES, build_model
+from tandemrl.engine.config import EngineConfig
+from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.model.rejection import RejectionResult
+from tandemrl.engine.model.runner import ModelRunner
+from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.step import TARGET
+from tandemrl.engine.block_manager import _note_blocks
+from tandemrl.engine.sequence import Sequence
+from tandemrl.types import Request, SamplingParams
+
+
+class FixedAcceptanceRunner(ModelRunner):
+    """BENCHMARK ONLY: keeps each proposal with probability ``rate`` (until the first miss) instead of the rejection
+    rule, so the machinery can be timed at a controlled acceptance rate; the token after the kept ones is the
+    target's argmax there."""
+
+    rate = 1.0
+
+    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, seqs) -> RejectionResult:
+        batch, width = tokens.shape
+        keep = torch.rand(batch, width, device=tokens.device) < self.rate
+        kept = keep.long().cumprod(1).sum(1).minimum(num_draft)
+        position = torch.arange(width + 1, device=tokens.device)
+        final = logits.argmax(-1).gather(1, kept[:, None])
+        padded = torch.cat((tokens, tokens[:, :1]), 1)
+        out = torch.where(position < kept[:, None], padded, final)
+        return RejectionResult(out, torch.zeros(out.shape, device=out.device), kept)
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, device: torch.device) -> float:
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    requests = [Request(str(i), p, params) for i, p in enumerate(prompts)]
+    seconds = timed(device, lambda: engine.generate(requests))
+    return seconds
+
+
+def stats_seconds_per_step(batch: int, k: int, repeats: int = 200) -> float:
+    """Host time of one verify step's request-stats bookkeeping for ``batch`` rows (what postprocess and the block
+    manager add per row)."""
+    seqs = [Sequence(i, str(i), [1] * 100, 100, SamplingParams(), block_table=list(range(8))) for i in range(batch)]
+    start = time.perf_counter()
+    for step in range(repeats):
+        for seq in seqs:
+            stats = seq.stats
+            if stats.first_token_time is None:
+                stats.first_token_time = float(step)
+            stats.record_verify(k, step % (k + 1))
+            _note_blocks(seq)
+    return (time.perf_counter() - start) / repeats
+
+
+def make_engine(models: dict, num_blocks: int, device: torch.device, spec: SpeculativeConfig | None,
+                rate: float = 1.0) -> LLMEngine:
+    runner = FixedAcceptanceRunner(models, EngineConfig(num_blocks=num_blocks), device)
+    runner.rate = rate
+    config = EngineConfig(num_blocks=num_blocks, max_num_seqs=256)
+    return LLMEngine(runner, None, config, eos_ids=[], speculative=spec)
+
+
+def decode_step_s(model, batch: int, args, device: torch.device) -> float:
+    """Per-token decode time of a plain engine over ``model`` (prefill excluded)."""
+    engine = make_engine({TARGET: model}, args.num_blocks, device, None)
+    vocab = model.config.vocab_size
+    run(engine, random_prompts(batch, args.prompt_len, vocab, 1), args.new_tokens, device)  # warm-up, graphs
+    total = run(engine, random_prompts(batch, args.prompt_len, vocab, 2), args.new_tokens, device)
+    prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
+    return (total - prefill) / (args.new_tokens - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-1.5b", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--draft", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.6, 0.8, 0.9, 1.0])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/speculative.json"))
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target = build_model(args.target, device, dtype, False).eval()
+    draft = build_model(args.draft, device, dtype, False).eval()
+    vocab = target.config.vocab_size
+    rows = []
+    for batch in args.batches:
+        plain = decode_step_s(target, batch, args, device)
+        c = decode_step_s(draft, batch, args, device) / plain
+        for k in args.ks:
+            for rate in args.rates:
+                torch.manual_seed(k)  # the fixed-acceptance draws
+                engine = make_engine({TARGET: target, DRAFT: draft}, args.num_blocks, device,
+                                     SpeculativeConfig(method="draft", num_tokens=k), rate)
+                run(engine, random_prompts(batch, args.prompt_len, vocab, 1), args.new_tokens, device)  # warm-up
+                steps = engine.stats()["steps"]
+                total = run(engine, random_prompts(batch, args.prompt_len, vocab, 2), args.new_tokens, device)
+                steps = engine.stats()["steps"] - steps - 1  # the verify steps (one prefill)
+                prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
+                spec = (total - prefill) / (args.new_tokens - 1)
+                telemetry = stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
+                predicted = (k + 1) / (k * c + 1) if rate >= 1 else (1 - rate ** (k + 1)) / ((1 - rate) * (k * c + 1))
+                rows.append({"batch": batch, "k": k, "a": rate, "c": c, "plain_ms": plain * 1e3, "spec_ms": spec * 1e3,
+                             "predicted": predicted, "achieved": plain / spec, "of_predicted": plain / spec / predicted,
+                             "telemetry_overhead": telemetry})
+                r = rows[-1]
+                print(f"batch {batch} k {k} a {rate:.1f} c {c:.3f}: plain {r['plain_ms']:.2f} ms/token, spec "
+                      f"{r['spec_ms']:.2f}; predicted {predicted:.2f}x, achieved {r['achieved']:.2f}x "
+                      f"({r['of_predicted']:.0%}), telemetry {telemetry:.2%} of a step", flush=True)
+    result = {"date": date.today().isoformat(), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+              "target": args.target, "draft": args.draft, "prompt_len": args.prompt_len,
+              "new_tokens": args.new_tokens, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print("| batch | k | a | c | plain ms/token | spec ms/token | predicted | achieved | achieved/predicted | stats |")
+    for r in rows:
+        print(f"| {r['batch']} | {r['k']} | {r['a']:.1f} | {r['c']:.3f} | {r['plain_ms']:.2f} | {r['spec_ms']:.2f} | "
+              f"{r['predicted']:.2f} | {r['achieved']:.2f} | {r['of_predicted']:.0%} | {r['telemetry_overhead']:.2%} |")
+
+
+if __name__ == "__main__":
+    main()
