@@ -116,6 +116,7 @@ class Scheduler:
             if new_blocks > bm.num_free_blocks:
                 break
             bm.allocate(seq)
+            seq.draft_behind = 0  # a prefill fills every model slot's cache
             computed += seq.num_tokens - seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             self.waiting.popleft()
@@ -201,6 +202,7 @@ class Scheduler:
                 stats.first_token_time = now
             if accepted is not None:
                 stats.record_verify(planned - 1, accepted[i])
+                seq.draft_behind = int(0 < planned - 1 == accepted[i])
             # Fast path, most sequences of most steps: nothing in this step can finish them.
             known = seq.num_known_tokens - seq.num_prompt_tokens
             if (not params.stop and known + len(tokens) < params.max_tokens

@@ -40,6 +40,9 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # one per generated token
     finish_reason: str | None = None
     num_pending: int = 0  # trailing placeholders for tokens sampled on the device, not yet read back
+    # Speculative decoding: 1 when the draft slot has not computed the K/V of the token before the last (after a
+    # verify step that kept every proposal, the draft never fed the last one); its next proposal feeds it first.
+    draft_behind: int = 0
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

@@ -15,7 +15,6 @@ Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; th
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Hashable, Iterator, Mapping, Sequence as Seq
 
 import numpy as np
@@ -244,27 +243,37 @@ class ModelRunner:
                                 self.sampler.generator(seqs))
 
     def _propose(self, seqs: Seq[Sequence], drafts: list[int]) -> tuple[Tensor, Tensor]:
-        """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V]. Its burst
-        starts one token early: after a step that kept every proposal, the draft never computed the last one."""
+        """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V] (columns
+        past a row's count are padding). The first forward feeds each row's last token, and before it the one the
+        draft has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals."""
         draft = self.slots.get(DRAFT)
         if draft is None:
             raise ValueError(f"a verify step without proposals needs a {DRAFT!r} model slot")
-        # Step 0 feeds the token before the last, step 1 the last, step j > 1 the proposal of step j - 1; a row
-        # with nothing to propose still ingests its last token (one proposal, ignored).
-        plan = build_decode_plan(seqs, [max(d, 1) + 1 for d in drafts], self.block_size, self.num_blocks,
-                                 self.max_model_len, back=1)
-        run_step, _ = draft.decode_steps(plan)
-        sample = functools.partial(sample_with_probs, temperature=self.sampler.temperatures(seqs),
-                                   generator=self.sampler.generator(seqs))
-        tokens, probs = [], []
+        behind = [seq.draft_behind for seq in seqs]
+        first = build_decode_plan(seqs, [2] * len(seqs), self.block_size, self.num_blocks, self.max_model_len, back=1)
+        ids = [t for seq, lag in zip(seqs, behind) for t in seq.token_ids[len(seq.token_ids) - 1 - lag:]]
+        last_rows = np.cumsum([lag + 1 for lag in behind]) - 1
+        width = max(1, max(drafts))
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
+        probs = torch.zeros(len(seqs), width, draft.spec.vocab_size, device=self.device)
         with _eval_mode(draft.modules):
-            run_step(0, None)  # only its K/V: no logits needed
-            ids = self._index([seq.token_ids[-1] for seq in seqs])
-            for j in range(1, plan.num_steps):
-                ids, p = sample(draft.logits(run_step(j, ids)))
-                tokens.append(ids)
-                probs.append(p)
-        return torch.stack(tokens, 1), torch.stack(probs, 1)
+            run_step, _ = draft.decode_steps(as_one_step(first, ids, keep=np.array([behind, [1] * len(seqs)], bool)))
+            hidden = run_step(0, None)[self._index(last_rows.tolist())]
+            tokens[:, 0], probs[:, 0] = self._draft_sample(draft, hidden, seqs)
+            rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
+            if rows:
+                rest = build_decode_plan([seqs[i] for i in rows], [drafts[i] - 1 for i in rows], self.block_size,
+                                         self.num_blocks, self.max_model_len, back=-1)
+                run_step, _ = draft.decode_steps(rest)
+                index = self._index(rows)
+                last = tokens[index, 0]
+                for j in range(rest.num_steps):
+                    last, p = self._draft_sample(draft, run_step(j, last), [seqs[i] for i in rows])
+                    tokens[index, j + 1], probs[index, j + 1] = last, p
+        return tokens, probs
+
+    def _draft_sample(self, draft: ModelSlot, hidden: Tensor, seqs: Seq[Sequence]) -> tuple[Tensor, Tensor]:
+        return sample_with_probs(draft.logits(hidden), self.sampler.temperatures(seqs), self.sampler.generator(seqs))
 
     def _host_proposals(self, feed: Seq[Seq[int]], vocab: int) -> tuple[Tensor, Tensor]:
         """Proposals known on the host, padded with -1 to at least one column, as tokens [B, width] and the one-hot
