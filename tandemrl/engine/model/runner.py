@@ -2,11 +2,13 @@
 
 ``launch(plan)`` runs one step (step.py) on the plan's slot under inference mode with the model in eval mode and
 returns before the device is done (pending.py):
-- PREFILL: packed uncached tokens, logits of each row's last one, one sampled token per row;
+- PREFILL: packed uncached tokens through every slot, logits of each row's last one from the plan's slot, one
+  sampled token per row;
 - DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
   burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
-- VERIFY: each row's last token and its feed tokens in one forward (the prefill path over the cached context), a
-  token sampled at every position, the feed kept up to the first disagreement, all on the device.
+- VERIFY: each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same launch), then the
+  target over the row's last token and its proposals in one decode step of a row per token (CUDA graphs apply),
+  then rejection sampling (rejection.py); nothing waits for the device.
 ``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
 
 Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
