@@ -28,7 +28,7 @@ from tandemrl.engine.step import StepKind, StepOutput, StepPlan
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
 Decode = Callable[[Seq[int]], str]
-Propose = Callable[[Seq[int], int], list[int]]  # (a sequence's known tokens, at most k) -> proposed tokens
+Propose = Callable[[Sequence, int], list[int]]  # (a sequence, at most k) -> tokens proposed after its last one
 
 
 class Scheduler:
@@ -146,7 +146,7 @@ class Scheduler:
         drafts = [min(k, s.params.max_tokens - s.num_completion_tokens - 1) for s in running]
         feed = None
         if self.propose is not None:  # proposals known on the host (n-gram)
-            feed = [self.propose(s.token_ids, d) if d else [] for s, d in zip(running, drafts)]
+            feed = [self.propose(s, d) if d else [] for s, d in zip(running, drafts)]
             drafts = [len(f) for f in feed]
         if self.block_manager.try_append_all(running, [d + 1 for d in drafts]):
             return StepPlan(StepKind.VERIFY, running, [d + 1 for d in drafts], feed=feed)

@@ -10,8 +10,12 @@ next step's positions.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
+
+from tandemrl.engine.ngram import NgramConfig, NgramIndex
+from tandemrl.engine.sequence import Sequence
 
 DRAFT = "draft"  # the runner slot of the draft model
 
@@ -45,13 +49,22 @@ class SpeculativeConfig:
             raise ValueError(f"speculative.ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
 
 
-def ngram_proposer(config: SpeculativeConfig) -> Callable[[Sequence[int], int], list[int]] | None:
-    """(a sequence's known tokens, at most k) -> prompt-lookup proposals, for ``method = "ngram"``; else None."""
-    if config.method != "ngram":
-        return None
-    from tandemrl.engine.ngram import NgramConfig, propose_ngram
+class NgramProposer:
+    """Prompt-lookup proposals for the scheduler: one incremental index per sequence (ngram.py), fed the tokens the
+    sequence gained since its last proposal; an index goes with its sequence (weak keys)."""
 
-    def propose(token_ids: Sequence[int], k: int) -> list[int]:
-        return propose_ngram(token_ids, NgramConfig(config.ngram_min, config.ngram_max, k))
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = NgramConfig(config.ngram_min, config.ngram_max, config.num_tokens)
+        self._indexes: weakref.WeakKeyDictionary[Sequence, NgramIndex] = weakref.WeakKeyDictionary()
 
-    return propose
+    def __call__(self, seq: Sequence, k: int) -> list[int]:
+        index = self._indexes.get(seq)
+        if index is None:
+            index = self._indexes[seq] = NgramIndex(self.config)
+        index.extend(seq.token_ids[len(index):seq.num_known_tokens])
+        return index.propose(k)
+
+
+def ngram_proposer(config: SpeculativeConfig) -> NgramProposer | None:
+    """The host-side proposer of ``method = "ngram"``; None for the other methods (the runner's draft proposes)."""
+    return NgramProposer(config) if config.method == "ngram" else None
