@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.speculative import SpeculativeConfig
+from tandemrl.engine.tandem import TandemConfig
 
 
 class ConfigError(ValueError):
@@ -133,6 +134,7 @@ class Config(Section):
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
     engine: EngineConfig = EngineConfig()
+    tandem: TandemConfig = TandemConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -145,6 +147,21 @@ class Config(Section):
             self.engine.validate()
         except ValueError as err:
             raise ValueError(str(err).replace("EngineConfig.", "engine.")) from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_tandem(self) -> Config:
+        if not self.tandem.enabled:
+            return self
+        try:
+            self.tandem.validate()
+        except ValueError as err:
+            raise ValueError(str(err).replace("TandemSelectorConfig.", "tandem.")) from None
+        if self.rollout.backend != "engine" or self.rollout.speculative.enabled:
+            raise ValueError("tandem.enabled needs rollout.backend = 'engine' and no rollout.speculative")
+        if self.tandem.frozen_device not in (None, self.model.device):
+            raise ValueError(f"tandem.frozen_device = {self.tandem.frozen_device!r}: the frozen model runs on the hot "
+                             f"model's device (model.device = {self.model.device!r}) for now")
         return self
 
     @model_validator(mode="after")

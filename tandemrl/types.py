@@ -137,6 +137,7 @@ class Rollout:
     error: str | None = None
     loss_weights: list[float] = field(default_factory=list)  # per completion token; empty = all 1.0
     stats: RequestStats = field(default_factory=RequestStats)
+    token_sources: list[bool] = field(default_factory=list)  # tandem: True where the trained model wrote the token
 
     def token_weights(self) -> list[float]:
         """The loss weight of every completion token (1.0 where none was set)."""

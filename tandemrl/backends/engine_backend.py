@@ -17,6 +17,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
 from tandemrl.engine.step import TARGET
+from tandemrl.engine.tandem import FROZEN, TandemConfig
 from tandemrl.types import Request, Rollout
 
 
@@ -25,7 +26,8 @@ class EngineBackend:
 
     def __init__(self, model: nn.Module, tokenizer: Any, engine_config: EngineConfig | None = None,
                  device: torch.device | str | None = None, speculative: SpeculativeConfig | None = None,
-                 draft_model: nn.Module | None = None) -> None:
+                 draft_model: nn.Module | None = None, tandem: TandemConfig | None = None,
+                 frozen_model: nn.Module | None = None) -> None:
         from tandemrl.engine.model.runner import ModelRunner  # lazy: the runner pulls in the attention kernels
 
         config = dataclasses.replace(engine_config) if engine_config is not None else EngineConfig()
@@ -39,12 +41,15 @@ class EngineBackend:
         if (speculative.method == DRAFT) != (draft_model is not None):
             raise ValueError("speculative.method = 'draft' needs a draft model, and a draft model needs that method; "
                              f"got method {speculative.method!r} and {'a' if draft_model is not None else 'no'} draft")
-        models = {TARGET: model, DRAFT: draft_model} if draft_model is not None else {TARGET: model}
-        self.runner = ModelRunner(models, config, self.device)
+        tandem = tandem if tandem is not None and tandem.enabled else None
+        if (tandem is None) != (frozen_model is None):
+            raise ValueError("tandem rollouts need a frozen model, and a frozen model needs tandem.enabled")
+        models = {TARGET: model, DRAFT: draft_model, FROZEN: frozen_model}
+        self.runner = ModelRunner({name: m for name, m in models.items() if m is not None}, config, self.device)
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
-                                speculative=speculative)
+                                speculative=speculative, tandem=tandem)
         self._closed = False
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:

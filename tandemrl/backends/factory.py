@@ -13,13 +13,15 @@ from tandemrl.config import Config
 
 
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device,
-                 draft_model: nn.Module | None = None) -> RolloutBackend:
+                 draft_model: nn.Module | None = None, frozen_model: nn.Module | None = None) -> RolloutBackend:
     speculative = cfg.rollout.speculative
     if cfg.rollout.backend == "engine" and _engine_supports(model):
         from tandemrl.backends.engine_backend import EngineBackend
 
         return EngineBackend(model, tokenizer, cfg.engine, device=device, speculative=speculative,
-                             draft_model=draft_model)
+                             draft_model=draft_model, tandem=cfg.tandem, frozen_model=frozen_model)
+    if cfg.tandem.enabled:
+        raise ValueError(f"tandem rollouts need the engine backend; {type(model).__name__} runs on the HF backend")
     if speculative.enabled:
         raise ValueError(f"rollout.speculative needs the engine backend; {type(model).__name__} runs on the HF "
                          "backend (rollout.backend = 'hf' or an architecture the engine does not support)")

@@ -26,6 +26,7 @@ from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import SpeculativeConfig, ngram_proposer
 from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.stopping import truncate_at_stop, validate_stop
+from tandemrl.engine.tandem import TandemConfig, owner_stream
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
@@ -71,10 +72,15 @@ class _Launched:
 class LLMEngine:
     def __init__(self, runner: ModelRunnerProtocol, tokenizer: Any, config: EngineConfig,
                  eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter,
-                 speculative: SpeculativeConfig | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None, tandem: TandemConfig | None = None) -> None:
         config.validate()
         self.speculative = speculative or SpeculativeConfig()
         self.speculative.validate()
+        self.tandem = tandem if tandem is not None and tandem.enabled else None
+        if self.tandem is not None:
+            self.tandem.validate()
+            if self.speculative.enabled:
+                raise ValueError("tandem rollouts and speculative decoding cannot be combined yet")
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -90,9 +96,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         decode = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
-                                   propose=ngram_proposer(self.speculative))
-        # Speculative steps wait for their tokens: what a step kept decides where the next one starts.
-        self._synchronous = not config.async_scheduling or self.speculative.enabled
+                                   propose=ngram_proposer(self.speculative), tandem=self.tandem)
+        # Speculative and tandem steps wait for their tokens: what a step kept decides where the next one starts.
+        self._synchronous = not config.async_scheduling or self.speculative.enabled or self.tandem is not None
         self._seq_ids = itertools.count()
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ready: list[tuple[int, Rollout]] = []  # (seq_id, rollout) not yet returned by a step
@@ -117,6 +123,8 @@ class LLMEngine:
         if error is None:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
+            if self.tandem is not None:
+                seq.owners = owner_stream(self.tandem, seq.request_id, params.seed)
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:
@@ -323,7 +331,8 @@ class LLMEngine:
         if self.tokenizer is not None:
             text, _ = truncate_at_stop(self._decode(completion), seq.params.stop)
         return Rollout(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], completion, list(seq.logprobs),
-                       seq.finish_reason or "stop", text=text, policy_version=seq.policy_version, stats=seq.stats)
+                       seq.finish_reason or "stop", text=text, policy_version=seq.policy_version, stats=seq.stats,
+                       token_sources=list(seq.sources))
 
 
 def _note_first_prefill(seqs: list[Sequence], now: float) -> None:

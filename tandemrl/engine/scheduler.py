@@ -25,6 +25,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import SpeculativeConfig
 from tandemrl.engine.step import StepKind, StepOutput, StepPlan
+from tandemrl.engine.tandem import FROZEN, TandemConfig
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
 Decode = Callable[[Seq[int]], str]
@@ -34,8 +35,9 @@ Propose = Callable[[Sequence, int], list[int]]  # (a sequence, at most k) -> tok
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: Iterable[int],
                  decode: Decode | None = None, speculative: SpeculativeConfig | None = None,
-                 propose: Propose | None = None) -> None:
+                 propose: Propose | None = None, tandem: TandemConfig | None = None) -> None:
         self.config = config
+        self.tandem = tandem if tandem is not None and tandem.enabled else None
         self.speculative = speculative or SpeculativeConfig()
         self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes
         self.block_manager = block_manager
@@ -101,7 +103,8 @@ class Scheduler:
         pending on the device; then nobody is preempted (an empty plan instead: read those tokens back first)."""
         batch = self._schedule_prefill()
         if batch:
-            return StepPlan(StepKind.PREFILL, batch, [1] * len(batch))
+            forced = [s.owners.next_segment(1)[0] for s in batch] if self.tandem else None
+            return StepPlan(StepKind.PREFILL, batch, [1] * len(batch), forced=forced, proposer=FROZEN)
         return self._schedule_decode(in_flight)
 
     def _schedule_prefill(self) -> list[Sequence]:
@@ -130,6 +133,8 @@ class Scheduler:
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
             return StepPlan.idle()
+        if self.tandem is not None:
+            return self._schedule_tandem(running, in_flight)
         if self.speculative.enabled:
             return self._schedule_verify(running, in_flight)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
@@ -153,6 +158,18 @@ class Scheduler:
         plan = self._schedule_single_steps(running, in_flight)
         return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens,
                         feed=None if feed is None else [[] for _ in plan.seqs])
+
+    def _schedule_tandem(self, running: list[Sequence], in_flight: bool) -> StepPlan:
+        """Tandem (tandem.py): each row's next segment from its owner stream, a run of frozen tokens and maybe the
+        hot token after it; if the free blocks cannot cover that, one token each, which may preempt."""
+        cap = self.tandem.max_run_tokens
+        segments = [s.owners.next_segment(min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
+        planned = [r + hot for r, hot in segments]
+        if self.block_manager.try_append_all(running, planned):
+            return StepPlan(StepKind.VERIFY, running, planned, forced=[r for r, _ in segments], proposer=FROZEN)
+        plan = self._schedule_single_steps(running, in_flight)
+        return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, proposer=FROZEN,
+                        forced=[s.owners.next_segment(1)[0] for s in plan.seqs])
 
     def _schedule_single_steps(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """One token for every running sequence, preempting the youngest while the blocks run short."""
@@ -190,38 +207,45 @@ class Scheduler:
         behind them (a finished sequence drops them too); a sequence finished meanwhile (aborted, or stopped by an
         earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
         output.check(plan)
-        finished = []
+        finished: list[Sequence] = []
         eos_ids = self.eos_ids
-        accepted = output.num_accepted
         for i, (seq, planned, tokens, lps) in enumerate(zip(plan.seqs, plan.num_tokens, output.token_ids,
                                                              output.logprobs)):
             if seq.is_finished:
                 continue
-            stats, params = seq.stats, seq.params
-            if stats.first_token_time is None and tokens:
-                stats.first_token_time = now
-            if accepted is not None:
-                stats.record_verify(planned - 1, accepted[i])
-                seq.draft_behind = int(0 < planned - 1 == accepted[i])
-            # Fast path, most sequences of most steps: nothing in this step can finish them.
+            _note_step(seq, plan, i, output, now)
+            params = seq.params
             known = seq.num_known_tokens - seq.num_prompt_tokens
+            # Fast path, most sequences of most steps: nothing in this step can finish them.
             if (not params.stop and known + len(tokens) < params.max_tokens
                     and (params.ignore_eos or eos_ids.isdisjoint(tokens))):
                 seq.fill_pending(planned, tokens, lps)
-                continue
-            later = seq.release_step(planned, len(tokens))  # the stop checks below read the completion's tail
-            for token, logprob in zip(tokens, lps):
-                seq.append_token(token, logprob)
-                reason = self._finish_reason(seq, seq.token_ids[-1])
-                if reason is not None:
-                    self._finish(seq, reason, now)
+                kept = len(tokens)
+            else:
+                later = seq.release_step(planned, len(tokens))  # the stop checks below read the completion's tail
+                kept = self._append_until_finished(seq, tokens, lps, now)
+                if seq.is_finished:
                     finished.append(seq)
-                    break
-            if later and not seq.is_finished:
-                seq.add_pending(later)
+                elif later:
+                    seq.add_pending(later)
+            if plan.forced is not None:  # tandem: who wrote each kept token; the owner stream moves on
+                writers = [False] * plan.forced[i] + [True] * (len(tokens) - plan.forced[i])
+                seq.sources.extend(writers[:kept])
+                del seq.sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
+                seq.owners.advance(tokens[:kept], writers[:kept])
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
+
+    def _append_until_finished(self, seq: Sequence, tokens: list[int], lps: list[float], now: float) -> int:
+        """Append tokens one by one until one finishes the sequence; how many were appended."""
+        for n, (token, logprob) in enumerate(zip(tokens, lps), start=1):
+            seq.append_token(token, logprob)
+            reason = self._finish_reason(seq, seq.token_ids[-1])
+            if reason is not None:
+                self._finish(seq, reason, now)
+                return n
+        return len(tokens)
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status = SequenceStatus.FINISHED
@@ -256,3 +280,16 @@ class Scheduler:
         del seq.token_ids[seq.num_prompt_tokens + keep:]
         del seq.logprobs[keep:]
         return True
+
+
+def _note_step(seq: Sequence, plan: StepPlan, row: int, output: StepOutput, now: float) -> None:
+    """A step's effect on the sequence's stats and on what its proposer slot has computed."""
+    stats = seq.stats
+    if stats.first_token_time is None and output.token_ids[row]:
+        stats.first_token_time = now
+    if output.num_accepted is None:
+        return
+    proposed, accepted = plan.proposals[row], output.num_accepted[row]
+    if plan.forced is None:  # speculative: the target accepted them (tandem's runs are kept by rule)
+        stats.record_verify(proposed, accepted)
+    seq.draft_behind = int(0 < proposed == accepted < len(output.token_ids[row]))

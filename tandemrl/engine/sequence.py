@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from tandemrl.types import RequestStats, SamplingParams
 
@@ -43,6 +44,8 @@ class Sequence:
     # Speculative decoding: 1 when the draft slot has not computed the K/V of the token before the last (after a
     # verify step that kept every proposal, the draft never fed the last one); its next proposal feeds it first.
     draft_behind: int = 0
+    owners: Any = None  # tandem: the request's owner stream (selectors.py), else None
+    sources: list[bool] = field(default_factory=list)  # tandem: per completion token, True if the hot model wrote it
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

@@ -38,16 +38,27 @@ class StepPlan:
     num_tokens: list[int]  # per row: tokens it is planned to produce (the most it may return)
     slot: str = TARGET
     feed: list[list[int]] | None = None  # VERIFY: per row, the proposals known on the host (None: the draft's)
+    # VERIFY as tandem decoding: per row, how many proposals the ``proposer`` slot writes; all are kept, and the
+    # target writes the rest of the row's ``num_tokens`` (0 or 1 token).
+    forced: list[int] | None = None
+    proposer: str = "draft"
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.seqs):
             raise ValueError(f"a step plan needs one token count per row, got {len(self.num_tokens)} for "
                              f"{len(self.seqs)} rows")
+        if self.forced is not None and any(not 0 <= f <= n for f, n in zip(self.forced, self.num_tokens)):
+            raise ValueError("a tandem row keeps between 0 and num_tokens proposals")
         if self.kind is StepKind.VERIFY and self.feed is not None:
             if len(self.feed) != len(self.seqs):
                 raise ValueError("a verify step needs one list of feed tokens per row (or none: the draft proposes)")
             if any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed)):
                 raise ValueError("a verify row plans len(feed) + 1 tokens")
+
+    @property
+    def proposals(self) -> list[int]:
+        """Tokens each row proposes: the forced runs of a tandem step, else all but the target's last."""
+        return self.forced if self.forced is not None else [n - 1 for n in self.num_tokens]
 
     @property
     def is_prefill(self) -> bool:

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
+from tandemrl.engine.selectors import tandem_metrics
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
@@ -23,7 +24,7 @@ from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import completion_logprobs
-from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params
+from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
 from tandemrl.train.setup import Run, TrainerState, build_run
 from tandemrl.train.state_io import prepare_out_dir, restore_run, save_run, write_summary
 from tandemrl.train.update import policy_update
@@ -78,6 +79,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         params = rollout_params(cfg.rollout, seed=cfg.train.seed * 1_000_003 + state.step)
         scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params,
                                     cfg.rollout.group_size, state.policy_version, f"step{state.step}")
+    weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     if scored.reward.errors:
         display.print(f"reward errors {scored.reward.errors}; first traceback:\n{scored.reward.first_traceback}",
                       style="yellow", markup=False)
@@ -102,6 +104,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
+        **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **times.metrics(), "time/step": sum(times.durations.values()),
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,

@@ -77,3 +77,11 @@ def rollout_params(cfg: RolloutConfig, seed: int) -> SamplingParams:
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
         stop=tuple(cfg.stop), ignore_eos=cfg.ignore_eos, seed=seed,
     )
+
+
+def weigh_frozen_tokens(rollouts: list[Rollout], frozen_token_weight: float) -> None:
+    """Tandem: the loss weight of each token from who wrote it (1.0 for the trained model, ``frozen_token_weight``
+    for the frozen one); rollouts without writers are left as they are."""
+    for r in rollouts:
+        if r.token_sources:
+            r.loss_weights = [1.0 if hot else frozen_token_weight for hot in r.token_sources]

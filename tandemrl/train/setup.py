@@ -79,6 +79,16 @@ def load_draft(cfg: Config, device: torch.device) -> nn.Module | None:
     return draft.eval().requires_grad_(False)
 
 
+def load_frozen(cfg: Config, device: torch.device) -> nn.Module | None:
+    """Tandem's frozen model: ``tandem.frozen_model``, or a second copy of the starting model; never trained."""
+    if not cfg.tandem.enabled:
+        return None
+    name = cfg.tandem.frozen_model or cfg.model.name_or_path
+    path = resolve_name_or_path(name, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
+    frozen = load_model(path, dtype=cfg.model.dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
+    return frozen.eval().requires_grad_(False)
+
+
 def build_run(cfg: Config, out_dir: Path) -> Run:
     torch.manual_seed(cfg.train.seed)
     device = resolve_device(cfg.model.device)
@@ -97,7 +107,8 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
         encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt),
-        backend=make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device)),
+        backend=make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
+                             frozen_model=load_frozen(cfg, device)),
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model,

@@ -220,3 +220,36 @@ def test_training_with_speculative_decoding_by_a_self_draft(tmp_path):
         assert row["spec/acceptance_rate"] == pytest.approx(1.0, abs=0.02)
         assert 1.0 < row["spec/mean_accepted_length"] <= 2.0
         assert row["skipped_nonfinite"] == 0
+
+
+def test_tandem_training_keeps_the_frozen_model_and_weighs_its_tokens(tmp_path):
+    """`tandemrl train --set tandem.enabled=true --set tandem.p=0.7` on the CPU default: the frozen model (a second
+    copy of the starting model) never changes, its tokens weigh tandem.frozen_token_weight, the metrics say who wrote
+    what."""
+    from tandemrl.train.loop import train_step
+    from tandemrl.train.setup import TrainerState, build_run
+    from tandemrl.telemetry.progress import TrainDisplay
+
+    cfg = small_config(tmp_path, "tandem.enabled=true", "tandem.p=0.7", "rollout.max_tokens=6")
+    run = build_run(cfg, tmp_path / "run")
+    frozen = run.backend.runner.slots["frozen"].model
+    before = [p.detach().clone() for p in frozen.parameters()]
+    assert not any(p.requires_grad for p in frozen.parameters())
+    state = TrainerState()
+    with TrainDisplay(2, 0, None) as display:
+        rows = [train_step(run, state, display) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(before, frozen.parameters()))
+    for row in rows:
+        assert row["tandem/hot_token_fraction"] + row["tandem/frozen_token_fraction"] == pytest.approx(1.0)
+        assert 0 < row["tandem/frozen_token_fraction"] < 1 and row["skipped_nonfinite"] == 0
+    run.backend.close()
+
+
+def test_frozen_tokens_get_the_configured_loss_weight():
+    from tandemrl.train.rollouts import weigh_frozen_tokens
+    from tandemrl.types import Rollout
+
+    tandem = Rollout("a", [1], [5, 6, 7], [-1.0] * 3, "stop", token_sources=[True, False, True])
+    plain = Rollout("b", [1], [5, 6], [-1.0] * 2, "stop")
+    weigh_frozen_tokens([tandem, plain], 0.2)
+    assert tandem.token_weights() == [1.0, 0.2, 1.0] and plain.token_weights() == [1.0, 1.0]

@@ -24,12 +24,15 @@ from tandemrl.engine.step import StepOutput
 
 class PendingTokens:
     """[B, K] tokens and log-probs of a launched step on their way to the host: row i keeps its first ``steps[i]``,
-    or, for a verify step, its first ``accepted[i] + 1`` (``accepted`` [B] on the device)."""
+    or ``kept[i]`` when that is given (a verify step: known on the device only). ``accepted``: proposals kept."""
 
-    def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int], accepted: Tensor | None = None) -> None:
+    def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int], accepted: Tensor | None = None,
+                 kept: Tensor | None = None) -> None:
         planes = [tokens.double(), logprobs.double()]  # float64 holds every token id exactly
-        if accepted is not None:
-            planes.append(accepted.double()[:, None].expand_as(planes[0]))
+        for extra in (accepted, kept):
+            if extra is not None:
+                planes.append(extra.double()[:, None].expand_as(planes[0]))
+        self._has = (accepted is not None, kept is not None)
         packed = torch.stack(planes)
         self._copied: torch.cuda.Event | None = None
         if packed.device.type == "cuda":
@@ -46,11 +49,9 @@ class PendingTokens:
         if self._copied is not None:
             self._copied.synchronize()
         token_rows, logprob_rows = self._host[0].long().tolist(), self._host[1].tolist()
-        accepted = None
-        counts = self.steps
-        if len(self._host) == 3:
-            accepted = self._host[2, :, 0].long().tolist()
-            counts = [a + 1 for a in accepted]
+        extras = iter(self._host[2:, :, 0].long().tolist())
+        accepted = next(extras) if self._has[0] else None
+        counts = next(extras) if self._has[1] else self.steps
         return StepOutput([row[:k] for row, k in zip(token_rows, counts)],
                           [row[:k] for row, k in zip(logprob_rows, counts)], accepted)
 

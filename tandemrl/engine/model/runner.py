@@ -153,7 +153,11 @@ class ModelRunner:
                 self._last = None  # how many tokens a row keeps is known on the device only
                 return pending
             if plan.kind is StepKind.PREFILL:
-                tokens, logprobs = self.sampler.for_rows(plan.seqs)(slot.logits(self._prefill(slot, plan.seqs)))
+                hidden = self._prefill(slot, plan.seqs)
+                if plan.forced is not None:  # tandem: some rows' first token is the frozen model's
+                    result = self._first_tokens(slot, plan, hidden)
+                    return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted)
+                tokens, logprobs = self.sampler.for_rows(plan.seqs)(slot.logits(hidden[slot.name]))
                 tokens, logprobs = tokens[:, None], logprobs[:, None]
             else:
                 tokens, logprobs = self._decode_burst(slot, plan.seqs, plan.num_tokens)
@@ -189,9 +193,9 @@ class ModelRunner:
             all_logprobs.append(logprobs)
         return torch.stack(all_tokens, 1), torch.stack(all_logprobs, 1)
 
-    def _prefill(self, slot: ModelSlot, seqs: Seq[Sequence]) -> Tensor:
-        """Hidden states of each row's last token from ``slot``; every other slot ingests the same tokens (each
-        model's cache holds every token of the sequence, whoever samples from it)."""
+    def _prefill(self, slot: ModelSlot, seqs: Seq[Sequence]) -> dict[str, Tensor]:
+        """Every slot ingests the rows' uncached tokens (each model's cache holds every token of the sequence, whoever
+        samples from it); per slot, the hidden states of each row's last token."""
         ids: list[int] = []
         query_lens, context_lens = [], []
         for seq in seqs:
@@ -205,37 +209,66 @@ class ModelRunner:
         meta = build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), self.block_size, self.device,
                                   use_triton=self.use_triton)
         input_ids = copy_to_device(torch.tensor(ids, dtype=torch.long), self.device)
-        for other in self.slots.values():
-            if other is not slot:
-                with _eval_mode(other.modules):
-                    other.forward(input_ids, meta, rows=meta.last_rows)
-        return slot.forward(input_ids, meta, rows=meta.last_rows)
+        hidden = {}
+        for name, other in self.slots.items():
+            with _eval_mode(other.modules):
+                hidden[name] = other.forward(input_ids, meta, rows=meta.last_rows)
+        return hidden
+
+    def _first_tokens(self, slot: ModelSlot, plan: StepPlan, hidden: dict[str, Tensor]) -> RejectionResult:
+        """A tandem prefill: each row's first token from the model that owns its position (``forced`` 1: the
+        proposer), with the target's log-prob of it."""
+        proposer = self.slots[plan.proposer]
+        frozen, _ = sample_with_probs(proposer.logits(hidden[plan.proposer]), self.sampler.temperatures(plan.seqs),
+                                      self.sampler.generator(plan.seqs))
+        return self._keep_forced(slot.logits(hidden[slot.name])[:, None], frozen[:, None], plan.forced, plan.seqs)
 
     def _verify(self, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
-        """Each row's proposals (the plan's feed, or the draft slot's), the target's logits at its last token and at
-        every proposal in one forward (one decode step over a row per token: CUDA graphs apply), then rejection
-        sampling (rejection.py)."""
-        seqs, drafts = plan.seqs, [n - 1 for n in plan.num_tokens]
+        """Each row's proposals (the plan's feed, or the proposer slot's), the target's logits at its last token and
+        at its proposals in one forward (one decode step over a row per token: CUDA graphs apply), then rejection
+        sampling (rejection.py), or, for a tandem step, the forced runs and the target's own token after them."""
+        seqs, planned = plan.seqs, plan.num_tokens
         if any(seq.num_pending for seq in seqs):
             raise RuntimeError("a verify step needs every token of its sequences on the host")
-        burst = build_decode_plan(seqs, plan.num_tokens, self.block_size, self.num_blocks, self.max_model_len)
+        burst = build_decode_plan(seqs, planned, self.block_size, self.num_blocks, self.max_model_len)
+        fed = [n - 1 for n in planned]  # proposals the target reads (after each row's last token)
         if plan.feed is None:
-            tokens, probs = self._propose(seqs, drafts)
+            tokens, probs = self._propose(seqs, plan.proposals, plan.proposer)
             rows = torch.cat((self._index([seq.token_ids[-1] for seq in seqs])[:, None], tokens), dim=1)
-            ids = rows.reshape(-1)[self._index(_packed(drafts, tokens.shape[1] + 1))]
-            run_step, _ = slot.decode_steps(as_one_step(burst, [0] * sum(plan.num_tokens)))
+            ids = rows.reshape(-1)[self._index(_packed(fed, tokens.shape[1] + 1))]
+            run_step, _ = slot.decode_steps(as_one_step(burst, [0] * sum(planned)))
             hidden = run_step(0, ids)
         else:
             tokens, probs = self._host_proposals(plan.feed, slot.spec.vocab_size)
-            fed = [t for seq, f in zip(seqs, plan.feed) for t in [seq.token_ids[-1], *f]]
-            run_step, _ = slot.decode_steps(as_one_step(burst, fed))
+            inputs = [t for seq, f in zip(seqs, plan.feed) for t in [seq.token_ids[-1], *f]]
+            run_step, _ = slot.decode_steps(as_one_step(burst, inputs))
             hidden = run_step(0, None)
         width = tokens.shape[1] + 1
         padded = np.zeros(len(seqs) * width, dtype=np.int64)  # row of each (sequence, position); 0 past the feed
-        padded[_packed(drafts, width)] = np.arange(sum(plan.num_tokens))
+        padded[_packed(fed, width)] = np.arange(sum(planned))
         logits = slot.logits(hidden)[self._index(padded.tolist())].view(len(seqs), width, -1)
-        result = self.accept(logits, probs, tokens, self._index(drafts), seqs)
-        return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted)
+        if plan.forced is not None:
+            result = self._keep_forced(logits, tokens, plan.forced, seqs)
+            return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted)
+        result = self.accept(logits, probs, tokens, self._index(plan.proposals), seqs)
+        return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
+                             kept=result.num_accepted + 1)
+
+    def _keep_forced(self, logits: Tensor, tokens: Tensor, forced: list[int], seqs: Seq[Sequence]) -> RejectionResult:
+        """Tandem: each row keeps its ``forced[i]`` proposals, then the target's own sample at the next position (the
+        engine keeps it only where the plan gives the row a target token). Log-probs are the target's, for every
+        token, whoever wrote it: the loss needs the trained model's log-prob of each kept token."""
+        batch, width = logits.shape[:2]
+        temperature = self.sampler.temperatures(seqs)
+        scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))  # greedy rows: raw log-probs
+        logp = torch.log_softmax(logits.float() / scale[:, None, None], dim=-1)
+        kept = self._index(forced)
+        at_kept = logits[torch.arange(batch, device=logits.device), kept.clamp(max=width - 1)]
+        own, _ = sample_with_probs(at_kept, temperature, self.sampler.generator(seqs))
+        position = torch.arange(width, device=logits.device)
+        proposals = torch.cat((tokens, tokens[:, :1]), dim=1)[:, :width]  # one column more: where ``own`` goes
+        out = torch.where(position < kept[:, None], proposals, own[:, None])
+        return RejectionResult(out, logp.gather(-1, out[..., None]).squeeze(-1), kept)
 
     def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor,
                seqs: Seq[Sequence]) -> RejectionResult:
@@ -244,13 +277,13 @@ class ModelRunner:
         return rejection_sample(logits, probs, tokens, num_draft, self.sampler.temperatures(seqs),
                                 self.sampler.generator(seqs))
 
-    def _propose(self, seqs: Seq[Sequence], drafts: list[int]) -> tuple[Tensor, Tensor]:
+    def _propose(self, seqs: Seq[Sequence], drafts: list[int], proposer: str = DRAFT) -> tuple[Tensor, Tensor]:
         """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V] (columns
         past a row's count are padding). The first forward feeds each row's last token, and before it the one the
         draft has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals."""
-        draft = self.slots.get(DRAFT)
+        draft = self.slots.get(proposer)
         if draft is None:
-            raise ValueError(f"a verify step without proposals needs a {DRAFT!r} model slot")
+            raise ValueError(f"a verify step without proposals needs a {proposer!r} model slot")
         behind = [seq.draft_behind for seq in seqs]
         first = build_decode_plan(seqs, [2] * len(seqs), self.block_size, self.num_blocks, self.max_model_len, back=1)
         ids = [t for seq, lag in zip(seqs, behind) for t in seq.token_ids[len(seq.token_ids) - 1 - lag:]]

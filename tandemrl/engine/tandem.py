@@ -1,0 +1,60 @@
+"""Tandem rollouts: a trained "hot" model and a frozen one write each sequence together.
+
+A selector (selectors.py) decides, position by position, whose token is kept; its owner stream is per request and
+seeded, so rollouts are reproducible. The engine runs tandem as speculative decoding with a fixed acceptance rule
+(step.py, VERIFY with ``forced``): each step asks the stream for the next segment, ``r`` frozen positions and maybe
+one hot position after them; the frozen model (the runner's ``frozen`` slot) proposes the r tokens, the hot model
+reads them in one forward, keeps them all and samples its own token after them. Both caches hold every kept token;
+each model runs about one forward per token it reads, never one per token of the other's. Every kept token carries
+the hot model's log-prob of it and its writer (``Rollout.token_sources``), which the trainer turns into loss weights.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+from tandemrl.engine.selectors import OwnerStream, TandemSelectorConfig, make_stream
+
+FROZEN = "frozen"  # the runner slot of the frozen model
+CONTENT_INDEPENDENT = ("bernoulli", "chunk", "alternating")
+
+
+@dataclass
+class TandemConfig:
+    """``p``: probability that a position (a chunk for ``chunk``) is the hot model's; ``frozen_model``: hub id or
+    directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
+    weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at
+    most; ``frozen_device``: where the frozen model lives (None: the hot model's device; the only one supported)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+
+    enabled: bool = False
+    frozen_model: str | None = None
+    selector: Literal["bernoulli", "chunk", "alternating", "sentence", "word"] = "bernoulli"
+    p: float = 0.5
+    chunk_tokens: int = 8
+    max_gap_tokens: int = 32
+    frozen_token_weight: float = 0.2
+    max_run_tokens: int = 4
+    frozen_device: str | None = None
+
+    def selector_config(self) -> TandemSelectorConfig:
+        return TandemSelectorConfig(self.selector, self.p, self.chunk_tokens, self.max_gap_tokens)
+
+    def validate(self) -> None:
+        self.selector_config().validate()
+        if self.selector not in CONTENT_INDEPENDENT:
+            raise ValueError(f"tandem.selector {self.selector!r} switches at boundary tokens, which the engine does "
+                             f"not cut runs at yet; use one of {CONTENT_INDEPENDENT}")
+        if not 0.0 <= self.frozen_token_weight:
+            raise ValueError(f"tandem.frozen_token_weight must be >= 0, got {self.frozen_token_weight}")
+        if isinstance(self.max_run_tokens, bool) or not isinstance(self.max_run_tokens, int) or self.max_run_tokens < 1:
+            raise ValueError(f"tandem.max_run_tokens must be an integer >= 1, got {self.max_run_tokens!r}")
+
+
+def owner_stream(config: TandemConfig, request_id: str, seed: int | None) -> OwnerStream:
+    """The request's owner stream: seeded by its sampling seed and id, so each sample of a group differs and a
+    seeded run repeats."""
+    return make_stream(config.selector_config(), zlib.crc32(f"{seed}:{request_id}".encode()))

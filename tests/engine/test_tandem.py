@@ -1,0 +1,108 @@
+"""Tandem rollouts in the engine against a naive loop in which both models step once per token: the same tokens,
+the same writers, the hot model's log-prob of every kept token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.engine.config import EngineConfig
+from tandemrl.engine.tandem import TandemConfig, owner_stream
+from tandemrl.types import Request, Rollout, SamplingParams
+from tests.engine.test_model_runner import build
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def engine_config(**overrides) -> EngineConfig:
+    return EngineConfig(**{"block_size": 4, "num_blocks": 256, "cuda_graphs": DEVICE == "cuda", **overrides})
+
+
+def requests(count: int = 5, max_tokens: int = 12, temperature: float = 0.0) -> list[Request]:
+    rng = random.Random(0)
+    return [Request(f"t{i}", [rng.randrange(3, 128) for _ in range(3 + 3 * i)],
+                    SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=i))
+            for i in range(count)]
+
+
+def tandem_generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], **cfg) -> list[Rollout]:
+    backend = EngineBackend(hot, None, engine_config(**cfg), tandem=tandem, frozen_model=frozen)
+    out = backend.generate(reqs)
+    backend.close()
+    return out
+
+
+@torch.no_grad()
+def naive(hot, frozen, tandem: TandemConfig, req: Request) -> tuple[list[int], list[bool], list[float]]:
+    """Both models read the whole sequence at every position; the owner stream says whose argmax is kept."""
+    stream = owner_stream(tandem, req.request_id, req.params.seed)
+    ids, writers, logprobs = list(req.prompt_ids), [], []
+    for _ in range(req.params.max_tokens):
+        frozen_run, _ = stream.next_segment(1)
+        hot_writes = frozen_run == 0
+        x = torch.tensor([ids], device=DEVICE)
+        hot_logits = hot(x).logits[0, -1].float()
+        logits = hot_logits if hot_writes else frozen(x).logits[0, -1].float()
+        token = int(logits.argmax())
+        ids.append(token)
+        writers.append(hot_writes)
+        logprobs.append(float(torch.log_softmax(hot_logits, -1)[token]))
+        stream.advance([token], [hot_writes])
+    return ids[len(req.prompt_ids):], writers, logprobs
+
+
+@pytest.mark.parametrize("selector, p", [("bernoulli", 0.5), ("chunk", 0.5), ("alternating", 0.5)])
+def test_greedy_tandem_equals_the_naive_loop(selector, p):
+    hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    tandem = TandemConfig(enabled=True, selector=selector, p=p, chunk_tokens=3, max_run_tokens=3)
+    reqs = requests()
+    out = tandem_generate(hot, frozen, tandem, reqs)
+    for req, r in zip(reqs, out):
+        ids, writers, logprobs = naive(hot, frozen, tandem, req)
+        assert r.completion_ids == ids, req.request_id
+        assert r.token_sources == writers, req.request_id
+        assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+    assert any(not w for r in out for w in r.token_sources) and any(w for r in out for w in r.token_sources)
+
+
+def test_p_one_is_the_vanilla_rollout_and_p_zero_the_frozen_one():
+    hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    reqs = requests()
+
+    def vanilla(model) -> list[list[int]]:
+        backend = EngineBackend(model, None, engine_config())
+        out = [r.completion_ids for r in backend.generate(reqs)]
+        backend.close()
+        return out
+
+    all_hot = tandem_generate(hot, frozen, TandemConfig(enabled=True, p=1.0), reqs)
+    assert [r.completion_ids for r in all_hot] == vanilla(hot)
+    assert all(all(r.token_sources) for r in all_hot)
+    all_frozen = tandem_generate(hot, frozen, TandemConfig(enabled=True, p=0.0), reqs)
+    assert [r.completion_ids for r in all_frozen] == vanilla(frozen)
+    assert not any(w for r in all_frozen for w in r.token_sources)
+
+
+def test_sampled_frozen_fraction_follows_p_and_survives_preemption():
+    hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    tandem = TandemConfig(enabled=True, p=0.7, max_run_tokens=4)
+    reqs = requests(count=8, max_tokens=40, temperature=1.0)
+    out = tandem_generate(hot, frozen, tandem, reqs, num_blocks=40)
+    writers = [w for r in out for w in r.token_sources]
+    assert all(len(r.token_sources) == len(r.completion_ids) == 40 for r in out)
+    n = len(writers)
+    frozen_fraction = writers.count(False) / n
+    assert abs(frozen_fraction - 0.3) < 4 * (0.3 * 0.7 / n) ** 0.5
+    assert sum(r.stats.preemptions for r in out) > 0
+    assert all(lp <= 0 for r in out for lp in r.logprobs)
+
+
+def test_tandem_configuration_errors_are_clear():
+    hot = build("qwen2", device=DEVICE)
+    with pytest.raises(ValueError, match="need a frozen model"):
+        EngineBackend(hot, None, engine_config(), tandem=TandemConfig(enabled=True))
+    with pytest.raises(ValueError, match="boundary tokens"):
+        TandemConfig(enabled=True, selector="word").validate()
