@@ -33,11 +33,13 @@ class SamplingParams:
 
 @dataclass
 class Request:
-    """One completion to produce from a tokenised prompt."""
+    """One completion to produce from a tokenised prompt. ``tandem``: whether a tandem engine may mix the frozen
+    model's tokens into it (evaluation turns it off: it measures the trained model alone)."""
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    tandem: bool = True
 
 
 @dataclass

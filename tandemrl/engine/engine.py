@@ -123,7 +123,7 @@ class LLMEngine:
         if error is None:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
-            if self.tandem is not None:
+            if self.tandem is not None and request.tandem:
                 seq.owners = owner_stream(self.tandem, seq.request_id, params.seed)
             try:
                 self.scheduler.add(seq)

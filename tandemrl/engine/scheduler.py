@@ -103,7 +103,7 @@ class Scheduler:
         pending on the device; then nobody is preempted (an empty plan instead: read those tokens back first)."""
         batch = self._schedule_prefill()
         if batch:
-            forced = [s.owners.next_segment(1)[0] for s in batch] if self.tandem else None
+            forced = [_next_segment(s, 1)[0] for s in batch] if self.tandem else None
             return StepPlan(StepKind.PREFILL, batch, [1] * len(batch), forced=forced, proposer=FROZEN)
         return self._schedule_decode(in_flight)
 
@@ -163,13 +163,13 @@ class Scheduler:
         """Tandem (tandem.py): each row's next segment from its owner stream, a run of frozen tokens and maybe the
         hot token after it; if the free blocks cannot cover that, one token each, which may preempt."""
         cap = self.tandem.max_run_tokens
-        segments = [s.owners.next_segment(min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
+        segments = [_next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
         planned = [r + hot for r, hot in segments]
         if self.block_manager.try_append_all(running, planned):
             return StepPlan(StepKind.VERIFY, running, planned, forced=[r for r, _ in segments], proposer=FROZEN)
         plan = self._schedule_single_steps(running, in_flight)
         return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, proposer=FROZEN,
-                        forced=[s.owners.next_segment(1)[0] for s in plan.seqs])
+                        forced=[_next_segment(s, 1)[0] for s in plan.seqs])
 
     def _schedule_single_steps(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """One token for every running sequence, preempting the youngest while the blocks run short."""
@@ -232,7 +232,8 @@ class Scheduler:
                 writers = [False] * plan.forced[i] + [True] * (len(tokens) - plan.forced[i])
                 seq.sources.extend(writers[:kept])
                 del seq.sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
-                seq.owners.advance(tokens[:kept], writers[:kept])
+                if seq.owners is not None:
+                    seq.owners.advance(tokens[:kept], writers[:kept])
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
@@ -280,6 +281,12 @@ class Scheduler:
         del seq.token_ids[seq.num_prompt_tokens + keep:]
         del seq.logprobs[keep:]
         return True
+
+
+def _next_segment(seq: Sequence, limit: int) -> tuple[int, bool]:
+    """(frozen positions next, whether a hot one follows) from the sequence's owner stream; a request outside tandem
+    is the hot model's alone."""
+    return seq.owners.next_segment(limit) if seq.owners is not None else (0, True)
 
 
 def _note_step(seq: Sequence, plan: StepPlan, row: int, output: StepOutput, now: float) -> None:

@@ -51,11 +51,13 @@ def evaluate(
     with EvalProgress(len(samples), "evaluating") as progress:
         for start in range(0, len(samples), batch):
             chunk = samples[start : start + batch]
-            scored = generate_and_score(backend, encoder, chunk, reward, greedy, 1, policy_version, f"eval{start}")
+            scored = generate_and_score(backend, encoder, chunk, reward, greedy, 1, policy_version, f"eval{start}",
+                                        tandem=False)  # the trained model alone
             correct += scored.correct
             rewards += [t for t in scored.reward.total if t is not None]
             if k > 0:
-                many = generate_and_score(backend, encoder, chunk, reward, sampled, k, policy_version, f"pass{start}")
+                many = generate_and_score(backend, encoder, chunk, reward, sampled, k, policy_version, f"pass{start}",
+                                          tandem=False)
                 passed += [any(many.correct[i * k : (i + 1) * k]) for i in range(len(chunk))]
             progress.advance(len(chunk))
     return EvalResult(

@@ -49,13 +49,13 @@ def generate_and_score(
     samples_per_prompt: int,
     policy_version: int,
     tag: str,
+    tandem: bool = True,
 ) -> ScoredRollouts:
     expanded = [s for s in samples for _ in range(samples_per_prompt)]
     encoded = [encoder.encode(s) for s in samples]
     prompts = [text for text, _ in encoded for _ in range(samples_per_prompt)]
-    requests = [
-        Request(f"{tag}-{i}-{j}", ids, params) for i, (_, ids) in enumerate(encoded) for j in range(samples_per_prompt)
-    ]
+    requests = [Request(f"{tag}-{i}-{j}", ids, params, tandem=tandem)
+                for i, (_, ids) in enumerate(encoded) for j in range(samples_per_prompt)]
     rollouts = backend.generate(requests, policy_version=policy_version)
     completions = [r.text for r in rollouts]
     columns = reward_columns(expanded)

@@ -106,3 +106,19 @@ def test_tandem_configuration_errors_are_clear():
         EngineBackend(hot, None, engine_config(), tandem=TandemConfig(enabled=True))
     with pytest.raises(ValueError, match="boundary tokens"):
         TandemConfig(enabled=True, selector="word").validate()
+
+
+def test_requests_outside_tandem_are_the_hot_models_alone():
+    """Evaluation's requests (tandem=False) share a tandem engine's batch with tandem ones."""
+    hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    tandem = TandemConfig(enabled=True, p=0.3)
+    mixed = requests()
+    for req in mixed[::2]:
+        req.tandem = False
+    out = tandem_generate(hot, frozen, tandem, mixed)
+    backend = EngineBackend(hot, None, engine_config())
+    vanilla = backend.generate(requests())
+    for req, r, v in zip(mixed, out, vanilla):
+        if not req.tandem:
+            assert r.completion_ids == v.completion_ids and r.token_sources == [True] * len(v.completion_ids)
+    assert any(not w for req, r in zip(mixed, out) if req.tandem for w in r.token_sources)
