@@ -48,6 +48,7 @@ class ModelSlot:
         self.k_caches: list[Tensor] = []
         self.v_caches: list[Tensor] = []
         self.graphs: DecodeGraphs | None = None
+        self.forwards = 0  # batched forward passes run (benches report them per token)
 
     # ------------------------------------------------------------------ weights
 
@@ -97,6 +98,7 @@ class ModelSlot:
 
     def forward(self, input_ids: Tensor, meta: PrefillMeta, rows: Tensor | None) -> Tensor:
         """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""
+        self.forwards += 1
         return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
                               fused=self.fused_kernels)
 
@@ -105,8 +107,15 @@ class ModelSlot:
         if not self.enforce_eager and batch_bucket(len(plan.ids)) is not None:
             graphs = self._decode_graphs()
             graphs.stage(plan)
-            return graphs.step, graphs.staged_ids()
-        return self._eager_steps(plan)
+            step, staged = graphs.step, graphs.staged_ids()
+        else:
+            step, staged = self._eager_steps(plan)
+
+        def counted(j: int, input_ids: Tensor | None) -> Tensor:
+            self.forwards += 1
+            return step(j, input_ids)
+
+        return counted, staged
 
     def _eager_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
         """Without graphs: the burst's columns go to the device at once."""

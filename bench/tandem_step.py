@@ -1,0 +1,87 @@
+"""Tandem GRPO step against the vanilla one, in one run: Qwen3-0.6B architecture (random bf16 weights) for the hot
+model and its frozen copy, 8 prompts x 8 samples x 512 tokens, EOS ignored, one GRPO update per step.
+
+Prints, per setting, the median step (rollout + update), its ratio to vanilla, rollout tokens/s and the forward
+passes each model ran per kept token (batched passes over the step's rows / tokens per sequence). The seed
+(llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem 33.5 s per step (1.8x).
+
+GPU:  python -m bench.tandem_step
+CPU:  python -m bench.tandem_step --arch tiny-qwen3 --new-tokens 16 --prompt-len 8 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from bench.grpo_step import ARCHITECTURES, build_model, one_step
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.config import TrainConfig
+from tandemrl.engine.config import EngineConfig
+from tandemrl.engine.tandem import FROZEN, TandemConfig
+from tandemrl.engine.step import TARGET
+from tandemrl.train.optim import build_optimizer, build_scheduler
+
+
+def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device) -> dict:
+    config = EngineConfig(num_blocks=args.num_blocks)
+    backend = EngineBackend(model, None, config, device=device, tandem=tandem,
+                            frozen_model=frozen if tandem is not None else None)
+    cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg)
+    one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=1000)  # warm-up at full shape
+    slots = backend.runner.slots
+    before = {name: slot.forwards for name, slot in slots.items()}
+    runs = [one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=s) for s in range(args.repeats)]
+    passes = {name: (slots[name].forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
+    backend.close()
+    median = sorted(runs, key=lambda t: t.rollout_s + t.train_s)[len(runs) // 2]
+    return {"step_s": median.rollout_s + median.train_s, "rollout_s": median.rollout_s, "train_s": median.train_s,
+            "rollout_tok_s": median.tokens / median.rollout_s, "peak_gib": median.peak_gib,
+            "hot_passes_per_token": passes[TARGET], "frozen_passes_per_token": passes.get(FROZEN, 0.0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="qwen3-0.6b", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--ps", type=float, nargs="+", default=[0.5, 0.8])
+    parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/tandem_step.json"))
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(args.arch, device, dtype, False)
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    rows = {"vanilla": measure(model, None, None, args, device)}
+    for p in args.ps:
+        tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
+        rows[f"tandem p={p}"] = measure(model, frozen, tandem, args, device)
+    result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+              "shape": f"{args.prompts}x{args.group}x{args.new_tokens}", "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    vanilla = rows["vanilla"]["step_s"]
+    print("| setting | step s | / vanilla | rollout s | update s | rollout tok/s | hot passes/token | "
+          "frozen passes/token |")
+    for name, r in rows.items():
+        print(f"| {name} | {r['step_s']:.2f} | {r['step_s'] / vanilla:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} "
+              f"| {r['rollout_tok_s']:.0f} | {r['hot_passes_per_token']:.2f} | {r['frozen_passes_per_token']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
