@@ -110,3 +110,12 @@ def test_speculative_config_errors_name_the_key(overrides, message):
 def test_tandem_config_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, overrides)
+
+
+def test_the_example_configs_load():
+    from pathlib import Path
+
+    examples = sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.toml"))
+    assert examples
+    for path in examples:
+        load_config(path)
