@@ -26,7 +26,8 @@ from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import SpeculativeConfig, ngram_proposer
 from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.stopping import truncate_at_stop, validate_stop
-from tandemrl.engine.tandem import TandemConfig, owner_stream
+from tandemrl.engine.selectors import boundary_ids
+from tandemrl.engine.tandem import BOUNDARY_SELECTORS, TandemConfig, owner_stream
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
@@ -77,10 +78,15 @@ class LLMEngine:
         self.speculative = speculative or SpeculativeConfig()
         self.speculative.validate()
         self.tandem = tandem if tandem is not None and tandem.enabled else None
+        self._boundaries: frozenset[int] | None = None
         if self.tandem is not None:
             self.tandem.validate()
             if self.speculative.enabled:
                 raise ValueError("tandem rollouts and speculative decoding cannot be combined yet")
+            if self.tandem.selector in BOUNDARY_SELECTORS:
+                if tokenizer is None:
+                    raise ValueError(f"tandem.selector {self.tandem.selector!r} needs a tokenizer (its boundary ids)")
+                self._boundaries = boundary_ids(tokenizer, self.tandem.selector)
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -124,7 +130,7 @@ class LLMEngine:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
             if self.tandem is not None and request.tandem:
-                seq.owners = owner_stream(self.tandem, seq.request_id, params.seed)
+                seq.owners = owner_stream(self.tandem, seq.request_id, params.seed, self._boundaries)
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:

@@ -213,7 +213,10 @@ class Scheduler:
                                                              output.logprobs)):
             if seq.is_finished:
                 continue
-            _note_step(seq, plan, i, output, now)
+            accepted = None if output.num_accepted is None else output.num_accepted[i]
+            if plan.forced is not None and seq.owners is not None and plan.forced[i]:
+                tokens, lps, accepted = _cut_frozen_run(seq, plan.forced[i], tokens, lps, output, i)
+            _note_step(seq, plan, i, tokens, accepted, now)
             params = seq.params
             known = seq.num_known_tokens - seq.num_prompt_tokens
             # Fast path, most sequences of most steps: nothing in this step can finish them.
@@ -229,7 +232,7 @@ class Scheduler:
                 elif later:
                     seq.add_pending(later)
             if plan.forced is not None:  # tandem: who wrote each kept token; the owner stream moves on
-                writers = [False] * plan.forced[i] + [True] * (len(tokens) - plan.forced[i])
+                writers = [False] * accepted + [True] * (len(tokens) - accepted)
                 seq.sources.extend(writers[:kept])
                 del seq.sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
                 if seq.owners is not None:
@@ -289,14 +292,24 @@ def _next_segment(seq: Sequence, limit: int) -> tuple[int, bool]:
     return seq.owners.next_segment(limit) if seq.owners is not None else (0, True)
 
 
-def _note_step(seq: Sequence, plan: StepPlan, row: int, output: StepOutput, now: float) -> None:
+def _cut_frozen_run(seq: Sequence, forced: int, tokens: list[int], lps: list[float], output: StepOutput,
+                    row: int) -> tuple[list[int], list[float], int]:
+    """Tandem: a frozen run the selector ends early (a boundary token inside it) continues with the target's own
+    token where it was cut. (tokens, log-probs, frozen tokens kept)."""
+    kept, _ = seq.owners.resolve(tokens[:forced])
+    if kept == forced or output.own_ids is None or output.own_logprobs is None:
+        return tokens, lps, forced
+    return tokens[:kept] + [output.own_ids[row][kept]], lps[:kept] + [output.own_logprobs[row][kept]], kept
+
+
+def _note_step(seq: Sequence, plan: StepPlan, row: int, tokens: list[int], accepted: int | None, now: float) -> None:
     """A step's effect on the sequence's stats and on what its proposer slot has computed."""
     stats = seq.stats
-    if stats.first_token_time is None and output.token_ids[row]:
+    if stats.first_token_time is None and tokens:
         stats.first_token_time = now
-    if output.num_accepted is None:
+    if accepted is None:
         return
-    proposed, accepted = plan.proposals[row], output.num_accepted[row]
+    proposed = plan.proposals[row]
     if plan.forced is None:  # speculative: the target accepted them (tandem's runs are kept by rule)
         stats.record_verify(proposed, accepted)
-    seq.draft_behind = int(0 < proposed == accepted < len(output.token_ids[row]))
+    seq.draft_behind = int(0 < proposed == accepted < len(tokens))

@@ -81,6 +81,10 @@ class StepOutput:
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     num_accepted: list[int] | None = None
+    # tandem: the target's own sample (and its log-prob) at every position the row fed, for a run cut short by the
+    # selector (a boundary token in the frozen run) to end with the target's token where it was cut
+    own_ids: list[list[int]] | None = None
+    own_logprobs: list[list[float]] | None = None
 
     def check(self, plan: StepPlan) -> None:
         """RuntimeError unless this output has a row per plan row (the runner's bug otherwise, which must not

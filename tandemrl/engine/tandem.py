@@ -1,7 +1,8 @@
 """Tandem rollouts: a trained "hot" model and a frozen one write each sequence together.
 
 A selector (selectors.py) decides, position by position, whose token is kept; its owner stream is per request and
-seeded, so rollouts are reproducible. The engine runs tandem as speculative decoding with a fixed acceptance rule
+seeded, so rollouts are reproducible. The sentence and word selectors switch at boundary tokens: a frozen run that
+writes one is cut there on the host, and the target's own sample at that position follows it. The engine runs tandem as speculative decoding with a fixed acceptance rule
 (step.py, VERIFY with ``forced``): each step asks the stream for the next segment, ``r`` frozen positions and maybe
 one hot position after them; the frozen model (the runner's ``frozen`` slot) proposes the r tokens, the hot model
 reads them in one forward, keeps them all and samples its own token after them. Both caches hold every kept token;
@@ -18,7 +19,7 @@ from typing import Literal
 from tandemrl.engine.selectors import OwnerStream, TandemSelectorConfig, make_stream
 
 FROZEN = "frozen"  # the runner slot of the frozen model
-CONTENT_INDEPENDENT = ("bernoulli", "chunk", "alternating")
+BOUNDARY_SELECTORS = ("sentence", "word")  # switch writers at boundary tokens (from the tokenizer)
 
 
 @dataclass
@@ -45,16 +46,14 @@ class TandemConfig:
 
     def validate(self) -> None:
         self.selector_config().validate()
-        if self.selector not in CONTENT_INDEPENDENT:
-            raise ValueError(f"tandem.selector {self.selector!r} switches at boundary tokens, which the engine does "
-                             f"not cut runs at yet; use one of {CONTENT_INDEPENDENT}")
         if not 0.0 <= self.frozen_token_weight:
             raise ValueError(f"tandem.frozen_token_weight must be >= 0, got {self.frozen_token_weight}")
         if isinstance(self.max_run_tokens, bool) or not isinstance(self.max_run_tokens, int) or self.max_run_tokens < 1:
             raise ValueError(f"tandem.max_run_tokens must be an integer >= 1, got {self.max_run_tokens!r}")
 
 
-def owner_stream(config: TandemConfig, request_id: str, seed: int | None) -> OwnerStream:
+def owner_stream(config: TandemConfig, request_id: str, seed: int | None,
+                 boundaries: frozenset[int] | None = None) -> OwnerStream:
     """The request's owner stream: seeded by its sampling seed and id, so each sample of a group differs and a
-    seeded run repeats."""
-    return make_stream(config.selector_config(), zlib.crc32(f"{seed}:{request_id}".encode()))
+    seeded run repeats. ``boundaries``: the tokenizer's boundary ids, for the sentence and word selectors."""
+    return make_stream(config.selector_config(), zlib.crc32(f"{seed}:{request_id}".encode()), boundaries)

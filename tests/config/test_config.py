@@ -102,7 +102,6 @@ def test_speculative_config_errors_name_the_key(overrides, message):
 
 @pytest.mark.parametrize("overrides, message", [
     (["tandem.enabled=true", "tandem.p=1.5"], "tandem.p"),
-    (["tandem.enabled=true", "tandem.selector=\"word\""], "boundary tokens"),
     (["tandem.enabled=true", "rollout.backend=\"hf\""], "tandem.enabled needs rollout.backend = 'engine'"),
     (["tandem.enabled=true", "tandem.frozen_device=\"cuda:1\""], "tandem.frozen_device"),
     (["tandem.enabled=true", "tandem.max_run_tokens=0"], "tandem.max_run_tokens"),

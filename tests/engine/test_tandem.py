@@ -104,8 +104,67 @@ def test_tandem_configuration_errors_are_clear():
     hot = build("qwen2", device=DEVICE)
     with pytest.raises(ValueError, match="need a frozen model"):
         EngineBackend(hot, None, engine_config(), tandem=TandemConfig(enabled=True))
-    with pytest.raises(ValueError, match="boundary tokens"):
-        TandemConfig(enabled=True, selector="word").validate()
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        EngineBackend(hot, None, engine_config(), tandem=TandemConfig(enabled=True, selector="word"),
+                      frozen_model=build("qwen2", seed=1, device=DEVICE))
+
+
+class WordTokenizer:
+    """128 ids; every fifth one decodes to a word start (" w"), the others to "a": word boundaries."""
+
+    all_special_ids: list[int] = []
+    eos_token_id = None
+    pad_token_id = 0
+
+    def __len__(self) -> int:
+        return 128
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(" w" if i % 5 == 0 else "a" for i in ids)
+
+    def convert_ids_to_tokens(self, i: int) -> str:
+        return "w" if i % 5 == 0 else "a"
+
+
+@pytest.mark.parametrize("selector", ["word", "sentence"])
+def test_boundary_selectors_cut_frozen_runs_like_the_naive_loop(selector):
+    """The frozen model's run ends at the first boundary it writes when the next segment is the hot model's; the
+    engine cuts it on the host and continues with the hot model's token there."""
+    from tandemrl.engine.selectors import boundary_ids
+
+    hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    tokenizer = WordTokenizer()
+    if selector == "sentence":  # sentence boundaries: ids whose text ends with "." (every seventh here)
+        tokenizer.decode = lambda ids, skip_special_tokens=False: "".join("." if i % 7 == 0 else "a" for i in ids)
+    tandem = TandemConfig(enabled=True, selector=selector, p=0.5, max_gap_tokens=6, max_run_tokens=4)
+    reqs = requests(max_tokens=16)
+    backend = EngineBackend(hot, tokenizer, engine_config(), tandem=tandem, frozen_model=frozen)
+    out = backend.generate(reqs)
+    boundaries = boundary_ids(tokenizer, selector)
+    cuts = 0
+    for req, r in zip(reqs, out):
+        stream = owner_stream(tandem, req.request_id, req.params.seed, boundaries)
+        ids, writers, logprobs = naive_with(stream, hot, frozen, req)
+        assert r.completion_ids == ids and r.token_sources == writers, req.request_id
+        assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+        cuts += sum(1 for a, b, t in zip(writers, writers[1:], ids) if not a and b and t in boundaries)
+    assert cuts > 0  # some frozen runs did end at a boundary
+
+
+@torch.no_grad()
+def naive_with(stream, hot, frozen, req: Request) -> tuple[list[int], list[bool], list[float]]:
+    ids, writers, logprobs = list(req.prompt_ids), [], []
+    for _ in range(req.params.max_tokens):
+        hot_writes = stream.next_segment(1)[0] == 0
+        x = torch.tensor([ids], device=DEVICE)
+        hot_logits = hot(x).logits[0, -1].float()
+        logits = hot_logits if hot_writes else frozen(x).logits[0, -1].float()
+        token = int(logits.argmax())
+        ids.append(token)
+        writers.append(hot_writes)
+        logprobs.append(float(torch.log_softmax(hot_logits, -1)[token]))
+        stream.advance([token], [hot_writes])
+    return ids[len(req.prompt_ids):], writers, logprobs
 
 
 def test_requests_outside_tandem_are_the_hot_models_alone():

@@ -27,12 +27,14 @@ class PendingTokens:
     or ``kept[i]`` when that is given (a verify step: known on the device only). ``accepted``: proposals kept."""
 
     def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int], accepted: Tensor | None = None,
-                 kept: Tensor | None = None) -> None:
+                 kept: Tensor | None = None, own: tuple[Tensor, Tensor] | None = None) -> None:
         planes = [tokens.double(), logprobs.double()]  # float64 holds every token id exactly
         for extra in (accepted, kept):
             if extra is not None:
                 planes.append(extra.double()[:, None].expand_as(planes[0]))
-        self._has = (accepted is not None, kept is not None)
+        if own is not None:  # tandem: [B, K] samples of the target at every position, and their log-probs
+            planes += [own[0].double(), own[1].double()]
+        self._has = (accepted is not None, kept is not None, own is not None)
         packed = torch.stack(planes)
         self._copied: torch.cuda.Event | None = None
         if packed.device.type == "cuda":
@@ -49,11 +51,14 @@ class PendingTokens:
         if self._copied is not None:
             self._copied.synchronize()
         token_rows, logprob_rows = self._host[0].long().tolist(), self._host[1].tolist()
-        extras = iter(self._host[2:, :, 0].long().tolist())
+        extras = iter(self._host[2:2 + self._has[0] + self._has[1], :, 0].long().tolist())
         accepted = next(extras) if self._has[0] else None
         counts = next(extras) if self._has[1] else self.steps
-        return StepOutput([row[:k] for row, k in zip(token_rows, counts)],
-                          [row[:k] for row, k in zip(logprob_rows, counts)], accepted)
+        out = StepOutput([row[:k] for row, k in zip(token_rows, counts)],
+                         [row[:k] for row, k in zip(logprob_rows, counts)], accepted)
+        if self._has[2]:
+            out.own_ids, out.own_logprobs = self._host[-2].long().tolist(), self._host[-1].tolist()
+        return out
 
 
 @dataclass

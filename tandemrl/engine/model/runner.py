@@ -155,8 +155,9 @@ class ModelRunner:
             if plan.kind is StepKind.PREFILL:
                 hidden = self._prefill(slot, plan.seqs)
                 if plan.forced is not None:  # tandem: some rows' first token is the frozen model's
-                    result = self._first_tokens(slot, plan, hidden)
-                    return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted)
+                    result, own = self._first_tokens(slot, plan, hidden)
+                    return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted,
+                                         own=own)
                 tokens, logprobs = self.sampler.for_rows(plan.seqs)(slot.logits(hidden[slot.name]))
                 tokens, logprobs = tokens[:, None], logprobs[:, None]
             else:
@@ -215,7 +216,8 @@ class ModelRunner:
                 hidden[name] = other.forward(input_ids, meta, rows=meta.last_rows)
         return hidden
 
-    def _first_tokens(self, slot: ModelSlot, plan: StepPlan, hidden: dict[str, Tensor]) -> RejectionResult:
+    def _first_tokens(self, slot: ModelSlot, plan: StepPlan,
+                      hidden: dict[str, Tensor]) -> tuple[RejectionResult, tuple[Tensor, Tensor]]:
         """A tandem prefill: each row's first token from the model that owns its position (``forced`` 1: the
         proposer), with the target's log-prob of it."""
         proposer = self.slots[plan.proposer]
@@ -248,27 +250,31 @@ class ModelRunner:
         padded[_packed(fed, width)] = np.arange(sum(planned))
         logits = slot.logits(hidden)[self._index(padded.tolist())].view(len(seqs), width, -1)
         if plan.forced is not None:
-            result = self._keep_forced(logits, tokens, plan.forced, seqs)
-            return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted)
+            result, own = self._keep_forced(logits, tokens, plan.forced, seqs)
+            return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
         result = self.accept(logits, probs, tokens, self._index(plan.proposals), seqs)
         return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
                              kept=result.num_accepted + 1)
 
-    def _keep_forced(self, logits: Tensor, tokens: Tensor, forced: list[int], seqs: Seq[Sequence]) -> RejectionResult:
+    def _keep_forced(self, logits: Tensor, tokens: Tensor, forced: list[int],
+                     seqs: Seq[Sequence]) -> tuple[RejectionResult, tuple[Tensor, Tensor]]:
         """Tandem: each row keeps its ``forced[i]`` proposals, then the target's own sample at the next position (the
         engine keeps it only where the plan gives the row a target token). Log-probs are the target's, for every
-        token, whoever wrote it: the loss needs the trained model's log-prob of each kept token."""
-        batch, width = logits.shape[:2]
+        token, whoever wrote it: the loss needs the trained model's log-prob of each kept token. Also the target's
+        own sample at every position, with its log-prob, for a run the selector cuts short."""
+        batch, width, vocab = logits.shape
         temperature = self.sampler.temperatures(seqs)
         scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))  # greedy rows: raw log-probs
         logp = torch.log_softmax(logits.float() / scale[:, None, None], dim=-1)
+        own, _ = sample_with_probs(logits.reshape(-1, vocab), temperature.repeat_interleave(width),
+                                   self.sampler.generator(seqs))
+        own = own.view(batch, width)
         kept = self._index(forced)
-        at_kept = logits[torch.arange(batch, device=logits.device), kept.clamp(max=width - 1)]
-        own, _ = sample_with_probs(at_kept, temperature, self.sampler.generator(seqs))
         position = torch.arange(width, device=logits.device)
         proposals = torch.cat((tokens, tokens[:, :1]), dim=1)[:, :width]  # one column more: where ``own`` goes
-        out = torch.where(position < kept[:, None], proposals, own[:, None])
-        return RejectionResult(out, logp.gather(-1, out[..., None]).squeeze(-1), kept)
+        out = torch.where(position < kept[:, None], proposals, own)
+        own_logp = logp.gather(-1, own[..., None]).squeeze(-1)
+        return RejectionResult(out, logp.gather(-1, out[..., None]).squeeze(-1), kept), (own, own_logp)
 
     def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor,
                seqs: Seq[Sequence]) -> RejectionResult:
