@@ -41,6 +41,9 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = False
     attn_implementation: str | None = None
     trust_remote_code: bool = False
+    # CPU threads for torch's operators; None: 1 for models under 50M parameters (a tiny model's operators are too
+    # small to split, and spinning threads crawl when another process holds a core), else torch's default
+    cpu_threads: int | None = Field(None, ge=1)
     lora: LoraConfig = LoraConfig()
 
 

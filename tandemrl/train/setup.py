@@ -69,6 +69,20 @@ def load_policy(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, obje
     return model, tokenizer
 
 
+SMALL_MODEL_PARAMETERS = 50_000_000
+
+
+def set_cpu_threads(threads: int | None, model: nn.Module, device: torch.device) -> None:
+    """torch's intra-op threads on the CPU: ``threads``, or 1 for a small model (its operators take microseconds,
+    so splitting them only adds synchronisation, which stalls whenever another process holds a core)."""
+    if device.type != "cpu":
+        return
+    if threads is None and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS:
+        threads = 1
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def load_draft(cfg: Config, device: torch.device) -> nn.Module | None:
     """The frozen draft model of speculative decoding (rollout.speculative.method = "draft"), or None."""
     spec = cfg.rollout.speculative
@@ -98,6 +112,7 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
                              limit=cfg.eval.limit, seed=cfg.train.seed)
     reward = build_reward(cfg.reward.weights)
     model, tokenizer = load_policy(cfg.model, device)
+    set_cpu_threads(cfg.model.cpu_threads, model, device)
     model.train()
     # With LoRA the reference is the base model (adapter disabled); otherwise a frozen copy.
     ref_model = None

@@ -253,3 +253,20 @@ def test_frozen_tokens_get_the_configured_loss_weight():
     plain = Rollout("b", [1], [5, 6], [-1.0] * 2, "stop")
     weigh_frozen_tokens([tandem, plain], 0.2)
     assert tandem.token_weights() == [1.0, 0.2, 1.0] and plain.token_weights() == [1.0, 1.0]
+
+
+def test_cpu_threads_are_one_for_small_models_unless_set():
+    from tandemrl.train.setup import set_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        small = torch.nn.Linear(4, 4)
+        set_cpu_threads(None, small, torch.device("cpu"))
+        assert torch.get_num_threads() == 1
+        set_cpu_threads(2, small, torch.device("cpu"))
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(before)
+        set_cpu_threads(None, small, torch.device("cuda"))  # the GPU's work: left alone
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
