@@ -1,4 +1,4 @@
-"""`tandemrl train | eval | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
+"""`tandemrl train | eval | config | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandemrl", description="GRPO post-training with fast, observable rollouts")
+    parser.add_argument("--version", action="version", version=f"tandemrl {_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="run GRPO (no arguments: the offline tiny-model demo)")
@@ -37,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(command=_eval)
 
+    config = commands.add_parser("config", help="print the resolved config (defaults, file, overrides) as TOML")
+    _add_config_args(config)
+    config.set_defaults(command=_config)
+
     tiny = commands.add_parser("make-tiny-model", help="build the small offline Qwen2-architecture model")
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
@@ -47,6 +52,18 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("dir", type=Path)
     plot.set_defaults(command=_plot)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version; the module attribute when running from a source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tandemrl")
+    except PackageNotFoundError:
+        import tandemrl
+
+        return getattr(tandemrl, "__version__", "unknown")
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +112,14 @@ def _eval(args: argparse.Namespace) -> int:
         if result.pass_at_k is not None:
             line += f", pass@{result.k} {result.pass_at_k:.3f}"
         print(f"{line} over {result.num_prompts} prompts")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from tandemrl.config import config_to_toml, load_config
+
+    # Same resolution as train/eval, so what prints is what a run would use.
+    print(config_to_toml(load_config(args.config, args.overrides)), end="")
     return 0
 
 

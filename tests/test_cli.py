@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tandemrl.cli import main
 
 
@@ -49,3 +51,34 @@ def test_train_then_plot(tmp_path, capsys):
 def test_plot_of_a_missing_run_is_a_clear_error(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "nowhere")]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_version_prints_and_exits_0(capsys):
+    import tandemrl
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code in (0, None)
+    assert capsys.readouterr().out.strip() == f"tandemrl {tandemrl.__version__}"
+
+
+def test_config_prints_resolved_toml_with_overrides(tmp_path, capsys):
+    import tomllib
+
+    from tandemrl.config import load_config
+
+    path = tmp_path / "c.toml"
+    path.write_text("[rollout]\ngroup_size = 4\n")
+    assert main(["config", "--config", str(path), "--set", "train.max_steps=7"]) == 0
+    out = capsys.readouterr().out
+    printed = tomllib.loads(out)
+    assert printed["rollout"]["group_size"] == 4 and printed["train"]["max_steps"] == 7
+    assert "model" in printed  # defaults are included, not only what was set
+    (tmp_path / "printed.toml").write_text(out)  # what prints loads back to the same config
+    assert load_config(tmp_path / "printed.toml") == load_config(path, ["train.max_steps=7"])
+
+
+def test_config_with_a_bad_key_is_one_line_and_nonzero(capsys):
+    assert main(["config", "--set", "rollout.groupsize=3"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.groupsize" in err and "Traceback" not in err
