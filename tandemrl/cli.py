@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="accuracy (greedy and pass@k) on the test split")
     _add_config_args(evaluate)
-    evaluate.add_argument("--model", help="model name or path (a checkpoint dir works); overrides model.name_or_path")
+    evaluate.add_argument("--model", help="model name or path (a checkpoint dir works; a run directory scores its "
+                                           "latest checkpoint); overrides model.name_or_path")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(command=_eval)
 
@@ -102,9 +103,15 @@ def _eval(args: argparse.Namespace) -> int:
     from tandemrl.config import load_config
     from tandemrl.train.evaluate import evaluate_config
 
-    overrides = list(args.overrides) + ([f'model.name_or_path="{args.model}"'] if args.model else [])
+    model = resolve_eval_model(args.model) if args.model else None
+    overrides = list(args.overrides) + ([f'model.name_or_path="{model}"'] if model else [])
+    cfg = load_config(args.config, overrides)
+    # Say what is scored: without --model it is the config's default, easy to mistake for a trained run.
+    name = cfg.model.name_or_path
+    shown = f"{name} ({cfg.model.tiny_dir})" if name == "tiny" else name
+    print(f"scoring model: {shown}", file=sys.stderr if args.json else sys.stdout, flush=True)
     _quiet_transformers()
-    result = evaluate_config(load_config(args.config, overrides))
+    result = evaluate_config(cfg)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
@@ -121,6 +128,21 @@ def _config(args: argparse.Namespace) -> int:
     # Same resolution as train/eval, so what prints is what a run would use.
     print(config_to_toml(load_config(args.config, args.overrides)), end="")
     return 0
+
+
+def resolve_eval_model(model: str) -> str:
+    """`eval --model`: a run directory (it has `checkpoints/`) becomes its latest complete checkpoint; any
+    other name or path passes through unchanged."""
+    path = Path(model)
+    checkpoints = path / "checkpoints"
+    if not checkpoints.is_dir():
+        return model
+    from tandemrl.train.checkpoint import find_latest
+
+    latest = find_latest(checkpoints)
+    if latest is None:
+        raise FileNotFoundError(f"run directory {path} has no complete checkpoint under {checkpoints}")
+    return str(latest)
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
