@@ -1,4 +1,4 @@
-"""`tandemrl train | eval | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
+"""`tandemrl train | eval | config | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandemrl", description="GRPO post-training with fast, observable rollouts")
+    parser.add_argument("--version", action="version", version=f"tandemrl {_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="run GRPO (no arguments: the offline tiny-model demo)")
@@ -33,9 +34,14 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="accuracy (greedy and pass@k) on the test split")
     _add_config_args(evaluate)
-    evaluate.add_argument("--model", help="model name or path (a checkpoint dir works); overrides model.name_or_path")
+    evaluate.add_argument("--model", help="model name or path (a checkpoint dir works; a run directory scores its "
+                                           "latest checkpoint); overrides model.name_or_path")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(command=_eval)
+
+    config = commands.add_parser("config", help="print the resolved config (defaults, file, overrides) as TOML")
+    _add_config_args(config)
+    config.set_defaults(command=_config)
 
     tiny = commands.add_parser("make-tiny-model", help="build the small offline Qwen2-architecture model")
     tiny.add_argument("dir", type=Path)
@@ -47,6 +53,18 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("dir", type=Path)
     plot.set_defaults(command=_plot)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version; the module attribute when running from a source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tandemrl")
+    except PackageNotFoundError:
+        import tandemrl
+
+        return getattr(tandemrl, "__version__", "unknown")
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -85,9 +103,15 @@ def _eval(args: argparse.Namespace) -> int:
     from tandemrl.config import load_config
     from tandemrl.train.evaluate import evaluate_config
 
-    overrides = list(args.overrides) + ([f'model.name_or_path="{args.model}"'] if args.model else [])
+    model = resolve_eval_model(args.model) if args.model else None
+    overrides = list(args.overrides) + ([f'model.name_or_path="{model}"'] if model else [])
+    cfg = load_config(args.config, overrides)
+    # Say what is scored: without --model it is the config's default, easy to mistake for a trained run.
+    name = cfg.model.name_or_path
+    shown = f"{name} ({cfg.model.tiny_dir})" if name == "tiny" else name
+    print(f"scoring model: {shown}", file=sys.stderr if args.json else sys.stdout, flush=True)
     _quiet_transformers()
-    result = evaluate_config(load_config(args.config, overrides))
+    result = evaluate_config(cfg)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
@@ -96,6 +120,29 @@ def _eval(args: argparse.Namespace) -> int:
             line += f", pass@{result.k} {result.pass_at_k:.3f}"
         print(f"{line} over {result.num_prompts} prompts")
     return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from tandemrl.config import config_to_toml, load_config
+
+    # Same resolution as train/eval, so what prints is what a run would use.
+    print(config_to_toml(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+def resolve_eval_model(model: str) -> str:
+    """`eval --model`: a run directory (it has `checkpoints/`) becomes its latest complete checkpoint; any
+    other name or path passes through unchanged."""
+    path = Path(model)
+    checkpoints = path / "checkpoints"
+    if not checkpoints.is_dir():
+        return model
+    from tandemrl.train.checkpoint import find_latest
+
+    latest = find_latest(checkpoints)
+    if latest is None:
+        raise FileNotFoundError(f"run directory {path} has no complete checkpoint under {checkpoints}")
+    return str(latest)
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tandemrl.cli import main
 
 
@@ -49,3 +51,71 @@ def test_train_then_plot(tmp_path, capsys):
 def test_plot_of_a_missing_run_is_a_clear_error(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "nowhere")]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_version_prints_and_exits_0(capsys):
+    import tandemrl
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code in (0, None)
+    assert capsys.readouterr().out.strip() == f"tandemrl {tandemrl.__version__}"
+
+
+def test_config_prints_resolved_toml_with_overrides(tmp_path, capsys):
+    import tomllib
+
+    from tandemrl.config import load_config
+
+    path = tmp_path / "c.toml"
+    path.write_text("[rollout]\ngroup_size = 4\n")
+    assert main(["config", "--config", str(path), "--set", "train.max_steps=7"]) == 0
+    out = capsys.readouterr().out
+    printed = tomllib.loads(out)
+    assert printed["rollout"]["group_size"] == 4 and printed["train"]["max_steps"] == 7
+    assert "model" in printed  # defaults are included, not only what was set
+    (tmp_path / "printed.toml").write_text(out)  # what prints loads back to the same config
+    assert load_config(tmp_path / "printed.toml") == load_config(path, ["train.max_steps=7"])
+
+
+def test_config_with_a_bad_key_is_one_line_and_nonzero(capsys):
+    assert main(["config", "--set", "rollout.groupsize=3"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.groupsize" in err and "Traceback" not in err
+
+
+def _fake_checkpoint(root, step, complete=True):
+    folder = root / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    if complete:
+        (folder / "COMPLETE").write_text(json.dumps({"format": 1, "step": step, "files": {"config.json": 2}}))
+    return folder
+
+
+def test_eval_model_run_directory_resolves_to_latest_complete_checkpoint(tmp_path):
+    from tandemrl.cli import resolve_eval_model
+
+    run = tmp_path / "run"
+    _fake_checkpoint(run / "checkpoints", 2)
+    newest_complete = _fake_checkpoint(run / "checkpoints", 4)
+    _fake_checkpoint(run / "checkpoints", 6, complete=False)  # a save cut short is skipped
+    assert resolve_eval_model(str(run)) == str(newest_complete)
+    # Anything that is not a run directory passes through: hub names, checkpoint folders.
+    assert resolve_eval_model("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert resolve_eval_model(str(newest_complete)) == str(newest_complete)
+
+
+def test_eval_of_a_run_directory_without_checkpoint_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert main(["eval", "--model", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "no complete checkpoint" in err and str(tmp_path / "run") in err
+
+
+def test_eval_names_the_model_it_scores(tmp_path, capsys):
+    code = main(["eval", "--set", f'model.tiny_dir="{tmp_path / "tiny"}"', "--set", "eval.limit=2",
+                 "--set", "model.device=cpu"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == f"scoring model: tiny ({tmp_path / 'tiny'})"

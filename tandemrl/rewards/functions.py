@@ -8,7 +8,9 @@ A completion may be a string or, in TRL's conversational form, a list of message
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -133,7 +135,7 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
             "or give your own as 'package.module:function'"
         )
     try:
-        module = importlib.import_module(module_name)
+        module = _import_reward_module(module_name)
     except ImportError as err:
         raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {err}") from err
     obj: Any = module
@@ -144,3 +146,24 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
     if not callable(obj):
         raise ValueError(f"reward {name!r}: {attr!r} in {module_name!r} is not callable")
     return obj
+
+
+def _import_reward_module(module_name: str) -> Any:
+    """Import a user's reward module, looking in the working directory too (as TRL users expect: the console
+    script's sys.path does not include it); sys.path is restored afterwards so nothing else is shadowed."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        # Only retry when the missing module is the user's own (or its package), not a dependency it imports.
+        if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
+            raise
+        cwd = os.getcwd()
+        if cwd in sys.path or "" in sys.path:
+            raise
+    sys.path.insert(0, cwd)
+    try:
+        importlib.invalidate_caches()
+        return importlib.import_module(module_name)
+    finally:
+        if cwd in sys.path:
+            sys.path.remove(cwd)

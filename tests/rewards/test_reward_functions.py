@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from tandemrl.rewards.functions import (
@@ -122,3 +124,36 @@ def test_gsm8k_reference_solutions_score_full_marks():
     answers = [s.answer for s in samples]
     assert accuracy([""] * len(samples), solutions, answer=answers) == [1.0] * len(samples)
     assert format_reward([""] * len(samples), solutions, answer=answers) == [1.0] * len(samples)
+
+
+def test_reward_module_in_working_directory_imports_without_pythonpath(tmp_path, monkeypatch):
+    # TRL users keep reward functions in ./myrewards.py next to their config and expect it to just import.
+    (tmp_path / "tandem_cwd_rewards.py").write_text(
+        "def fn(prompts, completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    path_before = list(sys.path)
+    try:
+        fn = resolve_reward("tandem_cwd_rewards:fn")
+        assert fn(["p"], ["c"]) == [1.0]
+        assert sys.path == path_before  # the working directory is not left on sys.path
+    finally:
+        sys.modules.pop("tandem_cwd_rewards", None)
+
+
+def test_missing_module_in_working_directory_names_reward_and_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path_before = list(sys.path)
+    with pytest.raises(ValueError, match=r"reward 'tandem_absent_rewards:fn'.*module 'tandem_absent_rewards'"):
+        resolve_reward("tandem_absent_rewards:fn")
+    assert sys.path == path_before
+
+
+def test_dependency_missing_inside_cwd_module_is_reported(tmp_path, monkeypatch):
+    (tmp_path / "tandem_cwd_broken.py").write_text("import tandem_no_such_dependency_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="tandem_no_such_dependency_xyz"):
+            resolve_reward("tandem_cwd_broken:fn")
+    finally:
+        sys.modules.pop("tandem_cwd_broken", None)
