@@ -6,6 +6,8 @@ project's metrics list (``reward/mean``, ``loss``, ``eval/accuracy`` ...).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import json
 import math
@@ -72,6 +74,12 @@ def _clean(step: int, metrics: Mapping[str, Any]) -> dict[str, int | float | Non
     return row
 
 
+def write_error(path: Path, exc: OSError) -> OSError:
+    """An OSError naming `path` and, for ENOSPC, saying the disk is full (the raw one often names no file)."""
+    reason = "the disk is full (no space left on device)" if exc.errno == errno.ENOSPC else str(exc)
+    return OSError(exc.errno, f"cannot write metrics to {path}: {reason}")
+
+
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a metrics.jsonl file. Blank and unparsable lines (a torn last line after a crash) are skipped."""
     rows: list[dict[str, Any]] = []
@@ -101,6 +109,7 @@ class JsonlWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self._open()
+        self._failed: OSError | None = None  # a write that failed: raised again, never retried half-way
 
     def _open(self):
         fh = open(self.path, "a+", encoding="utf-8")
@@ -113,11 +122,24 @@ class JsonlWriter:
         return fh
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
+        if self._failed is not None:
+            raise self._failed
         if self._fh is None:
             raise RuntimeError(f"JsonlWriter({self.path}) is closed")
         row = _clean(step, metrics)
-        self._fh.write(json.dumps(row, allow_nan=False) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(row, allow_nan=False) + "\n")
+            self._fh.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        # drop the file quietly, so its unflushed buffer cannot fail again later as a stray "Exception ignored"
+        with contextlib.suppress(OSError):
+            self._fh.close()
+        self._fh = None
+        self._failed = write_error(self.path, exc)
+        raise self._failed from exc
 
     def truncate_after(self, step: int) -> int:
         """Drop rows whose step is > ``step`` (and unparsable lines). Returns the number of rows dropped."""
@@ -155,7 +177,10 @@ class JsonlWriter:
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self._fail(exc)
             self._fh = None
 
     def __enter__(self) -> JsonlWriter:
@@ -181,14 +206,21 @@ class TensorBoardWriter:
         self._writer = SummaryWriter(log_dir=str(self.logdir))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        for key, value in _clean(step, metrics).items():
-            if key == "step" or value is None:
-                continue
-            self._writer.add_scalar(key, value, global_step=int(step))
-        self._writer.flush()
+        # the event file is written by a background thread; its error comes back here, on the next call
+        try:
+            for key, value in _clean(step, metrics).items():
+                if key == "step" or value is None:
+                    continue
+                self._writer.add_scalar(key, value, global_step=int(step))
+            self._writer.flush()
+        except OSError as exc:
+            raise write_error(self.logdir, exc) from exc
 
     def close(self) -> None:
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError as exc:
+            raise write_error(self.logdir, exc) from exc
 
 
 def make_tensorboard_writer(logdir: str | os.PathLike[str]) -> TensorBoardWriter | None:

@@ -25,6 +25,7 @@ Not supported: two processes saving into one root at the same time (multi-GPU ru
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -237,7 +238,9 @@ def _cleanup(root: Path, step: int, keep_last: int | None, aside: Path | None) -
 
 def _reason(exc: BaseException) -> str:
     text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # say it in words: "[Errno 28]" alone does not tell a user to free space
+    return f"the disk is full: {reason}" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else reason
 
 
 # ------------------------------------------------------------------------------------------------- find

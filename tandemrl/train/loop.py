@@ -38,9 +38,10 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     console = console or Console()
     prepare_out_dir(out_dir, cfg, resume)
     run = build_run(cfg, out_dir)
-    state = restore_run(run) if resume else TrainerState()
+    state = starting_state(run, resume, console)
     writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump())
-    writers.truncate_after(state.step)  # a resumed run rewrites the steps after its checkpoint
+    # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
+    writers.truncate_after(state.step if state.initial_eval is not None else -1)
     started = time.perf_counter()
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
@@ -69,6 +70,15 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
     return summary
+
+
+def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:
+    """The checkpoint's state with --resume; a fresh one otherwise, or when no save ever finished."""
+    state = restore_run(run) if resume else None
+    if resume and state is None:  # e.g. killed during the first save: nothing to resume, nothing lost
+        console.print(f"[yellow]--resume: no complete checkpoint under {run.out_dir / 'checkpoints'}; "
+                      "starting from step 0")
+    return state if state is not None else TrainerState()
 
 
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:

@@ -13,7 +13,8 @@ from tandemrl.train.setup import Run, TrainerState
 
 
 def prepare_out_dir(out_dir: Path, cfg: Config, resume: bool) -> None:
-    if not resume and (out_dir / "checkpoints").exists() and any((out_dir / "checkpoints").iterdir()):
+    # only a complete checkpoint counts: a kill during the first save leaves just a .tmp-* folder
+    if not resume and find_latest(out_dir / "checkpoints") is not None:
         raise FileExistsError(
             f"{out_dir} already holds a run with checkpoints; pass --resume to continue it or choose another --out"
         )
@@ -30,10 +31,11 @@ def save_run(run: Run, state: TrainerState) -> Path:
     )
 
 
-def restore_run(run: Run) -> TrainerState:
+def restore_run(run: Run) -> TrainerState | None:
+    """The state of the latest complete checkpoint, loaded into `run`; None if no save ever finished."""
     path = find_latest(run.out_dir / "checkpoints")
     if path is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint under {run.out_dir / 'checkpoints'}")
+        return None
     raw = load_checkpoint(path, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
     state = TrainerState(**raw)
     run.train_prompts.load_state_dict(state.data)

@@ -166,3 +166,42 @@ def test_finite_floats_keep_precision(tmp_path):
         w.write(7, {"lr": 1e-6, "x": math.pi})
     row = _lines(path)[0]
     assert row["lr"] == 1e-6 and row["x"] == math.pi
+
+
+def test_a_full_disk_is_one_clear_error_naming_the_file(tmp_path):
+    import errno
+
+    class FullFile:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    w = JsonlWriter(tmp_path / "metrics.jsonl")
+    w.write(1, {"loss": 1.0})
+    w._fh = FullFile()
+    with pytest.raises(OSError, match="metrics.jsonl: the disk is full") as info:
+        w.write(2, {"loss": 0.5})
+    assert info.value.errno == errno.ENOSPC and str(tmp_path / "metrics.jsonl") in str(info.value)
+    with pytest.raises(OSError, match="the disk is full"):  # the same error again, not a half-written retry
+        w.write(3, {"loss": 0.4})
+    w.close()  # nothing left to fail
+    assert _lines(tmp_path / "metrics.jsonl") == [{"step": 1, "loss": 1.0}]
+
+
+@pytest.mark.skipif(not tensorboard_available(), reason="tensorboard not installed")
+def test_a_full_disk_in_the_tensorboard_thread_names_the_folder(tmp_path, monkeypatch):
+    import errno
+
+    tb = make_tensorboard_writer(tmp_path / "tb")
+
+    def full_disk():  # what the event writer's background thread hands back on the next flush
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tb._writer, "flush", full_disk)
+    with pytest.raises(OSError, match="the disk is full") as info:
+        tb.write(1, {"loss": 1.0})
+    assert str(tmp_path / "tb") in str(info.value)
+    monkeypatch.undo()
+    tb.close()

@@ -254,7 +254,7 @@ def test_enospc_in_torch_save_keeps_previous(tmp_path, monkeypatch):
         save(tmp_path, 2, tiny_model(3), opt)
     message = str(info.value)
     assert "could not write checkpoint step 2 to" in message and "step-00000002" in message
-    assert "No space left on device" in message
+    assert "the disk is full" in message and "No space left on device" in message
     assert message.endswith("the previous checkpoint step-00000001 is intact")
     assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
     monkeypatch.undo()

@@ -1,6 +1,9 @@
 """End-to-end runs of the training loop on the tiny offline model (CPU)."""
 
+import errno
+import io
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -9,7 +12,12 @@ import torch
 
 import tandemrl.train.loop as loop
 from tandemrl.config import load_config
-from tandemrl.train.checkpoint import find_latest
+from rich.console import Console
+
+import tandemrl.train.checkpoint as ckpt
+from tandemrl.cli import main
+from tandemrl.train import atomic_dir
+from tandemrl.train.checkpoint import find_latest, load_checkpoint
 from tandemrl.train.loop import TrainingError, train
 
 # Wall-clock and memory numbers differ between runs; everything else must match exactly.
@@ -134,6 +142,91 @@ def test_a_second_run_into_the_same_directory_is_refused(tmp_path):
     train(cfg, tmp_path / "run")
     with pytest.raises(FileExistsError, match="--resume"):
         train(cfg, tmp_path / "run")
+
+
+def crashed_during_first_save(run_dir: Path) -> Path:
+    """What a kill during the first checkpoint save leaves: metrics rows and a half-written .tmp-step-* folder."""
+    leftover = atomic_dir.staging_path(run_dir / "checkpoints", "step-00000003")
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"partial")
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n{"step": 1, "reward/mean": 0.1}\n')
+    return leftover
+
+
+def test_a_rerun_after_a_kill_during_the_first_save_is_allowed(tmp_path):
+    leftover = crashed_during_first_save(tmp_path / "run")
+    train(small_config(tmp_path, "train.max_steps=3"), tmp_path / "run")
+    assert find_latest(tmp_path / "run" / "checkpoints").name == "step-00000003"
+    assert not leftover.exists()  # swept by the first complete save
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 3]  # initial eval, 3 steps, final eval: the crashed run's rows are gone
+
+
+def test_resume_without_a_complete_checkpoint_starts_from_step_0_and_says_so(tmp_path):
+    crashed_during_first_save(tmp_path / "run")
+    out = io.StringIO()
+    summary = train(small_config(tmp_path, "train.max_steps=2"), tmp_path / "run", resume=True,
+                    console=Console(file=out, width=200))
+    text = " ".join(out.getvalue().split())
+    assert "--resume: no complete checkpoint under" in text and "starting from step 0" in text
+    assert summary["steps"] == 2 and sorted(read_rows(tmp_path / "run")) == [1, 2]
+
+
+def test_a_full_disk_during_a_save_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
+    real_write, saves = ckpt._write_contents, []
+
+    def full_on_second_save(folder, *args):
+        saves.append(folder)
+        if len(saves) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(folder, *args)
+
+    monkeypatch.setattr(ckpt, "_write_contents", full_on_second_save)
+    run = tmp_path / "run"
+    code = main(["train", "--out", str(run), "--set", f'model.tiny_dir="{tmp_path / "tiny"}"',
+                 "--set", "model.device=cpu", "--set", "train.max_steps=4", "--set", "checkpoint.every_steps=2",
+                 "--set", "eval.limit=4", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert str(run / "checkpoints" / "step-00000004") in err and "the disk is full" in err
+    assert "the previous checkpoint step-00000002 is intact" in err
+    monkeypatch.undo()
+    latest = find_latest(run / "checkpoints")
+    assert latest.name == "step-00000002"
+    from tandemrl.config import load_config as load
+    from tandemrl.train.setup import build_run
+    assert load_checkpoint(latest, model=build_run(load(run / "config.toml"), run).model)["step"] == 2
+
+
+def test_a_full_disk_during_a_metrics_write_is_one_error_naming_the_file(tmp_path, capsys, monkeypatch):
+    import tandemrl.telemetry.writers as writers
+
+    class FullFile:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_write = writers.JsonlWriter.write
+
+    def fill_after_two(self, step, metrics):
+        if step == 2:
+            self._fh = FullFile()
+        return real_write(self, step, metrics)
+
+    monkeypatch.setattr(writers.JsonlWriter, "write", fill_after_two)
+    run = tmp_path / "run"
+    code = main(["train", "--out", str(run), "--set", f'model.tiny_dir="{tmp_path / "tiny"}"',
+                 "--set", "model.device=cpu", "--set", "train.max_steps=3", "--set", "eval.limit=4",
+                 "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2"])
+    captured = capsys.readouterr()
+    assert code == 2
+    error_lines = [line for line in captured.err.splitlines() if "disk is full" in line]
+    assert error_lines == [f"error: [Errno {errno.ENOSPC}] cannot write metrics to {run / 'metrics.jsonl'}: "
+                           "the disk is full (no space left on device)"]
+    assert "Traceback" not in captured.err and "Exception ignored" not in captured.err
+    assert "disk is full" not in captured.out  # not mixed into the progress output
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
