@@ -111,6 +111,7 @@ class TrainConfig(Section):
     micro_batch_size: int = Field(64, ge=1)
     logprob_chunk_size: int = Field(1024, ge=1, description="tokens per lm_head chunk when computing log-probs")
     max_nonfinite_steps: int = Field(3, ge=1)
+    max_invalid_reward_steps: int = Field(3, ge=1, description="stop after this many steps in a row with no valid reward")
 
 
 class EvalConfig(Section):

@@ -6,7 +6,7 @@ import math
 import statistics
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tandemrl.rewards.functions import resolve_reward
@@ -23,6 +23,11 @@ class RewardResult:
     errors: dict[str, int]  # failed calls (raised or returned something unusable), only components that failed
     first_traceback: str | None
     nonfinite: int  # NaN/inf values turned into None
+    nonfinite_by: dict[str, int] = field(default_factory=dict)  # the same per component, only those that had any
+
+    def invalid_components(self) -> list[str]:
+        """Components that gave no usable value for any sample (raised, NaN/inf, None), in order."""
+        return [name for name, vals in self.components.items() if all(v is None for v in vals)]
 
 
 class CompositeReward:
@@ -62,13 +67,14 @@ class CompositeReward:
         values: dict[str, list[float | None]] = {}
         errors: dict[str, int] = {}
         first_traceback: str | None = None
-        nonfinite = 0
+        nonfinite_by: dict[str, int] = {}
         for name, (fn, _) in self.components.items():
             try:
                 # fresh lists per component: one component mutating its inputs cannot affect the next
                 raw = fn(list(prompts), list(completions), **{k: list(v) for k, v in columns.items()})
                 values[name], bad = _check_values(name, raw, n)
-                nonfinite += bad
+                if bad:
+                    nonfinite_by[name] = bad
             except Exception:
                 values[name] = [None] * n
                 errors[name] = errors.get(name, 0) + 1
@@ -81,7 +87,7 @@ class CompositeReward:
                 total.append(None)
             else:
                 total.append(sum(w * v for (_, w), v in zip(self.components.values(), parts)))
-        return RewardResult(total, values, errors, first_traceback, nonfinite)
+        return RewardResult(total, values, errors, first_traceback, sum(nonfinite_by.values()), nonfinite_by)
 
     @staticmethod
     def metrics(result: RewardResult) -> dict[str, float]:

@@ -15,6 +15,7 @@ from rich.console import Console
 from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
 from tandemrl.engine.selectors import tandem_metrics
+from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
@@ -58,7 +59,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
                 save_run(run, state)
     if interrupt.requested:
         path = save_run(run, state)
-        console.print(f"[yellow]interrupted after step {state.step}: saved {path}; "
+        console.print(f"[yellow]interrupted after step {state.step} by {interrupt.signal_name}: saved {path}; "
                       f"continue with: tandemrl train --resume --out {out_dir}")
         writers.close()
         raise KeyboardInterrupt
@@ -90,9 +91,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params,
                                     cfg.rollout.group_size, state.policy_version, f"step{state.step}")
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
-    if scored.reward.errors:
-        display.print(f"reward errors {scored.reward.errors}; first traceback:\n{scored.reward.first_traceback}",
-                      style="yellow", markup=False)
+    check_rewards(run, state, scored.reward, display)
     advantages, valid = group_advantages(scored, cfg.rollout.group_size, cfg.train.advantage)
     batch = build_batch(scored.rollouts, advantages, run.tokenizer.pad_token_id, run.device)
     batch.loss_mask *= valid.to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
@@ -145,6 +144,27 @@ def check_nonfinite(run: Run, state: TrainerState, skipped: int, applied: int, d
             f"{state.consecutive_nonfinite} steps in a row had a non-finite loss or gradient "
             f"(train.max_nonfinite_steps = {run.cfg.train.max_nonfinite_steps}); stopping. The last good checkpoint "
             f"is under {run.out_dir / 'checkpoints'}; try a lower train.lr"
+        )
+
+
+def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: TrainDisplay) -> None:
+    """Reports failing reward components each step (the traceback only once) and stops the run when no sample
+    has had a usable reward for train.max_invalid_reward_steps steps: the policy would otherwise update on nothing."""
+    if reward.errors or reward.nonfinite_by:
+        display.print(f"step {state.step + 1}: reward calls that raised {reward.errors}, "
+                      f"NaN/inf values {reward.nonfinite_by}", style="yellow", markup=False)
+    if reward.first_traceback and not run.reward_traceback_shown:
+        display.print(reward.first_traceback, style="yellow", markup=False)
+        run.reward_traceback_shown = True
+    invalid = all(total is None for total in reward.total)
+    state.consecutive_invalid_reward = state.consecutive_invalid_reward + 1 if invalid else 0
+    limit = run.cfg.train.max_invalid_reward_steps
+    if state.consecutive_invalid_reward >= limit:
+        culprits = reward.invalid_components() or list(reward.components)
+        raise TrainingError(
+            f"{state.consecutive_invalid_reward} steps in a row had no valid reward for any sample "
+            f"(train.max_invalid_reward_steps = {limit}); stopping. Reward function(s) that gave no usable value: "
+            f"{', '.join(culprits)} (raised: {reward.errors}, NaN/inf: {reward.nonfinite_by})"
         )
 
 

@@ -30,6 +30,7 @@ class TrainerState:
     step: int = 0
     policy_version: int = 0
     consecutive_nonfinite: int = 0
+    consecutive_invalid_reward: int = 0
     initial_eval: dict | None = None
     data: dict = field(default_factory=dict)
 
@@ -49,6 +50,7 @@ class Run:
     train_prompts: PromptIterator
     test_samples: list[Sample]
     ref_model: nn.Module | None
+    reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
 
 
 def default_out_dir(cfg: Config) -> Path:

@@ -42,7 +42,7 @@ def test_raising_component_is_contained():
     assert result.components["ok"] == [1.0] * 3
     assert result.components["bad"] == [None] * 3
     assert result.total == [None] * 3
-    assert result.errors == {"bad": 1}
+    assert result.errors == {"bad": 1} and result.invalid_components() == ["bad"]
     assert "RuntimeError: boom" in result.first_traceback and "'bad'" in result.first_traceback
     m = metrics(result)
     assert m["reward/errors"] == 1.0 and m["reward/ok/mean"] == 1.0 and m["reward/mean"] == 0.0
@@ -53,8 +53,8 @@ def test_nan_and_inf_become_none():
     result = reward(["p"] * 4, ["c"] * 4, {})
     assert result.components["nan"] == [1.0, None, None, 0.5]
     assert result.total == [3.0, None, None, 2.0]
-    assert result.nonfinite == 2
-    assert result.errors == {}
+    assert result.nonfinite == 2 and result.nonfinite_by == {"nan": 2}
+    assert result.errors == {} and result.invalid_components() == []  # "nan" still gave two usable values
     m = metrics(result)
     assert m["reward/mean"] == 2.5 and m["reward/std"] == 0.5
     assert m["reward/nan/mean"] == 0.75

@@ -84,6 +84,27 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, monkeypatc
     assert resumed["final"] == json.loads((tmp_path / "whole" / "summary.json").read_text())["final"]
 
 
+def test_sigterm_saves_like_ctrl_c_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    cfg = small_config(tmp_path, "train.max_steps=5", "checkpoint.every_steps=0")
+    real_step = loop.train_step
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminated_step(run, state, display):
+        if state.step == 1:
+            signal.raise_signal(signal.SIGTERM)  # what SLURM/Kubernetes send: step 2 finishes, then save and stop
+        return real_step(run, state, display)
+
+    monkeypatch.setattr(loop, "train_step", terminated_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "run")
+    assert "interrupted after step 2 by SIGTERM" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    assert find_latest(tmp_path / "run" / "checkpoints").name == "step-00000002"
+    monkeypatch.setattr(loop, "train_step", real_step)
+    assert train(cfg, tmp_path / "run", resume=True)["steps"] == 5
+    assert sorted(read_rows(tmp_path / "run")) == [1, 2, 3, 4, 5]
+
+
 def test_a_raising_reward_is_reported_and_the_run_continues(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     cfg = small_config(tmp_path, "train.max_steps=2", "checkpoint.every_steps=0",
@@ -93,6 +114,38 @@ def test_a_raising_reward_is_reported_and_the_run_continues(tmp_path, capsys, mo
     rows = read_rows(tmp_path / "run")
     assert rows[1]["reward/errors"] >= 1
     assert "ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_a_raising_reward_prints_its_traceback_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    cfg = small_config(tmp_path, "train.max_steps=2", "checkpoint.every_steps=0", "train.max_invalid_reward_steps=5",
+                       'reward.weights={accuracy = 1.0, "tests_support.bad_rewards:raises" = 0.5}')
+    train(cfg, tmp_path / "run")
+    out = capsys.readouterr().out
+    assert out.count("Traceback (most recent call last)") == 1
+    assert "step 1: reward calls that raised {'raises': 1}" in out and "step 2: reward calls that raised" in out
+
+
+@pytest.mark.parametrize("bad", ["raises", "always_nan"])
+def test_a_reward_that_never_works_stops_the_run(tmp_path, capsys, monkeypatch, bad):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    cfg = small_config(tmp_path, "checkpoint.every_steps=0",
+                       f'reward.weights={{accuracy = 1.0, "tests_support.bad_rewards:{bad}" = 0.5}}')
+    with pytest.raises(TrainingError, match=f"3 steps in a row had no valid reward.*: {bad} ") as err:
+        train(cfg, tmp_path / "run")
+    assert "accuracy" not in str(err.value).split("usable value:")[1].split("(")[0]
+    assert sorted(read_rows(tmp_path / "run")) == [1, 2]  # the third invalid step stops before its update
+    if bad == "always_nan":
+        assert "NaN/inf values {'always_nan': 16}" in capsys.readouterr().out
+
+
+def test_a_reward_failing_on_some_samples_keeps_training(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    cfg = small_config(tmp_path, "train.max_steps=4", "checkpoint.every_steps=0",
+                       'reward.weights={accuracy = 1.0, "tests_support.bad_rewards:nan_on_some" = 0.5}')
+    assert train(cfg, tmp_path / "run")["steps"] == 4
+    assert read_rows(tmp_path / "run")[4]["reward/nonfinite"] == 8
+    assert "NaN/inf values {'nan_on_some': 8}" in capsys.readouterr().out
 
 
 def test_nonfinite_losses_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
@@ -298,7 +351,7 @@ def test_ctrl_c_on_the_command_line_saves_and_exits_130(tmp_path):
     proc.send_signal(signal.SIGINT)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, output
-    assert "interrupted after step" in output
+    assert "interrupted after step" in output and "by SIGINT" in output
     latest = find_latest(tmp_path / "run" / "checkpoints")
     assert latest is not None and int(latest.name.split("-")[1]) >= 2
 
