@@ -35,23 +35,9 @@ def tandem_generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], **cf
     return out
 
 
-@torch.no_grad()
 def naive(hot, frozen, tandem: TandemConfig, req: Request) -> tuple[list[int], list[bool], list[float]]:
     """Both models read the whole sequence at every position; the owner stream says whose argmax is kept."""
-    stream = owner_stream(tandem, req.request_id, req.params.seed)
-    ids, writers, logprobs = list(req.prompt_ids), [], []
-    for _ in range(req.params.max_tokens):
-        frozen_run, _ = stream.next_segment(1)
-        hot_writes = frozen_run == 0
-        x = torch.tensor([ids], device=DEVICE)
-        hot_logits = hot(x).logits[0, -1].float()
-        logits = hot_logits if hot_writes else frozen(x).logits[0, -1].float()
-        token = int(logits.argmax())
-        ids.append(token)
-        writers.append(hot_writes)
-        logprobs.append(float(torch.log_softmax(hot_logits, -1)[token]))
-        stream.advance([token], [hot_writes])
-    return ids[len(req.prompt_ids):], writers, logprobs
+    return naive_with(owner_stream(tandem, req.request_id, req.params.seed), hot, frozen, req)
 
 
 @pytest.mark.parametrize("selector, p", [("bernoulli", 0.5), ("chunk", 0.5), ("alternating", 0.5)])
