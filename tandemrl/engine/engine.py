@@ -26,7 +26,7 @@ from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import SpeculativeConfig, ngram_proposer
 from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.stopping import truncate_at_stop, validate_stop
-from tandemrl.engine.selectors import boundary_ids
+from tandemrl.engine.boundaries import boundary_ids
 from tandemrl.engine.tandem import BOUNDARY_SELECTORS, TandemConfig, owner_stream
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 

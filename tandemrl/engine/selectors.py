@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import random
-import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Protocol, Sequence, runtime_checkable
 
@@ -38,8 +37,6 @@ SelectorName = Literal["bernoulli", "chunk", "alternating", "sentence", "word"]
 SELECTOR_NAMES: tuple[str, ...] = ("bernoulli", "chunk", "alternating", "sentence", "word")
 
 # Space markers that byte-level BPE (GPT-2 "Ġ") and SentencePiece ("▁") put at the start of a word-initial token.
-SPACE_MARKERS: tuple[str, ...] = ("Ġ", "▁")
-SENTENCE_ENDINGS: tuple[str, ...] = (".", "!", "?", "\n")
 
 
 # --------------------------------------------------------------------------------------------------- the protocol
@@ -401,48 +398,6 @@ def word(p: float, boundary_ids: Iterable[int], max_gap_tokens: int = 32) -> Bou
     return Boundary("word", p, frozenset(boundary_ids), max_gap_tokens)
 
 
-# ------------------------------------------------------------------------------------------------ boundary ids
-
-def _is_punct(ch: str) -> bool:
-    return unicodedata.category(ch).startswith("P")
-
-
-def boundary_ids(tokenizer: Any, kind: Literal["sentence", "word"]) -> frozenset[int]:
-    """Token ids after which a sentence / word segment ends, read off a Hugging Face-style tokenizer.
-
-    Every id in ``range(len(tokenizer))`` is looked at except ``tokenizer.all_special_ids`` (EOS / pad end the
-    completion anyway). ``text`` = ``tokenizer.decode([id])``, ``piece`` = ``tokenizer.convert_ids_to_tokens(id)``.
-
-    - sentence: ``text.rstrip(" \\t")`` ends with ".", "!", "?" or "\\n" (so "3." counts too: an approximation).
-    - word: ``text`` ends with whitespace or a Unicode punctuation character (category P*), OR ``piece`` starts
-      with a space marker ("Ġ", "▁") or whitespace, OR ``text`` starts with whitespace.
-      Why the "starts" half: byte-level BPE and SentencePiece glue the space to the NEXT word's first token, and a
-      selector only decides after a token is written, so a word-initial token is where a switch can happen. With
-      it a one-token word (the common case) is exactly one segment; a multi-token word " un|believ|able" is cut
-      after its first piece (segments "un" + rest-of-word-with-next-word-start). Tokenizers that put the space at
-      the END of a token are covered by the "ends" half.
-    """
-    if kind not in ("sentence", "word"):
-        raise ValueError(f"kind must be 'sentence' or 'word', got {kind!r}")
-    special = set(getattr(tokenizer, "all_special_ids", None) or ())
-    out = set()
-    for i in range(len(tokenizer)):
-        if i in special:
-            continue
-        text = tokenizer.decode([i])
-        if kind == "sentence":
-            if text.rstrip(" \t").endswith(SENTENCE_ENDINGS):
-                out.add(i)
-            continue
-        piece = tokenizer.convert_ids_to_tokens(i)
-        piece = piece if isinstance(piece, str) else ""
-        ends = bool(text) and (text[-1].isspace() or _is_punct(text[-1]))
-        starts = piece.startswith(SPACE_MARKERS) or piece[:1].isspace() or text[:1].isspace()
-        if ends or starts:
-            out.add(i)
-    return frozenset(out)
-
-
 # ------------------------------------------------------------------------------------------------------ config
 
 @dataclass
@@ -484,30 +439,3 @@ def make_stream(config: TandemSelectorConfig, seed: int | None,
                 boundary_ids: Iterable[int] | None = None) -> OwnerStream:
     """A fresh per-sequence owner stream for ``config``, seeded with ``seed``."""
     return make_selector(config, boundary_ids).stream(seed)
-
-
-# ----------------------------------------------------------------------------------------------------- metrics
-
-def tandem_metrics(sources: Sequence[Sequence[bool]]) -> dict[str, float]:
-    """Batch metrics over per-token source masks (True = hot-written token).
-
-    - hot / frozen token fraction: token-weighted over the whole batch (0.0 both when there are no tokens);
-    - switches_per_seq: writer changes between adjacent tokens, averaged over ALL sequences (an empty or
-      one-token completion counts as 0 switches); 0.0 for an empty batch;
-    - tokens_per_segment: total tokens / total segments, a segment being a maximal run of one writer (so two
-      selector segments drawn with the same writer count as one here); an empty completion has no segment.
-    """
-    tokens = hot = switches = segments = 0
-    for seq in sources:
-        seq = [bool(s) for s in seq]
-        tokens += len(seq)
-        hot += sum(seq)
-        n_switch = sum(1 for a, b in zip(seq, seq[1:]) if a != b)
-        switches += n_switch
-        segments += (n_switch + 1) if seq else 0
-    return {
-        "tandem/hot_token_fraction": hot / tokens if tokens else 0.0,
-        "tandem/frozen_token_fraction": (tokens - hot) / tokens if tokens else 0.0,
-        "tandem/switches_per_seq": switches / len(sources) if len(sources) else 0.0,
-        "tandem/tokens_per_segment": tokens / segments if segments else 0.0,
-    }

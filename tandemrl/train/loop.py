@@ -14,11 +14,11 @@ from rich.console import Console
 
 from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
-from tandemrl.engine.selectors import tandem_metrics
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
+from tandemrl.telemetry.tandem import tandem_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
 from tandemrl.telemetry.writers import make_writers
 from tandemrl.train.batch import TrainBatch, build_batch

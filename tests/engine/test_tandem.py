@@ -116,7 +116,7 @@ class WordTokenizer:
 def test_boundary_selectors_cut_frozen_runs_like_the_naive_loop(selector):
     """The frozen model's run ends at the first boundary it writes when the next segment is the hot model's; the
     engine cuts it on the host and continues with the hot model's token there."""
-    from tandemrl.engine.selectors import boundary_ids
+    from tandemrl.engine.boundaries import boundary_ids
 
     hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
     tokenizer = WordTokenizer()

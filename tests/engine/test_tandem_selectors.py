@@ -8,10 +8,11 @@ import random
 
 import pytest
 
+from tandemrl.engine.boundaries import boundary_ids
 from tandemrl.engine.selectors import (
-    OwnerStream, TandemSelectorConfig, alternating, bernoulli, boundary_ids, chunk, make_stream, sentence,
-    tandem_metrics, word,
+    OwnerStream, TandemSelectorConfig, alternating, bernoulli, chunk, make_stream, sentence, word,
 )
+from tandemrl.telemetry.tandem import tandem_metrics
 
 
 def drain(stream, n: int) -> list[bool]:
