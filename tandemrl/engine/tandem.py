@@ -41,6 +41,11 @@ class TandemConfig:
     max_run_tokens: int = 4
     frozen_device: str | None = None
 
+    @property
+    def drawn_ahead(self) -> bool:
+        """Whether the writers do not depend on the tokens, so a whole burst can be planned ahead (tandem_burst.py)."""
+        return self.selector not in BOUNDARY_SELECTORS
+
     def selector_config(self) -> TandemSelectorConfig:
         return TandemSelectorConfig(self.selector, self.p, self.chunk_tokens, self.max_gap_tokens)
 
