@@ -120,6 +120,23 @@ def length_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
     return [-min(1.0, len(completion_text(c)) / LENGTH_PENALTY_CHARS) for c in completions]
 
 
+@register_reward("tool_use")
+def tool_use(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Multi-turn rollouts: 1.0 when the trajectory made at least one tool call that did not fail (needs the
+    ``tool_calls`` / ``tool_errors`` columns the agent loop adds)."""
+    calls = _column(kwargs, "tool_calls", "tool_use", len(completions))
+    errors = _column(kwargs, "tool_errors", "tool_use", len(completions))
+    return [1.0 if c > e else 0.0 for c, e in zip(calls, errors)]
+
+
+@register_reward("tool_errors")
+def tool_error_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Multi-turn rollouts: minus the fraction of the trajectory's tool calls that failed (0 with no calls)."""
+    calls = _column(kwargs, "tool_calls", "tool_errors", len(completions))
+    errors = _column(kwargs, "tool_errors", "tool_errors", len(completions))
+    return [-e / c if c else 0.0 for c, e in zip(calls, errors)]
+
+
 def resolve_reward(name: str | RewardFn) -> RewardFn:
     """A registered reward name, or ``"package.module:function"`` imported dynamically (a callable passes through)."""
     if callable(name):
