@@ -122,11 +122,12 @@ def length_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
 
 @register_reward("tool_use")
 def tool_use(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
-    """Multi-turn rollouts: 1.0 when the trajectory made at least one tool call that did not fail (needs the
-    ``tool_calls`` / ``tool_errors`` columns the agent loop adds)."""
-    calls = _column(kwargs, "tool_calls", "tool_use", len(completions))
-    errors = _column(kwargs, "tool_errors", "tool_use", len(completions))
-    return [1.0 if c > e else 0.0 for c, e in zip(calls, errors)]
+    """Multi-turn rollouts: 1.0 when the trajectory made at least one tool call that did not fail and then ended
+    on its own (an answer, not a turn / call / token limit); needs the columns the agent loop adds."""
+    n = len(completions)
+    calls, errors = _column(kwargs, "tool_calls", "tool_use", n), _column(kwargs, "tool_errors", "tool_use", n)
+    finished = _column(kwargs, "finish_reason", "tool_use", n)
+    return [1.0 if c > e and f in ("stop", "length") else 0.0 for c, e, f in zip(calls, errors, finished)]
 
 
 @register_reward("tool_errors")

@@ -82,5 +82,5 @@ class TaskTools:
 # synthetic:peek: the call is one token ("?"): a tiny model finds it by chance and GRPO can reinforce it
 TASK_TOOLS: dict[str, TaskTools] = {
     "synthetic:peek": TaskTools(["peek"], "plain", {"call_open": "?", "call_close": "", "result_open": "=",
-                                                     "result_close": ";", "default_tool": "peek"}),
+                                                     "result_close": "", "default_tool": "peek"}),
 }

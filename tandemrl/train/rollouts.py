@@ -97,6 +97,7 @@ def trajectory_columns(trajectories: list[Trajectory]) -> dict[str, list[Any]]:
         "tool_calls": [len(t.tool_calls) for t in trajectories],
         "tool_errors": [t.tool_errors for t in trajectories],
         "tool_records": [t.tool_calls for t in trajectories],
+        "finish_reason": [t.rollout.finish_reason for t in trajectories],  # stop / length / max_* / error
     }
 
 
