@@ -97,7 +97,7 @@ class ToolsConfig(Section):
     result_open: str | None = None
     result_close: str | None = None
     max_turns: int = Field(8, ge=1, description="generation turns per trajectory")
-    max_tool_calls: int = Field(8, ge=1, description="tool calls per trajectory")
+    max_tool_calls: int | None = Field(None, ge=1, description="tool calls per trajectory (None: the task's, else 8)")
     max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
     max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
     sandbox_timeout_s: float = Field(5.0, gt=0.0)

@@ -77,10 +77,12 @@ class TaskTools:
     names: list[str] = field(default_factory=list)
     format: str = "hermes"
     plain: dict[str, str] = field(default_factory=dict)  # PlainFormat fields
+    max_tool_calls: int = 8
 
 
-# synthetic:peek: the call is one token ("?"): a tiny model finds it by chance and GRPO can reinforce it
+# synthetic:peek: the call is one token ("?"), which a tiny model finds by chance and GRPO reinforces; the result
+# ("=7") ends right where the answer starts; one call is all the task needs (a second one ends the trajectory).
 TASK_TOOLS: dict[str, TaskTools] = {
     "synthetic:peek": TaskTools(["peek"], "plain", {"call_open": "?", "call_close": "", "result_open": "=",
-                                                     "result_close": "", "default_tool": "peek"}),
+                                                     "result_close": "", "default_tool": "peek"}, max_tool_calls=1),
 }

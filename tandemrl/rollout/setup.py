@@ -64,6 +64,7 @@ def build_agent(cfg: Config, backend: Any, tokenizer: Any) -> AgentLoop | None:
         raise ValueError(f"tools.enabled = true but no tools: set tools.names (built-in: python, calculator, peek); "
                          f"task {cfg.data.task!r} brings none")
     registry = ToolRegistry(build_tools(names, sandbox_limits(cfg.tools)))
-    limits = AgentLimits(cfg.tools.max_turns, cfg.tools.max_tool_calls, cfg.tools.max_total_tokens)
+    max_calls = cfg.tools.max_tool_calls or task_tools(cfg).max_tool_calls
+    limits = AgentLimits(cfg.tools.max_turns, max_calls, cfg.tools.max_total_tokens)
     return AgentLoop(engine, tokenizer, build_format(cfg, registry), registry, limits,
                      max_concurrent_tools=cfg.tools.max_concurrent_calls)
