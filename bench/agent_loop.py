@@ -100,7 +100,7 @@ def check(trajectories: list[Trajectory]) -> str:
     return f"calls per trajectory {sorted(calls)}, finish {sorted(reasons)}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="tiny", choices=sorted(ARCHITECTURES))
     parser.add_argument("--trajectories", type=int, default=64)
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-gib", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=Path("bench/out/agent_loop.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
@@ -164,6 +164,7 @@ def main() -> None:
         print(f"| {name} | {row['wall_s']:.2f} | {row['trajectories_per_s']:.1f} | {row['generated_tok_s']:.0f} | "
               f"{row['engine_busy_fraction']:.2f} |")
     print(f"async / turn-synchronous throughput: {ratio:.2f}x  (the slowest trajectory's own tool time: {ideal:.2f} s)")
+    return result
 
 
 if __name__ == "__main__":

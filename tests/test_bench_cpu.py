@@ -33,10 +33,16 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
 
 def test_agent_loop_bench_runs_both_loops(tmp_path):
     """Correctness of the benchmark only (timings on a shared CI machine are not asserted)."""
-    out = tmp_path / "agent.json"
-    run_bench("bench.agent_loop", "--arch", "tiny", "--trajectories", "6", "--calls", "2", "--tool-min-ms", "1",
-              "--tool-max-ms", "5", "--turn-tokens", "4", "--prompt-len", "8", "--repeats", "1", "--kv-gib", "0.01",
-              "--out", str(out))
+    import torch
+
+    from bench.agent_loop import main as agent_bench
+
+    out, threads = tmp_path / "agent.json", torch.get_num_threads()
+    try:  # in this process: a second interpreter's imports cost more than the run
+        agent_bench(["--arch", "tiny", "--trajectories", "6", "--calls", "2", "--tool-min-ms", "1", "--tool-max-ms", "5",
+                     "--turn-tokens", "4", "--prompt-len", "8", "--repeats", "1", "--kv-gib", "0.01", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
     result = json.loads(out.read_text())
     assert [r["loop"] for r in result["runs"]] == ["async", "turn-synchronous"]
     for r in result["runs"]:
