@@ -31,6 +31,12 @@ def tool_names(cfg: Config) -> list[str]:
     return list(cfg.tools.names) if cfg.tools.names is not None else list(task_tools(cfg).names)
 
 
+def completion_budget(cfg: Config) -> int:
+    """The most completion tokens a rollout can have (Dr.GRPO's constant normaliser): a trajectory's whole budget
+    with tools, one turn's otherwise."""
+    return cfg.tools.max_total_tokens if tools_enabled(cfg) else cfg.rollout.max_tokens
+
+
 def build_format(cfg: Config, registry: ToolRegistry) -> ToolFormat:
     defaults = task_tools(cfg)
     kind = cfg.tools.format or defaults.format

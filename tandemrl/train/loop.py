@@ -16,6 +16,7 @@ from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
+from tandemrl.rollout.setup import completion_budget
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
@@ -101,7 +102,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
-                               cfg.rollout.temperature, cfg.rollout.max_tokens)
+                               cfg.rollout.temperature, completion_budget(cfg))
     run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
