@@ -91,7 +91,7 @@ class ToolsConfig(Section):
 
     enabled: bool | None = None  # None: on when the task or `names` gives tools
     names: list[str] | None = None  # built-in tools: python, calculator, peek
-    format: Literal["hermes", "plain"] | None = None  # hermes: <tool_call>{json}</tool_call> (Qwen); plain: base models
+    format: Literal["hermes", "plain"] | None = None  # hermes: <tool_call>{json}</tool_call>; plain: base models
     call_open: str | None = None  # plain format markers (None: the task's, else <call> </call> <result> </result>)
     call_close: str | None = None
     result_open: str | None = None

@@ -39,8 +39,9 @@ def test_agent_loop_bench_runs_both_loops(tmp_path):
 
     out, threads = tmp_path / "agent.json", torch.get_num_threads()
     try:  # in this process: a second interpreter's imports cost more than the run
-        agent_bench(["--arch", "tiny", "--trajectories", "6", "--calls", "2", "--tool-min-ms", "1", "--tool-max-ms", "5",
-                     "--turn-tokens", "4", "--prompt-len", "8", "--repeats", "1", "--kv-gib", "0.01", "--out", str(out)])
+        agent_bench(["--arch", "tiny", "--trajectories", "6", "--calls", "2", "--tool-min-ms", "1",
+                     "--tool-max-ms", "5", "--turn-tokens", "4", "--prompt-len", "8", "--repeats", "1",
+                     "--kv-gib", "0.01", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     result = json.loads(out.read_text())

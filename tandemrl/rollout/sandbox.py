@@ -4,7 +4,8 @@ no network, a private temporary directory, truncated output.
 Isolation, from the kernel up:
 - ``resource.setrlimit`` in the child (sandbox_child.py): RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space),
   RLIMIT_FSIZE (largest file written; stdout/stderr go to files in the directory, so this caps output too),
-  RLIMIT_NPROC = 0 (no fork, no thread).
+  RLIMIT_NPROC = 0 (no fork, no thread). The kernel exempts real uid 0 from RLIMIT_NPROC (a user namespace does not
+  change that): when the trainer runs as root, only the audit hook stops new processes (threads are then allowed).
 - Network: the child runs in new user + network namespaces (``unshare --user --map-root-user --net``: only a down
   loopback device) when unprivileged namespaces work here; ``Sandbox.network`` says which ("namespace" or
   "audit-hook"). Either way the audit hook refuses socket creation.

@@ -17,6 +17,9 @@ BLOCKED_EVENTS = {
     "socket.__new__": "sockets (no network)", "socket.connect": "sockets (no network)",
     "ctypes.dlopen": "ctypes", "ctypes.dlsym": "ctypes", "os.chdir": "chdir", "pty.spawn": "pty",
 }
+# Modules that start processes or call C without an audit event of their own (subprocess's audit event is raised in
+# Python code above _posixsubprocess.fork_exec).
+BLOCKED_MODULES = {"_posixsubprocess": "subprocess", "_ctypes": "ctypes", "ctypes": "ctypes"}
 PATH_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree",
                "os.chmod", "os.symlink", "os.link", "os.truncate", "os.walk"}
 
@@ -60,6 +63,8 @@ def make_hook(workdir, read_roots):
     def hook(event, args):
         if event in BLOCKED_EVENTS:
             raise SandboxViolation(f"sandbox: {BLOCKED_EVENTS[event]} is not allowed")
+        if event == "import" and args and args[0] in BLOCKED_MODULES:
+            raise SandboxViolation(f"sandbox: {BLOCKED_MODULES[args[0]]} is not allowed")
         if event in PATH_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.fsdecode(args[0])
             roots = (workdir,) + (read_roots if is_read(event, args) else ())

@@ -172,7 +172,8 @@ def test_resumed_turns_reuse_the_cached_history(backend, tokenizer):
         for k in range(1, t.turns):
             stats = outputs[f"{t.rollout.request_id}#{k}"].stats
             history = stats.prompt_tokens
-            assert stats.cached_prompt_tokens >= (len(requests[f"{t.rollout.request_id}#{k - 1}"].prompt_ids) // block) * block
+            previous_prompt = len(requests[f"{t.rollout.request_id}#{k - 1}"].prompt_ids)
+            assert stats.cached_prompt_tokens >= previous_prompt // block * block  # the old history was cached
             recomputed += stats.prompt_tokens - stats.cached_prompt_tokens
             assert history > 2 * block
         assert 0 <= t.reprefill_tokens <= (t.turns - 1) * block  # at most the last partial block per resume

@@ -11,7 +11,8 @@ import pytest
 
 from tandemrl.rollout.sandbox import Sandbox, SandboxLimits, _unshare_prefix, namespaces_available, python_tool
 
-LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=1, memory_mb=256, max_file_mb=1, max_output_chars=300)
+# a generous wall clock: on a loaded machine the CPU limit must be what stops the loop, not the timeout
+LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=1, memory_mb=256, max_file_mb=1, max_output_chars=300)
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +32,13 @@ def test_runs_code_and_returns_output(sandbox):
     ("fork bomb", "import os\nwhile True: os.fork()", "sandbox: fork is not allowed"),
     ("os.system", "import os; os.system('touch /tmp/pwned-by-sandbox-test')", "sandbox: os.system is not allowed"),
     ("subprocess", "import subprocess; subprocess.run(['ls', '/'])", "sandbox: subprocess is not allowed"),
+    ("raw fork_exec", "import _posixsubprocess", "sandbox: subprocess is not allowed"),
+    ("ctypes", "import ctypes; ctypes.CDLL(None).system(b'ls')", "sandbox: ctypes is not allowed"),
     ("read outside", "print(open('/etc/hostname').read())", "access to '/etc/hostname' outside the working directory"),
     ("list outside", "import os; print(os.listdir('/'))", "access to '/' outside the working directory"),
     ("escape by ..", "print(open('../../etc/hostname').read())", "outside the working directory"),
-    ("socket", "import socket; socket.socket().connect(('8.8.8.8', 53))", "sandbox: sockets (no network) is not allowed"),
+    ("socket", "import socket; socket.socket().connect(('8.8.8.8', 53))",
+     "sandbox: sockets (no network) is not allowed"),
     ("huge file", "open('big', 'w').write('a' * 10**8)", "file size limit of 1 MB exceeded"),
     ("exception", "1/0", "ZeroDivisionError: division by zero"),
 ])
@@ -46,8 +50,8 @@ def test_attacks_are_clear_errors(sandbox, name, code, error):
 
 def test_infinite_loop_is_stopped(sandbox):
     run = sandbox.run("while True: pass")
-    # the CPU limit (1 s) or, on a loaded machine, the wall clock (3 s) stops it
-    assert run.error in ("killed: CPU time limit of 1 s exceeded", "timed out after 3 s (wall clock) and was killed")
+    # the CPU limit (1 s) or, on a very loaded machine, the wall clock (10 s) stops it
+    assert run.error in ("killed: CPU time limit of 1 s exceeded", "timed out after 10 s (wall clock) and was killed")
 
 
 def test_wall_clock_timeout():
@@ -88,3 +92,33 @@ def test_python_tool_reports_errors_to_the_model(sandbox):
     failed = tool("print('partial')\nimport os; os.system('ls')")
     assert failed.error and failed.text == "partial\n\nerror: SandboxViolation: sandbox: os.system is not allowed"
     assert tool("x = 1").text == "(no output; use print)"
+
+
+def test_a_sandbox_failure_is_a_tool_message_and_the_trajectory_goes_on(sandbox):
+    from tandemrl.rollout.tool_format import PlainFormat
+    from tandemrl.rollout.tools import ToolRegistry, make_tool
+    from tandemrl.rollout.trajectory import AgentLimits, Phase, TrajectorySpec, TrajectoryState, run_calls
+    from tandemrl.types import Rollout, SamplingParams
+
+    state = TrajectoryState(TrajectorySpec("t", [1], SamplingParams()), PlainFormat(), AgentLimits())
+    text = "<call>python x = bytearray(10**10)</call>"
+    state.on_turn(Rollout("t#0", [1], [5, 6], [0.0, 0.0], "stop", text=text), text, ended_by_eos=False)
+    registry = ToolRegistry([make_tool(python_tool(sandbox), name="python")])
+    results = run_calls(state.pending_calls, registry.call, state.spec.context)
+    assert results[0].error and results[0].text == "error: MemoryError: memory limit of 256 MB exceeded"
+    state.on_results(results, lambda t: [7] * len(t))
+    assert state.phase is Phase.GENERATING and state.records[0].error
+
+
+@pytest.mark.parametrize("use_namespace", [True, False])
+def test_kernel_process_limit(use_namespace):
+    """Starting a thread raises no audit event: only RLIMIT_NPROC = 0 can stop it. The kernel exempts real uid 0
+    from that limit, so as root the thread runs (and the audit hook alone stops new processes, as documented)."""
+    if use_namespace and not namespaces_available():
+        pytest.skip("no network namespaces on this machine")
+    run = Sandbox(LIMITS, use_namespace=use_namespace).run(
+        "import threading\nthreading.Thread(target=print, args=('thread ran',)).start()")
+    if os.geteuid() == 0:
+        assert run.error is None and run.stdout == "thread ran\n"
+    else:
+        assert "thread ran" not in run.stdout and run.error == "RuntimeError: can't start new thread"

@@ -37,7 +37,8 @@ def test_inserted_tokens_are_out_of_the_loss():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["data.task=synthetic:peek", 'rollout.backend="hf"'], "tools (multi-turn rollouts) need rollout.backend = 'engine'"),
+    (["data.task=synthetic:peek", 'rollout.backend="hf"'],
+     "tools (multi-turn rollouts) need rollout.backend = 'engine'"),
     (["data.task=synthetic:peek", "tandem.enabled=true"], "tools cannot be combined with tandem"),
     (["tools.enabled=true", 'tools.format="xml"'], "tools.format"),
 ])

@@ -94,3 +94,26 @@ def test_engine_error_ends_the_trajectory():
     failed = Rollout("r", [], [], [], "error", error="prompt too long")
     s.on_turn(failed, "", False)
     assert s.done and s.finish_reason == "error" and s.result(str).rollout.error == "prompt too long"
+
+
+def test_hermes_turn_with_the_real_tokenizer():
+    """A Qwen-style turn: the call is parsed, the calculator runs, and the result comes back as a user turn whose
+    special tokens are single ids, all with loss weight 0."""
+    from tandemrl.models.tokenizer import build_char_tokenizer
+    from tandemrl.rollout.catalog import calculator
+    from tandemrl.rollout.tool_format import HermesFormat
+
+    tok = build_char_tokenizer()
+    text = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call><|im_end|>'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    spec = TrajectorySpec("h", tok("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")["input_ids"],
+                          SamplingParams(max_tokens=100))
+    s = TrajectoryState(spec, HermesFormat(), AgentLimits())
+    s.on_turn(turn(ids, ""), tok.decode(ids, skip_special_tokens=False), ended_by_eos=True)
+    s.on_results(run_calls(s.pending_calls, ToolRegistry([make_tool(calculator)]).call, s.spec.context),
+                 lambda t: tok(t, add_special_tokens=False)["input_ids"])
+    inserted = s.completion_ids[len(ids):]
+    assert tok.decode(inserted, skip_special_tokens=False) == (
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert inserted.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
+    assert s.loss_weights == [1.0] * len(ids) + [0.0] * len(inserted)
