@@ -75,6 +75,8 @@ class AgentLoop:
                                 self._turn_done(state, rollout, pool, tools)
                     elif tools:
                         wait(tools, return_when=FIRST_COMPLETED)
+                    elif by_request:  # add_request queues every request, even a rejected one: cannot happen
+                        raise RuntimeError(f"the engine lost requests {sorted(by_request)[:4]}")
             except BaseException:
                 for request_id in by_request:
                     self.engine.abort(request_id)
