@@ -85,6 +85,28 @@ class RolloutConfig(Section):
         return self
 
 
+class ToolsConfig(Section):
+    """Multi-turn tool calling (tandemrl/rollout/). Unset keys take the task's tool setup (rollout/catalog.py):
+    synthetic:peek turns tools on; every other task runs single-turn unless ``names`` is set."""
+
+    enabled: bool | None = None  # None: on when the task or `names` gives tools
+    names: list[str] | None = None  # built-in tools: python, calculator, peek
+    format: Literal["hermes", "plain"] | None = None  # hermes: <tool_call>{json}</tool_call>; plain: base models
+    call_open: str | None = None  # plain format markers (None: the task's, else <call> </call> <result> </result>)
+    call_close: str | None = None
+    result_open: str | None = None
+    result_close: str | None = None
+    max_turns: int = Field(8, ge=1, description="generation turns per trajectory")
+    max_tool_calls: int | None = Field(None, ge=1, description="tool calls per trajectory (None: the task's, else 8)")
+    max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
+    max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
+    sandbox_timeout_s: float = Field(5.0, gt=0.0)
+    sandbox_cpu_s: int = Field(5, ge=1)
+    sandbox_memory_mb: int = Field(512, ge=64)
+    sandbox_max_file_mb: int = Field(4, ge=1)
+    sandbox_max_output_chars: int = Field(2000, ge=1)
+
+
 class RewardConfig(Section):
     # name (registered, or "package.module:function") -> weight
     weights: dict[str, float] = {"accuracy": 1.0}
@@ -139,6 +161,7 @@ class Config(Section):
     rollout: RolloutConfig = RolloutConfig()
     engine: EngineConfig = EngineConfig()
     tandem: TandemConfig = TandemConfig()
+    tools: ToolsConfig = ToolsConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -166,6 +189,19 @@ class Config(Section):
         if self.tandem.frozen_device not in (None, self.model.device):
             raise ValueError(f"tandem.frozen_device = {self.tandem.frozen_device!r}: the frozen model runs on the hot "
                              f"model's device (model.device = {self.model.device!r}) for now")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> Config:
+        from tandemrl.rollout.setup import tools_enabled  # the task's tool setup lives with the tools
+
+        if not tools_enabled(self):
+            return self
+        if self.rollout.backend != "engine":
+            raise ValueError("tools (multi-turn rollouts) need rollout.backend = 'engine': the agent loop drives the "
+                             "engine request by request")
+        if self.tandem.enabled or self.rollout.speculative.enabled:
+            raise ValueError("tools cannot be combined with tandem.enabled or rollout.speculative yet")
         return self
 
     @model_validator(mode="after")

@@ -16,9 +16,11 @@ from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
+from tandemrl.rollout.setup import completion_budget
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
+from tandemrl.telemetry.tools import tool_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
 from tandemrl.telemetry.writers import make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
@@ -89,7 +91,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("rollout"):
         params = rollout_params(cfg.rollout, seed=cfg.train.seed * 1_000_003 + state.step)
         scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params,
-                                    cfg.rollout.group_size, state.policy_version, f"step{state.step}")
+                                    cfg.rollout.group_size, state.policy_version, f"step{state.step}", agent=run.agent)
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     check_rewards(run, state, scored.reward, display)
     advantages, valid = group_advantages(scored, cfg.rollout.group_size, cfg.train.advantage)
@@ -100,7 +102,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
-                               cfg.rollout.temperature, cfg.rollout.max_tokens)
+                               cfg.rollout.temperature, completion_budget(cfg))
     run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
@@ -114,6 +116,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
+        **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
         **times.metrics(), "time/step": sum(times.durations.values()),
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
@@ -170,7 +173,8 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
 
 def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
     was_training = run.model.training
-    result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version)
+    result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
+                      agent=run.agent)
     run.model.train(was_training)
     return result
 

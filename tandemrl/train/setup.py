@@ -6,6 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from tandemrl.data.tasks import load_task
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rollout.setup import build_agent
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder
 from tandemrl.types import Sample
@@ -50,6 +52,7 @@ class Run:
     train_prompts: PromptIterator
     test_samples: list[Sample]
     ref_model: nn.Module | None
+    agent: Any = None  # the multi-turn agent loop (tools); None: single-turn rollouts
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
 
 
@@ -121,12 +124,14 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = build_optimizer(model, cfg.train)
+    backend = make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
+                           frozen_model=load_frozen(cfg, device))
+    agent = build_agent(cfg, backend, tokenizer)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
-        encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt),
-        backend=make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
-                             frozen_model=load_frozen(cfg, device)),
-        reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
+        encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt,
+                              agent.tools.describe() if agent is not None else []),
+        backend=backend, reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
-        test_samples=test_samples, ref_model=ref_model,
+        test_samples=test_samples, ref_model=ref_model, agent=agent,
     )
