@@ -31,8 +31,8 @@ BOUNDARY_SELECTORS = ("sentence", "word")  # switch writers at boundary tokens (
 class TandemConfig:
     """``p``: probability that a position (a chunk for ``chunk``) is the hot model's; ``frozen_model``: hub id or
     directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
-    weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step (sentence and word selectors) at
-    most; ``frozen_device``: where the frozen model lives (None: the hot model's device; the only one supported)."""
+    weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at most
+    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device; the only one supported)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
