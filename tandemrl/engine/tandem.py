@@ -32,7 +32,9 @@ class TandemConfig:
     """``p``: probability that a position (a chunk for ``chunk``) is the hot model's; ``frozen_model``: hub id or
     directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
     weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at most
-    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device; the only one supported)."""
+    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device; the
+    only one supported); ``frozen_dtype``: the frozen model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a
+    hot model trained in float32: half the memory and bandwidth, its caches in bfloat16 too)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
@@ -45,6 +47,7 @@ class TandemConfig:
     frozen_token_weight: float = 0.2
     max_run_tokens: int = 4
     frozen_device: str | None = None
+    frozen_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
 
     @property
     def drawn_ahead(self) -> bool:

@@ -104,7 +104,8 @@ def load_frozen(cfg: Config, device: torch.device) -> nn.Module | None:
         return None
     name = cfg.tandem.frozen_model or cfg.model.name_or_path
     path = resolve_name_or_path(name, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
-    frozen = load_model(path, dtype=cfg.model.dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
+    dtype = cfg.tandem.frozen_dtype or cfg.model.dtype
+    frozen = load_model(path, dtype=dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
     return frozen.eval().requires_grad_(False)
 
 
