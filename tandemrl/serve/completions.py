@@ -13,7 +13,7 @@ from tandemrl.serve.engine_loop import Failed, Finished, TokenDelta
 from tandemrl.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tandemrl.serve.state import BadRequest, ServerState
 from tandemrl.serve.stream_text import ChoiceText
-from tandemrl.types import Request, Rollout
+from tandemrl.types import Request, RequestStats, Rollout
 
 
 @dataclasses.dataclass
@@ -117,7 +117,16 @@ def _choice(state: ServerState, job: Job, index: int, rollout: Rollout) -> dict:
     choice["logprobs"] = logprobs
     if job.body.return_token_ids:
         choice["token_ids"] = list(rollout.completion_ids)
+    choice["stats"] = _stats(rollout.stats)
     return choice
+
+
+def _stats(stats: RequestStats) -> dict:
+    """The request's engine stats, times relative to its arrival (the server's clock is not the client's)."""
+    return {"queue_time": stats.queue_time, "time_to_first_token": stats.time_to_first_token,
+            "latency": stats.latency, "prompt_tokens": stats.prompt_tokens,
+            "cached_prompt_tokens": stats.cached_prompt_tokens, "peak_kv_blocks": stats.peak_kv_blocks,
+            "kv_block_bytes": stats.kv_block_bytes, "preemptions": stats.preemptions}
 
 
 def _logprobs(state: ServerState, job: Job, ids: list[int], lps: list[float]) -> dict:

@@ -18,6 +18,8 @@ from tandemrl.data.tasks import load_task
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.sync.base import InProcessSync, WeightSync
+from tandemrl.sync.factory import make_weight_sync
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder
 from tandemrl.types import Sample
@@ -51,6 +53,7 @@ class Run:
     test_samples: list[Sample]
     ref_model: nn.Module | None
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
+    sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
 
 
 def default_out_dir(cfg: Config) -> Path:
@@ -121,11 +124,15 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = build_optimizer(model, cfg.train)
+    backend = make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
+                           frozen_model=load_frozen(cfg, device))
+    sync = make_weight_sync(cfg, out_dir)
+    if hasattr(backend, "resync"):  # a server that comes back at an old version gets the weights again
+        backend.resync = lambda version: sync.push(model, version)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
         encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt),
-        backend=make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
-                             frozen_model=load_frozen(cfg, device)),
+        backend=backend, sync=sync,
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model,
