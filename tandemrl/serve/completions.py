@@ -88,27 +88,32 @@ def _job(state: ServerState, body: Any, prompts: list[list[int]], chat: bool, ma
 async def respond(state: ServerState, job: Job, is_disconnected: Callable[[], Awaitable[bool]]) -> dict | None:
     """The whole response, or None if the client went away first (its sequences are aborted)."""
     rollouts: dict[str, Rollout] = {}
+    last: dict[str, int] = {}
     async for event in state.run(job.requests, is_disconnected):
         if isinstance(event, Failed):
             raise RuntimeError(event.message)
         if isinstance(event, Finished):
             rollouts[event.rollout.request_id] = event.rollout
+            last[event.rollout.request_id] = event.policy_version_last
     if len(rollouts) < len(job.requests):
         return None
     ordered = [rollouts[r.request_id] for r in job.requests]
     errors = [r.error for r in ordered if r.finish_reason == "error"]
     if errors:
         raise BadRequest(errors[0])
-    choices = [_choice(state, job, i, r) for i, r in enumerate(ordered)]
+    choices = [_choice(state, job, i, r, last[r.request_id]) for i, r in enumerate(ordered)]
     usage = _usage(job, [len(r.completion_ids) for r in ordered])
     return {"id": job.response_id, "object": job.object_name, "created": job.created, "model": state.model_name,
             "choices": choices, "usage": usage, "policy_version": min(r.policy_version for r in ordered),
             **_prompt_ids(job)}
 
 
-def _choice(state: ServerState, job: Job, index: int, rollout: Rollout) -> dict:
+def _choice(state: ServerState, job: Job, index: int, rollout: Rollout, version_last: int) -> dict:
+    """``policy_version``: the weights when the request entered the engine; ``policy_version_last``: when it
+    finished (they differ when a push landed while it ran)."""
     finish = "length" if rollout.finish_reason == "length" else "stop"
-    choice: dict[str, Any] = {"index": index, "finish_reason": finish, "policy_version": rollout.policy_version}
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish, "policy_version": rollout.policy_version,
+                              "policy_version_last": version_last}
     logprobs = _logprobs(state, job, rollout.completion_ids, rollout.logprobs) if job.want_logprobs else None
     if job.chat:
         choice["message"] = {"role": "assistant", "content": rollout.text}
@@ -185,7 +190,10 @@ async def stream(state: ServerState, job: Job) -> AsyncIterator[str]:
             finish = "length" if rollout.finish_reason == "length" else "stop"
             lengths[i], versions[i] = len(rollout.completion_ids), rollout.policy_version
         if text or ids or finish:
-            yield _sse(_delta_chunk(state, job, i, text, ids, lps, finish, versions[i]))
+            chunk = _delta_chunk(state, job, i, text, ids, lps, finish, versions[i])
+            if finish:
+                chunk["choices"][0]["policy_version_last"] = event.policy_version_last
+            yield _sse(chunk)
     if (job.body.stream_options or {}).get("include_usage"):
         yield _sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,
                     "model": state.model_name, "choices": [], "usage": _usage(job, lengths),
