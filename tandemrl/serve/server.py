@@ -63,6 +63,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)  # connections made before uvicorn runs wait in the backlog instead of being refused
     sock.set_inheritable(True)
     return sock
 
