@@ -70,8 +70,12 @@ def add_weight_routes(app: FastAPI, state: ServerState) -> None:
         if not torch.distributed.is_initialized():
             raise BadRequest("no process group: POST /v1/weights/nccl/init first", 409)
         device = next(receiver.model.parameters()).device
-        return await _apply(lambda: receiver.apply(
-            "nccl", body.version, lambda: nccl.receive_parameters(body.tensors, device), "full"))
+        try:
+            return await _apply(lambda: receiver.apply(
+                "nccl", body.version, lambda: nccl.receive_parameters(body.tensors, device), "full"))
+        except BadRequest:
+            torch.distributed.destroy_process_group()  # a broken broadcast leaves the group unusable: join anew
+            raise
 
     @app.post("/v1/weights/ipc")
     async def push_ipc(body: IpcPush) -> dict:
