@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from tandemrl.serve.state import ServerState
 
 PREFIX = "tandemrl_"
@@ -20,6 +22,8 @@ def prometheus_text(state: ServerState) -> str:
         "kv_blocks_used": ("KV blocks in use", load["kv_blocks_used"]),
         "tokens_per_second": ("generated tokens per second over the last window", loop.tokens_per_second()),
         "policy_version": ("the weights version being served", loop.policy_version),
+        "gpu_memory_allocated_bytes": ("this process's allocated GPU memory (0 on CPU; with ipc sync the weights "
+                                       "are the trainer's allocation)", _gpu_allocated(state)),
     }
     counters = {
         "requests_total": ("sequences received (a request with n choices counts n)", loop.counters["requests"]),
@@ -40,3 +44,10 @@ def prometheus_text(state: ServerState) -> str:
             lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}",
                       f"{PREFIX}{name} {float(value):g}"]
     return "\n".join(lines) + "\n"
+
+
+def _gpu_allocated(state: ServerState) -> int:
+    if state.weights is None:
+        return 0
+    device = next(state.weights.model.parameters()).device
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
