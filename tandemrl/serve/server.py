@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -15,6 +16,9 @@ from tandemrl.serve.engine_loop import EngineLoop
 from tandemrl.serve.state import ServerState
 from tandemrl.sync.receiver import WeightReceiver
 from tandemrl.types import Request
+
+if TYPE_CHECKING:
+    from tandemrl.backends.engine_backend import EngineBackend
 
 
 @dataclass
@@ -50,7 +54,7 @@ def _vocab_size(model: nn.Module) -> int:
     return int(model.get_input_embeddings().num_embeddings)
 
 
-def _seed_reset(backend) -> callable:  # noqa: ANN001 - EngineBackend
+def _seed_reset(backend: EngineBackend) -> Callable[[Request, bool], None]:
     """A seeded request that arrives at an idle engine starts its seed's stream afresh, so the same request with
     the same seed gives the same completion. (Batched with others, the batch shares the first seed's stream.)"""
     def prepare(request: Request, idle: bool) -> None:
