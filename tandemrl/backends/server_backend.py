@@ -23,8 +23,8 @@ class RolloutServerError(ConnectionError):
     """The rollout server did not answer, after every retry."""
 
 
-class StaleRolloutError(RuntimeError):
-    """The server sampled with weights older (or newer) than the trainer allows."""
+class StaleRolloutError(ValueError):
+    """The server sampled with weights older (or newer) than rollout.max_staleness allows."""
 
 
 class _Retryable(Exception):

@@ -11,7 +11,9 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandemrl.serve.completions import chat_job, completion_job, respond, stream
 from tandemrl.serve.metrics import prometheus_text
@@ -27,11 +29,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.serving = state
     _add_error_handlers(app)
 
-    @app.middleware("http")
-    async def policy_version_header(request: Request, call_next):  # noqa: ANN202 - starlette's signature
-        response = await call_next(request)
-        response.headers[VERSION_HEADER] = str(state.policy_version)
-        return response
+    app.add_middleware(PolicyVersionHeader, state=state)
 
     @app.get("/health")
     async def health() -> Response:
@@ -59,6 +57,27 @@ def build_app(state: ServerState) -> FastAPI:
 
     add_weight_routes(app, state)
     return app
+
+
+class PolicyVersionHeader:
+    """Adds ``x-policy-version`` to every response. A plain ASGI middleware: starlette's BaseHTTPMiddleware would
+    hide a client's disconnect from the routes (``request.is_disconnected()``)."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_version(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).append(VERSION_HEADER, str(self.state.policy_version))
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
 
 
 async def _serve(state: ServerState, job, request: Request) -> Response:  # noqa: ANN001 - completions.Job

@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 
 
-class ServerError(RuntimeError):
-    """The server answered with an error; the message is the server's."""
+class ServerError(ConnectionError):
+    """The server answered with an error (the message is the server's), or did not answer (status 0)."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -21,16 +21,21 @@ class ServerClient:
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0))
 
     def get(self, path: str) -> dict:
-        return _json(self._http.get(path))
+        return _json(self._send("GET", path))
 
     def post(self, path: str, body: dict | None = None, content: bytes | None = None,
              params: dict[str, Any] | None = None) -> dict:
         if content is not None:
-            response = self._http.post(path, content=content, params=params,
-                                       headers={"content-type": "application/octet-stream"})
-        else:
-            response = self._http.post(path, json=body or {}, params=params)
-        return _json(response)
+            return _json(self._send("POST", path, content=content, params=params,
+                                    headers={"content-type": "application/octet-stream"}))
+        return _json(self._send("POST", path, json=body or {}, params=params))
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerError(f"{method} {self.url}{path}: the server did not answer ({type(exc).__name__}: "
+                              f"{exc})", 0) from exc
 
     def close(self) -> None:
         self._http.close()

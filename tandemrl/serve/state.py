@@ -10,6 +10,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from tandemrl.serve.engine_loop import EngineLoop, Event, Failed, Finished
 from tandemrl.types import Request
 
+DISCONNECT_CHECK_S = 0.25  # how often a non-streaming request asks whether its client is still there
+
 
 class BadRequest(ValueError):
     """The client's request cannot be served; ``status`` is the HTTP status (4xx) it gets."""
@@ -74,13 +76,18 @@ class ServerState:
 
         open_ids = {r.request_id for r in requests}
         self.loop.submit(requests, sink)
+        checked = time.monotonic()
         try:
             while open_ids:
                 try:
-                    event = await asyncio.wait_for(events.get(), timeout=1.0)
+                    event = await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_S)
                 except asyncio.TimeoutError:
-                    if is_disconnected is not None and await is_disconnected():
+                    event = None
+                if is_disconnected is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
+                    checked = time.monotonic()
+                    if await is_disconnected():
                         return
+                if event is None:
                     continue
                 if isinstance(event, (Finished, Failed)):
                     open_ids.discard(event.rollout.request_id if isinstance(event, Finished) else event.request_id)

@@ -134,3 +134,20 @@ def test_concurrent_requests_are_batched(server):
     steps = metric(server, "decode_steps_total") - steps0
     tokens = metric(server, "decode_tokens_total") - tokens0
     assert tokens / steps > 2.0, (tokens, steps)  # one-at-a-time serving would give 1.0
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_sequence(server):
+    aborted, finished = metric(server, "requests_aborted_total"), metric(server, "requests_finished_total")
+    hold = threading.Event()
+    server.state.loop.between_steps(hold.wait)  # the engine waits: the request cannot finish meanwhile
+    body = {"model": MODEL_NAME, "prompt": "1+2=", "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    deadline = time.monotonic() + 10
+    while server.state.loop._commands.qsize() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the request, then its abort, queue up behind the hold
+    hold.set()
+    while metric(server, "requests_aborted_total") < aborted + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server, "requests_aborted_total") == aborted + 1
+    assert metric(server, "requests_finished_total") == finished
