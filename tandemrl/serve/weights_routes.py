@@ -63,7 +63,9 @@ def add_weight_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/weights/nccl/init")
     async def nccl_init(body: NcclInit) -> dict:
         await run_in_threadpool(nccl.init_group, body.init_method, 1, body.backend, body.timeout_s)
-        return {"joined": True, "policy_version": state.policy_version}
+        # the trainer compares these with its own before the first broadcast (a mismatch would hang it)
+        return {"joined": True, "policy_version": state.policy_version,
+                "tensors": nccl.parameter_specs(receiver.model)}
 
     @app.post("/v1/weights/nccl/push")
     async def push_nccl(body: NcclPush) -> dict:

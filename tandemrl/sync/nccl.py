@@ -69,6 +69,16 @@ def receive_parameters(specs: list[dict], device: torch.device) -> dict[str, Ten
     return tensors
 
 
+def check_same_parameters(ours: list[dict], theirs: list[dict]) -> None:
+    """ValueError naming the first difference between the trainer's and the server's parameters."""
+    for mine, served in zip(ours, theirs):
+        if mine != served:
+            raise ValueError(f"nccl sync: the trainer's parameter {mine} differs from the server's {served}; both "
+                             "must load the same architecture (and dtype)")
+    if len(ours) != len(theirs):
+        raise ValueError(f"nccl sync: the trainer has {len(ours)} parameters, the server {len(theirs)}")
+
+
 class NcclSync:
     """The trainer's side: first push joins the group (the server joins through POST /v1/weights/nccl/init)."""
 
@@ -84,9 +94,11 @@ class NcclSync:
     def push(self, model: nn.Module, version: int) -> SyncReport:
         started = time.perf_counter()
         if not self._joined:
-            self._in_background(lambda: self.client.post(
-                "/v1/weights/nccl/init", {"init_method": self.init_method, "backend": self.backend}),
+            joined: list[dict] = []
+            self._in_background(lambda: joined.append(self.client.post(
+                "/v1/weights/nccl/init", {"init_method": self.init_method, "backend": self.backend})),
                 lambda: init_group(self.init_method, 0, self.backend, self.timeout_s))
+            check_same_parameters(parameter_specs(model), joined[0]["tensors"])
             self._joined = True
         sent: list[int] = []
         self._in_background(lambda: self.client.post(

@@ -73,3 +73,16 @@ def test_ipc_attach_points_the_parameters_at_the_shared_tensors():
     bad = dict(shared, **{"model.norm.weight": torch.zeros(3)})
     with pytest.raises(ValueError, match="model.norm.weight"):
         attach(small_model(), bad)
+
+
+def test_nccl_parameter_check_names_the_difference():
+    from tandemrl.sync.nccl import check_same_parameters, parameter_specs
+
+    specs = parameter_specs(small_model())
+    check_same_parameters(specs, [dict(s) for s in specs])
+    other = [dict(s) for s in specs]
+    other[1]["shape"] = [1, 2]
+    with pytest.raises(ValueError, match=specs[1]["name"]):
+        check_same_parameters(specs, other)
+    with pytest.raises(ValueError, match="parameters, the server"):
+        check_same_parameters(specs, specs[:-1])
