@@ -75,9 +75,9 @@ def _encode(state: ServerState, text: str) -> list[int]:
 def _job(state: ServerState, body: Any, prompts: list[list[int]], chat: bool, max_tokens: int | None) -> Job:
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     per_request, requests = [], []
-    for p, ids in enumerate(prompts):
+    for ids in prompts:
         params = body.sampling_params(state.check_prompt(ids, max_tokens))
-        for j in range(body.n):
+        for _ in range(body.n):
             per_request.append(ids)
             requests.append(Request(f"{response_id}-{len(requests)}", ids, params))
     return Job(response_id, chat, body, per_request, requests)
