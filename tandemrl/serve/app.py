@@ -35,6 +35,9 @@ def build_app(state: ServerState) -> FastAPI:
     async def health() -> Response:
         if not state.loop.alive:
             return _error(503, "the engine thread has stopped", "server_error")
+        if state.loop.last_error is not None:
+            return _error(503, f"the engine's last step failed: {state.loop.last_error.splitlines()[-1]}",
+                          "server_error")
         return JSONResponse({"status": "ok", "policy_version": state.policy_version})
 
     @app.get("/metrics")

@@ -75,7 +75,7 @@ class EngineLoop:
         self._rate_window_s = rate_window_s
         self._rate_lock = threading.Lock()  # the engine thread appends, /metrics reads
         self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0}
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the traceback of the last step, if it failed
 
     # ------------------------------------------------------------------ called from any thread
 
@@ -161,6 +161,7 @@ class EngineLoop:
             self._fail_all(f"the engine failed: {exc}")
             self.last_error = traceback.format_exc()
             return
+        self.last_error = None  # a step went through: healthy again
         self._send_progress()
         for rollout in finished:
             tracked = self._tracked.pop(rollout.request_id, None)

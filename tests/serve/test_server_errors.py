@@ -151,3 +151,38 @@ def test_a_non_streaming_client_that_goes_away_frees_its_sequence(server):
         time.sleep(0.05)
     assert metric(server, "requests_aborted_total") == aborted + 1
     assert metric(server, "requests_finished_total") == finished
+
+
+def test_an_engine_failure_fails_its_requests_and_the_server_recovers(server, monkeypatch):
+    engine = server.state.loop.engine
+    real_step = engine.step
+    calls = {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("device lost")
+        return real_step()
+
+    hold = threading.Event()
+    server.state.loop.between_steps(hold.wait)
+    monkeypatch.setattr(engine, "step", failing_step)
+    results = {}
+
+    def call() -> None:
+        results["r"] = httpx.post(server.url + "/v1/completions", timeout=30,
+                                  json={"model": MODEL_NAME, "prompt": "1+1=", "max_tokens": 4})
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while server.state.loop._commands.qsize() < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hold.set()
+    thread.join(30)
+    assert results["r"].status_code == 500 and "device lost" in error_message(results["r"])
+    assert httpx.get(server.url + "/health").status_code == 503
+    ok = httpx.post(server.url + "/v1/completions", timeout=30,
+                    json={"model": MODEL_NAME, "prompt": "1+1=", "max_tokens": 4, "ignore_eos": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(server.url + "/health").status_code == 200
