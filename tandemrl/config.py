@@ -58,7 +58,14 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["engine", "hf"] = "engine"  # engine: paged KV cache; hf: plain batched decoding
+    # engine: paged KV cache; hf: plain batched decoding; server: a `tandemrl serve` process at server_url
+    backend: Literal["engine", "hf", "server"] = "engine"
+    server_url: str | None = None
+    # a rollout sampled by weights more than this many versions behind the trainer's is refused (0 = on-policy)
+    max_staleness: int = Field(0, ge=0)
+    server_retries: int = Field(3, ge=0, description="attempts after the first when the server does not answer")
+    server_backoff_s: float = Field(2.0, ge=0.0, description="wait before the first retry; doubles each time")
+    server_timeout_s: float = Field(600.0, gt=0.0, description="seconds one rollout request may take")
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2, description="samples per prompt; GRPO needs at least 2")
     max_tokens: int = Field(3, ge=1)
@@ -105,6 +112,15 @@ class ToolsConfig(Section):
     sandbox_memory_mb: int = Field(512, ge=64)
     sandbox_max_file_mb: int = Field(4, ge=1)
     sandbox_max_output_chars: int = Field(2000, ge=1)
+
+
+class SyncConfig(Section):
+    """How the trainer's weights reach the process that samples its rollouts (tandemrl.sync)."""
+
+    kind: Literal["inprocess", "checkpoint", "lora", "ipc", "nccl"] = "inprocess"
+    dir: str | None = None  # checkpoint: where the pushed checkpoints go (default <run dir>/sync)
+    nccl_init_method: str | None = None  # nccl: e.g. "tcp://127.0.0.1:29511" (the trainer and the server join it)
+    nccl_backend: Literal["nccl", "gloo"] = "nccl"
 
 
 class RewardConfig(Section):
@@ -162,6 +178,7 @@ class Config(Section):
     engine: EngineConfig = EngineConfig()
     tandem: TandemConfig = TandemConfig()
     tools: ToolsConfig = ToolsConfig()
+    sync: SyncConfig = SyncConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -202,6 +219,31 @@ class Config(Section):
                              "engine request by request")
         if self.tandem.enabled or self.rollout.speculative.enabled:
             raise ValueError("tools cannot be combined with tandem.enabled or rollout.speculative yet")
+        return self
+
+    @model_validator(mode="after")
+    def _check_server(self) -> Config:
+        rollout, kind = self.rollout, self.sync.kind
+        if rollout.backend != "server":
+            if kind != "inprocess":
+                raise ValueError(f"sync.kind = {kind!r} pushes weights to a separate server: it needs "
+                                 "rollout.backend = 'server' (and rollout.server_url)")
+            return self
+        if not rollout.server_url:
+            raise ValueError("rollout.backend = 'server' needs rollout.server_url (e.g. 'http://127.0.0.1:8000', "
+                             "where `tandemrl serve` listens)")
+        if kind == "inprocess":
+            raise ValueError("rollout.backend = 'server' samples in another process: sync.kind must be one of "
+                             "'checkpoint', 'lora', 'ipc', 'nccl' ('inprocess' only works with the engine here)")
+        if kind == "lora" and not self.model.lora.enabled:
+            raise ValueError("sync.kind = 'lora' pushes a LoRA adapter: set model.lora.enabled = true")
+        if kind == "checkpoint" and self.model.lora.enabled:
+            raise ValueError("sync.kind = 'checkpoint' pushes full weights; with model.lora.enabled use sync.kind = "
+                             "'lora'")
+        if kind == "nccl" and not self.sync.nccl_init_method:
+            raise ValueError("sync.kind = 'nccl' needs sync.nccl_init_method (e.g. 'tcp://127.0.0.1:29511')")
+        if rollout.speculative.enabled or self.tandem.enabled:
+            raise ValueError("rollout.backend = 'server' does not run speculative or tandem rollouts yet")
         return self
 
     @model_validator(mode="after")

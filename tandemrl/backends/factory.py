@@ -15,6 +15,12 @@ from tandemrl.config import Config
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device,
                  draft_model: nn.Module | None = None, frozen_model: nn.Module | None = None) -> RolloutBackend:
     speculative = cfg.rollout.speculative
+    if cfg.rollout.backend == "server":
+        from tandemrl.backends.server_backend import ServerBackend
+
+        r = cfg.rollout
+        return ServerBackend(r.server_url or "", max_staleness=r.max_staleness, retries=r.server_retries,
+                             backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
     if cfg.rollout.backend == "engine" and _engine_supports(model):
         from tandemrl.backends.engine_backend import EngineBackend
 

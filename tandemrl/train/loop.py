@@ -1,7 +1,8 @@
 """The GRPO training loop. Each step reads top to bottom: rollout -> reward -> advantage -> loss -> step -> sync.
 
-There is no explicit weight sync: the rollout backend decodes with the trainer's own parameter tensors, so the
-optimizer's in-place update is what the next rollout sees.
+With the default in-process engine the sync is a no-op: the engine decodes with the trainer's own parameter
+tensors, so the optimizer's in-place update is what the next rollout sees. With a separate server
+(rollout.backend = "server") the sync pushes the new weights there (sync.kind; tandemrl/sync/).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
     writers.truncate_after(state.step if state.initial_eval is not None else -1)
     started = time.perf_counter()
+    run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
         state.initial_eval = initial.to_dict()
@@ -69,6 +71,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     writers.write(state.step, final.metrics())
     save_run(run, state)
     writers.close()
+    run.sync.close()
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
     write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
@@ -106,6 +109,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
+    with times.measure("sync"):
+        synced = run.sync.push(run.model, state.policy_version)
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
     lengths = [len(r.completion_ids) for r in scored.rollouts]
     return {
@@ -117,7 +122,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
-        **times.metrics(), "time/step": sum(times.durations.values()),
+        **synced.metrics(), **times.metrics(), "time/step": sum(times.durations.values()),
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }

@@ -20,6 +20,8 @@ from tandemrl.models.load import load_model, load_tokenizer, resolve_device, res
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
 from tandemrl.rollout.setup import build_agent
+from tandemrl.sync.base import InProcessSync, WeightSync
+from tandemrl.sync.factory import make_weight_sync
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder
 from tandemrl.types import Sample
@@ -54,6 +56,7 @@ class Run:
     ref_model: nn.Module | None
     agent: Any = None  # the multi-turn agent loop (tools); None: single-turn rollouts
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
+    sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
 
 
 def default_out_dir(cfg: Config) -> Path:
@@ -128,11 +131,15 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     backend = make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device))
     agent = build_agent(cfg, backend, tokenizer)
+    sync = make_weight_sync(cfg, out_dir)
+    if hasattr(backend, "resync"):  # a server that comes back at an old version gets the weights again
+        backend.resync = lambda version: sync.push(model, version)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
         encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt,
                               agent.tools.describe() if agent is not None else []),
-        backend=backend, reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
+        backend=backend, sync=sync,
+        reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model, agent=agent,
     )
