@@ -33,6 +33,7 @@ class TrainerState:
     consecutive_invalid_reward: int = 0
     initial_eval: dict | None = None
     data: dict = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the run up to this checkpoint, summed over every resume
 
 
 @dataclass
