@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from tandemrl.models.load import ModelLoadError
+from tandemrl.models.load import DTYPE_KWARG, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +49,14 @@ def load_gguf_model(path: str, *, dtype: torch.dtype, attn_implementation: str |
     """The GGUF's weights, dequantised, in a plain (unquantised, trainable) model of `dtype`, on the CPU."""
     directory, name = _split(path)
     try:
-        quantised = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        quantised = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, **{DTYPE_KWARG: torch.float32})
     except (ValueError, OSError, KeyError, RuntimeError) as exc:
         raise GGUFLoadError(f"could not load the GGUF file {path}: {' '.join(str(exc).split())}") from exc
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantised: saving must not claim otherwise
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+    kwargs = {DTYPE_KWARG: dtype, **({"attn_implementation": attn_implementation} if attn_implementation else {})}
+    model = AutoModelForCausalLM.from_config(config, **kwargs)
     missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     if unexpected or set(missing) - tied:

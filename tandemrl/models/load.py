@@ -36,7 +36,7 @@ _DTYPES = {
     "half": torch.float16,
 }
 # transformers 4.56 added `dtype=` to from_pretrained; 5.0 removed `torch_dtype=`.
-_DTYPE_KWARG = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
+DTYPE_KWARG = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
 
 
 class ModelLoadError(ValueError):
@@ -154,7 +154,7 @@ def load_model(
     remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not remote_causal:
         raise _not_causal(src, config)
-    kwargs = {_DTYPE_KWARG: torch_dtype, "trust_remote_code": trust_remote_code}
+    kwargs = {DTYPE_KWARG: torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:

@@ -99,3 +99,35 @@ def test_clear_errors_for_a_missing_file_or_a_missing_gguf_package(gguf_file, tm
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
     with pytest.raises(ModelLoadError, match=r"tandemrl\[gguf\]"):
         load_tokenizer(str(gguf_file))
+
+
+def test_the_example_config_trains_from_a_gguf_and_checkpoints_a_plain_model(gguf_file, tmp_path):
+    from transformers import AutoTokenizer
+
+    from tandemrl.config import load_config
+    from tandemrl.train.checkpoint import find_latest
+    from tandemrl.train.loop import train
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "smollm2-arith.toml"
+    cfg = load_config(example, [
+        f'model.name_or_path="{gguf_file}"', "model.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=2",
+        "rollout.max_tokens=4", "train.max_steps=2", "eval.limit=4", "eval.every_steps=0", "log.tensorboard=false",
+    ])
+    assert (cfg.data.task, cfg.eval.limit, cfg.data.use_chat_template) == ("arith2", 4, True)
+    assert train(cfg, tmp_path / "run")["steps"] == 2
+    saved = find_latest(tmp_path / "run" / "checkpoints")
+    assert type(AutoModelForCausalLM.from_pretrained(saved)).__name__ == "LlamaForCausalLM"
+    assert AutoTokenizer.from_pretrained(saved).eos_token == "<|im_end|>"  # the fix travels with the checkpoint
+
+
+def test_end_of_turn_fix_is_idempotent_and_leaves_templateless_tokenizers_alone():
+    from tandemrl.models.gguf import end_of_turn_token, fix_end_of_turn
+    from tandemrl.models.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()  # eos <|endoftext|>, ChatML template
+    assert end_of_turn_token(tokenizer) == "<|im_end|>"
+    assert len(fix_end_of_turn(tokenizer)) == 1 and tokenizer.eos_token_id == 2
+    assert fix_end_of_turn(tokenizer) == []
+    plain = build_char_tokenizer()
+    plain.chat_template = None
+    assert end_of_turn_token(plain) is None and fix_end_of_turn(plain) == [] and plain.eos_token_id == 0
