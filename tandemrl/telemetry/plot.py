@@ -122,8 +122,9 @@ def _plot_reward(s: dict[str, Series]) -> Figure | None:
             ax.fill_between([b[0] for b in band], [b[1] - b[2] for b in band], [b[1] + b[2] for b in band],
                             alpha=0.12, color="tab:blue", label="±std")
     _train_curve(ax, s, "reward/mean", "reward", color="tab:blue")
-    for key in comps:
-        _train_curve(ax, s, key, _COMPONENT.match(key).group(1))
+    if len(comps) > 1:  # a single component is the mean itself (times its weight): no second curve
+        for i, key in enumerate(comps, start=1):
+            _train_curve(ax, s, key, _COMPONENT.match(key).group(1), color=f"C{i}")
     _eval_points(ax, s, "eval/reward", "eval reward", color="black")
     return _finish(fig, ax)
 

@@ -93,3 +93,14 @@ def test_a_short_run_is_drawn_raw_only():
 
     labels = set(_lines(run_figures(load_series(_synthetic_rows(5)))["accuracy.png"]))
     assert labels == {"train accuracy (sampled)", "eval accuracy (greedy)", "pass@4"}
+
+
+def test_reward_components_are_drawn_only_when_there_are_several():
+    from tandemrl.telemetry.plot import load_series, run_figures
+
+    rows = _synthetic_rows(10)
+    labels = set(_lines(run_figures(load_series(rows))["reward.png"]))
+    assert {"accuracy (raw)", "format (raw)", "reward (raw)", "eval reward"} <= labels
+    single = [{k: v for k, v in r.items() if k != "reward/format/mean"} for r in rows]
+    labels = set(_lines(run_figures(load_series(single))["reward.png"]))
+    assert not any(label.startswith("accuracy") for label in labels)
