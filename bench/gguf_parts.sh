@@ -13,6 +13,7 @@
 # GPU, two calls on the same warm machine (a fresh machine starts with nothing):
 #   call 1: carry [".carry/gguf/1"]  command: bench/gguf_parts.sh join runs/models .carry/gguf/1
 #   call 2: carry [".carry/gguf/2"]  command: bench/gguf_parts.sh join runs/models .carry/gguf/2 && <train ...>
+# Where packages go to a --target directory (PYTHONPATH=/tmp/site), set PIP_TARGET=/tmp/site for the wheel as well.
 set -euo pipefail
 
 PARTS=2
@@ -58,7 +59,7 @@ join_parts() {
         local wheel
         wheel=$(ls "$dest"/gguf-*.whl 2>/dev/null | head -n 1 || true)
         [[ -n $wheel ]] || die "the gguf package is missing and no gguf wheel was carried (it comes with part 1)"
-        "$python" -m pip install --no-deps --quiet "$wheel"
+        "$python" -m pip install --no-deps --no-index --quiet "$wheel"  # honours PIP_TARGET=/tmp/site
     fi
     local sums
     sums=$(ls "$dest"/*.sha256 2>/dev/null | head -n 1 || true)
