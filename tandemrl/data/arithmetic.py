@@ -43,7 +43,8 @@ def make_arith2(split: str, limit: int | None, seed: int) -> list[Sample]:
     problems = _all_problems()
     if split == "test":
         if limit is not None and limit > HELD_OUT_SIZE:
-            raise ValueError(f"task 'arith2' holds out {HELD_OUT_SIZE} test problems; eval.limit = {limit} asks for more")
+            raise ValueError(f"task 'arith2' holds out {HELD_OUT_SIZE} test problems; eval.limit = {limit} asks "
+                             "for more")
         chosen = problems[:HELD_OUT_SIZE]
     else:
         chosen = problems[HELD_OUT_SIZE:]

@@ -11,6 +11,8 @@ def test_held_out_set_is_fixed_across_seeds_and_never_trained_on():
     test = load_task("arith2", "test", seed=0)
     assert len(test) == HELD_OUT_SIZE >= 500
     assert [s.prompt for s in load_task("arith2", "test", seed=7)] == [s.prompt for s in test]
+    # pinned: a change of the generator would silently move every reported before/after number
+    assert [s.prompt for s in test[:3]] == ["What is 51 - 22?", "What is 75 * 33?", "What is 65 * 27?"]
     assert [s.prompt for s in load_task("arith2", "test", limit=500, seed=3)] == [s.prompt for s in test[:500]]
     train = load_task("arith2", "train", seed=0)
     assert len(train) == 3 * len(OPERANDS) ** 2 - HELD_OUT_SIZE
