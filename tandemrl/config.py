@@ -48,7 +48,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str = "synthetic:add"  # "gsm8k" or "synthetic:<add|copy|add2>"
+    task: str = "synthetic:add"  # "gsm8k", "arith2" or "synthetic:<add|copy|add2>"
     path: str | None = None  # local dir/file for gsm8k; None = the hub dataset
     train_split: str = "train"
     test_split: str = "test"

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,3 +52,20 @@ def test_agent_loop_bench_runs_both_loops(tmp_path):
         assert r["tool_calls"] == 6 * 2 and r["check"] == "calls per trajectory [2], finish ['max_tool_calls']"
         assert 0 < r["engine_busy_fraction"] <= 1
     assert result["throughput_ratio"] > 0
+
+
+def test_run_report_gives_accuracy_intervals_and_step_times(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    evaluation = {"pass_at_k": None, "k": 0, "num_prompts": 100}
+    (run / "summary.json").write_text(json.dumps({"initial": {"accuracy": 0.09, **evaluation}, "steps": 2,
+                                                  "final": {"accuracy": 0.4, **evaluation}, "task": "arith2",
+                                                  "seconds": 12.5}))
+    rows = [{"step": s, "time/step": 1.0 + s, "time/rollout": 0.5, "tokens_per_s": 100.0 * s,
+             "response_length/mean": 60.0 - s} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_bench("bench.run_report", str(run))
+    result = json.loads((run / "report.json").read_text())
+    assert result["before"]["correct"] == 9 and result["before"]["ci95"] == [
+        pytest.approx(0.048, abs=1e-3), pytest.approx(0.162, abs=1e-3)]
+    assert result["significant"] is True and result["step_s_median"] == 2.5 and result["tokens_per_s_median"] == 150

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandemrl.data.arithmetic import make_arith2
 from tandemrl.data.gsm8k import load_gsm8k
 from tandemrl.data.synthetic import SYNTHETIC_TASKS, make_synthetic
 from tandemrl.types import Sample
@@ -11,7 +12,7 @@ from tandemrl.types import Sample
 GSM8K_HUB_NAME = "openai/gsm8k"
 SYNTHETIC_TRAIN_SIZE = 2000
 SYNTHETIC_TEST_SIZE = 500
-TASK_NAMES: tuple[str, ...] = ("gsm8k",) + tuple(f"synthetic:{t}" for t in SYNTHETIC_TASKS)
+TASK_NAMES: tuple[str, ...] = ("gsm8k", "arith2") + tuple(f"synthetic:{t}" for t in SYNTHETIC_TASKS)
 SPLITS = ("train", "test")
 
 
@@ -25,11 +26,17 @@ def load_task(
     - ``"synthetic:<task>"``: generated; ``limit`` samples (default 2,000 for train, 500 for test). The test
       split comes from a different random stream than train, with the same ``seed`` (answer spaces are tiny,
       so prompts overlap between splits). ``path`` must be None.
+    - ``"arith2"``: two-digit ``+ - *`` problems for instruct models (tandemrl.data.arithmetic): a fixed held-out
+      test set of 1,000 (``limit`` takes a prefix; default all), train = every other problem in a seeded order.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")
     if name == "gsm8k":
         return load_gsm8k(path if path is not None else GSM8K_HUB_NAME, split, limit)
+    if name == "arith2":
+        if path is not None:
+            raise ValueError(f"task {name!r} is generated and takes no data path (got path={path!r})")
+        return make_arith2(split, limit, seed)
     if name.startswith("synthetic:") and name.split(":", 1)[1] in SYNTHETIC_TASKS:
         if path is not None:
             raise ValueError(f"task {name!r} is generated and takes no data path (got path={path!r})")

@@ -1,4 +1,5 @@
-"""Load a decoder-only causal LM and its tokenizer from a local Hugging Face directory or a hub id.
+"""Load a decoder-only causal LM and its tokenizer from a local Hugging Face directory, a hub id or a `.gguf` file
+(tandemrl.models.gguf: dequantised into a plain trainable model).
 
 Errors a user can fix come out as `ModelLoadError` (a ValueError) that say what was expected and what to do:
 a directory without config.json, a path that does not exist, a hub id that cannot be fetched, a model that is not
@@ -35,7 +36,7 @@ _DTYPES = {
     "half": torch.float16,
 }
 # transformers 4.56 added `dtype=` to from_pretrained; 5.0 removed `torch_dtype=`.
-_DTYPE_KWARG = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
+DTYPE_KWARG = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
 
 
 class ModelLoadError(ValueError):
@@ -143,12 +144,17 @@ def load_model(
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    if _is_gguf(name_or_path):
+        from tandemrl.models.gguf import load_gguf_model
+
+        model = load_gguf_model(os.fspath(name_or_path), dtype=torch_dtype, attn_implementation=attn_implementation)
+        return _place(model, torch_device, gradient_checkpointing)
     config = load_config(name_or_path, trust_remote_code=trust_remote_code)
     src, local = _source(name_or_path, ("config.json",), "expected config.json, model.safetensors ...")
     remote_causal = trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not remote_causal:
         raise _not_causal(src, config)
-    kwargs = {_DTYPE_KWARG: torch_dtype, "trust_remote_code": trust_remote_code}
+    kwargs = {DTYPE_KWARG: torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:
@@ -164,11 +170,20 @@ def load_model(
         if "Unrecognized configuration class" in str(exc):
             raise _not_causal(src, config) from exc
         raise
-    model.to(torch_device)
+    return _place(model, torch_device, gradient_checkpointing)
+
+
+def _place(model: PreTrainedModel, device: torch.device, gradient_checkpointing: bool) -> PreTrainedModel:
+    model.to(device)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model.eval()
     return model
+
+
+def _is_gguf(name_or_path: str | os.PathLike) -> bool:
+    """A llama.cpp GGUF file (tandemrl.models.gguf loads it), told apart by its suffix."""
+    return os.fspath(name_or_path).lower().endswith(".gguf")
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
@@ -193,13 +208,12 @@ _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.json", "to
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The model's tokenizer, padding on the left, with pad_token = eos_token where it had none."""
-    src, local = _source(name_or_path, _TOKENIZER_FILES, "expected tokenizer_config.json, tokenizer.json ...")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
-    except OSError as exc:
-        if not local:
-            raise _hub_error(src, exc) from exc
-        raise ModelLoadError(f"could not load the tokenizer in {src}: {' '.join(str(exc).split())}") from exc
+    if _is_gguf(name_or_path):
+        from tandemrl.models.gguf import load_gguf_tokenizer
+
+        src, tokenizer = os.fspath(name_or_path), load_gguf_tokenizer(os.fspath(name_or_path))
+    else:
+        src, tokenizer = _load_hf_tokenizer(name_or_path, trust_remote_code)
     restore_unk(tokenizer)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
@@ -207,3 +221,13 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Pre
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _load_hf_tokenizer(name_or_path: str, trust_remote_code: bool) -> tuple[str, PreTrainedTokenizerBase]:
+    src, local = _source(name_or_path, _TOKENIZER_FILES, "expected tokenizer_config.json, tokenizer.json ...")
+    try:
+        return src, AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        if not local:
+            raise _hub_error(src, exc) from exc
+        raise ModelLoadError(f"could not load the tokenizer in {src}: {' '.join(str(exc).split())}") from exc

@@ -1,5 +1,9 @@
 """Plots of a run's metrics.jsonl (PNG, matplotlib Agg via Figure + FigureCanvasAgg; pyplot is not used).
 
+Training series (one value per step, noisy) are drawn raw and faint with a bold moving average beside them;
+evaluations are drawn as separate markers, never joined by a line (two evaluations are two measurements, not a
+trend between them).
+
 Usage: ``python -m tandemrl.telemetry.plot RUN_DIR``.
 """
 
@@ -17,7 +21,7 @@ from matplotlib.figure import Figure
 
 from tandemrl.telemetry.writers import read_metrics
 
-__all__ = ["plot_run", "load_series"]
+__all__ = ["plot_run", "load_series", "run_figures", "moving_average"]
 
 Series = tuple[list[float], list[float]]
 
@@ -66,92 +70,116 @@ def _new_figure(title: str, ylabel: str) -> tuple[Figure, Any]:
     return fig, ax
 
 
-def _style(steps: list[float]) -> dict[str, Any]:
-    # A few points (e.g. eval rows) are easier to read with markers.
-    return {"marker": "o", "markersize": 3} if len(steps) <= 30 else {}
+SMOOTH_MIN_POINTS = 8  # fewer training points than this: the raw curve alone says it all
+EVAL_MARKER = {"linestyle": "none", "marker": "s", "markersize": 6}  # evaluations are separate points, not a curve
 
 
-def _line(ax: Any, s: dict[str, Series], key: str, train: bool = False, **kwargs: Any) -> None:
-    """Plot series `key` if the run logged it; train=True adds the per-step style (markers for short runs)."""
+def smoothing_window(n: int) -> int:
+    """Steps per moving-average window: a tenth of the run, at least 2 (0 = do not smooth)."""
+    return 0 if n < SMOOTH_MIN_POINTS else max(2, n // 10)
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start), so the curve keeps every step."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _train_curve(ax: Any, s: dict[str, Series], key: str, label: str, **kwargs: Any) -> None:
+    """A per-step training series: the raw values thin and faint, their moving average bold beside them."""
+    if key not in s:
+        return
+    steps, vals = s[key]
+    window = smoothing_window(len(steps))
+    small = {"marker": "o", "markersize": 3} if len(steps) <= 30 else {}
+    (raw,) = ax.plot(steps, vals, label=f"{label} (raw)" if window else label, linewidth=1,
+                     alpha=0.35 if window else 0.9, **small, **kwargs)
+    if window:
+        ax.plot(steps, moving_average(vals, window), label=f"{label} (mean of {window} steps)", linewidth=2,
+                color=raw.get_color())
+
+
+def _eval_points(ax: Any, s: dict[str, Series], key: str, label: str, **kwargs: Any) -> None:
     if key in s:
-        steps, vals = s[key]
-        ax.plot(steps, vals, **kwargs, **(_style(steps) if train else {}))
+        ax.plot(*s[key], label=label, **{**EVAL_MARKER, **kwargs})
 
 
-def _save(fig: Figure, ax: Any, path: Path) -> Path:
-    handles, _ = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(loc="best", fontsize="small")
-    fig.savefig(path)
-    return path
-
-
-def _plot_reward(s: dict[str, Series], path: Path) -> Path | None:
+def _plot_reward(s: dict[str, Series]) -> Figure | None:
     comps = sorted(k for k in s if _COMPONENT.match(k))
     if "reward/mean" not in s and not comps and "eval/reward" not in s:
         return None
     fig, ax = _new_figure("Reward", "reward")
-    if "reward/mean" in s:
+    if "reward/mean" in s and "reward/std" in s:
         steps, mean = s["reward/mean"]
-        (line,) = ax.plot(steps, mean, label="reward (mean)", linewidth=2, **_style(steps))
-        if "reward/std" in s:
-            std_at = dict(zip(*s["reward/std"], strict=True))
-            band = [(x, m, std_at[x]) for x, m in zip(steps, mean, strict=True) if x in std_at]
-            if band:
-                xs = [b[0] for b in band]
-                ax.fill_between(
-                    xs,
-                    [b[1] - b[2] for b in band],
-                    [b[1] + b[2] for b in band],
-                    alpha=0.2,
-                    color=line.get_color(),
-                    label="±std",
-                )
-    for key in comps:
-        _line(ax, s, key, label=_COMPONENT.match(key).group(1), linewidth=1, alpha=0.85, train=True)
-    _line(ax, s, "eval/reward", label="eval reward", linestyle="--", marker="s", markersize=4)
-    return _save(fig, ax, path)
+        std_at = dict(zip(*s["reward/std"], strict=True))
+        band = [(x, m, std_at[x]) for x, m in zip(steps, mean, strict=True) if x in std_at]
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] - b[2] for b in band], [b[1] + b[2] for b in band],
+                            alpha=0.12, color="tab:blue", label="±std")
+    _train_curve(ax, s, "reward/mean", "reward", color="tab:blue")
+    if len(comps) > 1:  # a single component is the mean itself (times its weight): no second curve
+        for i, key in enumerate(comps, start=1):
+            _train_curve(ax, s, key, _COMPONENT.match(key).group(1), color=f"C{i}")
+    _eval_points(ax, s, "eval/reward", "eval reward", color="black")
+    return _finish(fig, ax)
 
 
-def _plot_accuracy(s: dict[str, Series], path: Path) -> Path | None:
+def _plot_accuracy(s: dict[str, Series]) -> Figure | None:
     pass_keys = sorted((k for k in s if _PASS_AT.match(k)), key=lambda k: int(_PASS_AT.match(k).group(1)))
     if "accuracy" not in s and "eval/accuracy" not in s and not pass_keys:
         return None
     fig, ax = _new_figure("Accuracy", "accuracy")
-    _line(ax, s, "accuracy", label="train accuracy", alpha=0.8, train=True)
-    _line(ax, s, "eval/accuracy", label="eval accuracy", linewidth=2, marker="s", markersize=4)
+    _train_curve(ax, s, "accuracy", "train accuracy (sampled)")
+    _eval_points(ax, s, "eval/accuracy", "eval accuracy (greedy)", color="black")
     for key in pass_keys:
-        _line(ax, s, key, label=key.removeprefix("eval/"), linestyle="--", marker="^", markersize=4)
-    return _save(fig, ax, path)
+        _eval_points(ax, s, key, key.removeprefix("eval/"), marker="^")
+    return _finish(fig, ax)
 
 
-def _plot_length(s: dict[str, Series], path: Path) -> Path | None:
+def _plot_length(s: dict[str, Series]) -> Figure | None:
     if "response_length/mean" not in s and "response_length/max" not in s:
         return None
     fig, ax = _new_figure("Response length", "tokens")
-    _line(ax, s, "response_length/mean", label="mean", linewidth=2, train=True)
-    _line(ax, s, "response_length/max", label="max", alpha=0.6, train=True)
-    return _save(fig, ax, path)
+    _train_curve(ax, s, "response_length/mean", "mean")
+    _train_curve(ax, s, "response_length/max", "max")
+    return _finish(fig, ax)
 
 
-def _plot_loss(s: dict[str, Series], path: Path) -> Path | None:
+def _plot_loss(s: dict[str, Series]) -> Figure | None:
     if "loss" not in s and "kl" not in s:
         return None
     fig, ax = _new_figure("Loss and KL", "loss")
-    handles = []
-    if "loss" in s:
-        steps, vals = s["loss"]
-        handles += ax.plot(steps, vals, label="loss", **_style(steps))
-    if "kl" in s:
-        steps, vals = s["kl"]
-        # KL lives on a different scale: own axis on the right.
-        ax2 = ax.twinx() if "loss" in s else ax
-        if ax2 is not ax:
-            ax2.set_ylabel("kl")
-        handles += ax2.plot(steps, vals, label="kl", color="tab:red", alpha=0.8, **_style(steps))
+    _train_curve(ax, s, "loss", "loss")
+    # KL lives on a different scale: its own axis on the right.
+    kl_ax = ax.twinx() if "loss" in s and "kl" in s else ax
+    if kl_ax is not ax:
+        kl_ax.set_ylabel("kl")
+    _train_curve(kl_ax, s, "kl", "kl", color="tab:red")
+    handles = [h for a in {ax, kl_ax} for h in a.get_legend_handles_labels()[0]]
     ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="best", fontsize="small")
-    fig.savefig(path)
-    return path
+    return fig
+
+
+def _finish(fig: Figure, ax: Any) -> Figure:
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+PLOTS = (("reward.png", _plot_reward), ("accuracy.png", _plot_accuracy),
+         ("response_length.png", _plot_length), ("loss.png", _plot_loss))
+
+
+def run_figures(series: dict[str, Series]) -> dict[str, Figure]:
+    """The figures of a run's series by file name; a plot without any of its metrics is left out."""
+    figures = {name: fn(series) for name, fn in PLOTS}
+    return {name: fig for name, fig in figures.items() if fig is not None}
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
@@ -173,15 +201,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out_dir = run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for name, fn in (
-        ("reward.png", _plot_reward),
-        ("accuracy.png", _plot_accuracy),
-        ("response_length.png", _plot_length),
-        ("loss.png", _plot_loss),
-    ):
-        p = fn(series, out_dir / name)
-        if p is not None:
-            written.append(p)
+    for name, fig in run_figures(series).items():
+        fig.savefig(out_dir / name)
+        written.append(out_dir / name)
     return written
 
 

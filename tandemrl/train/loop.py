@@ -30,7 +30,7 @@ from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import completion_logprobs
 from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
 from tandemrl.train.setup import Run, TrainerState, build_run
-from tandemrl.train.state_io import prepare_out_dir, restore_run, save_run, write_summary
+from tandemrl.train.state_io import check_out_dir, restore_run, save_run, write_run_config, write_summary
 from tandemrl.train.update import policy_update
 
 
@@ -40,13 +40,14 @@ class TrainingError(RuntimeError):
 
 def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | None = None) -> dict:
     console = console or Console()
-    prepare_out_dir(out_dir, cfg, resume)
-    run = build_run(cfg, out_dir)
+    check_out_dir(out_dir, resume)
+    run = build_run(cfg, out_dir)  # data, model and task errors stop here, before the run directory is written
+    write_run_config(out_dir, cfg)
     state = starting_state(run, resume, console)
     writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump())
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
     writers.truncate_after(state.step if state.initial_eval is not None else -1)
-    started = time.perf_counter()
+    started = time.perf_counter() - state.seconds  # a resumed run's clock goes on from its checkpoint's total
     run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
@@ -60,16 +61,16 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
             if _due(state.step, cfg.eval.every_steps, cfg.train.max_steps):
                 writers.write(state.step, run_evaluation(run, state).metrics())
             if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
-                save_run(run, state)
+                checkpoint(run, state, started)
     if interrupt.requested:
-        path = save_run(run, state)
+        path = checkpoint(run, state, started)
         console.print(f"[yellow]interrupted after step {state.step} by {interrupt.signal_name}: saved {path}; "
                       f"continue with: tandemrl train --resume --out {out_dir}")
         writers.close()
         raise KeyboardInterrupt
     final = run_evaluation(run, state)
     writers.write(state.step, final.metrics())
-    save_run(run, state)
+    checkpoint(run, state, started)
     writers.close()
     run.sync.close()
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
@@ -85,6 +86,11 @@ def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:
         console.print(f"[yellow]--resume: no complete checkpoint under {run.out_dir / 'checkpoints'}; "
                       "starting from step 0")
     return state if state is not None else TrainerState()
+
+
+def checkpoint(run: Run, state: TrainerState, started: float) -> Path:
+    state.seconds = time.perf_counter() - started  # so that summary.json's seconds span every resume
+    return save_run(run, state)
 
 
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:

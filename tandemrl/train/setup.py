@@ -37,6 +37,7 @@ class TrainerState:
     consecutive_invalid_reward: int = 0
     initial_eval: dict | None = None
     data: dict = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the run up to this checkpoint, summed over every resume
 
 
 @dataclass
@@ -71,6 +72,10 @@ def load_policy(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, obje
         attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
     )
     tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
+    if path.lower().endswith(".gguf"):  # the tokenizer's eos may have been fixed; HF generate reads the model's
+        from tandemrl.models.gguf import align_generation_eos
+
+        align_generation_eos(model, tokenizer)
     if cfg.lora.enabled:
         lora = cfg.lora
         model = apply_lora(model, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.target_modules)))

@@ -12,12 +12,18 @@ from tandemrl.train.checkpoint import find_latest, load_checkpoint, save_checkpo
 from tandemrl.train.setup import Run, TrainerState
 
 
-def prepare_out_dir(out_dir: Path, cfg: Config, resume: bool) -> None:
+def check_out_dir(out_dir: Path, resume: bool) -> None:
+    """Refuse to start a new run over one that has checkpoints; writes nothing (so a bad config, dataset or model
+    that fails later in setup leaves no run directory behind)."""
     # only a complete checkpoint counts: a kill during the first save leaves just a .tmp-* folder
     if not resume and find_latest(out_dir / "checkpoints") is not None:
         raise FileExistsError(
             f"{out_dir} already holds a run with checkpoints; pass --resume to continue it or choose another --out"
         )
+
+
+def write_run_config(out_dir: Path, cfg: Config) -> None:
+    """Create the run directory and its config.toml: called once setup (data, model, task) has succeeded."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_atomic(out_dir / "config.toml", config_to_toml(cfg))
 

@@ -43,7 +43,7 @@ def test_gsm8k_without_path_uses_hub(monkeypatch):
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="valid tasks: gsm8k, synthetic:add, synthetic:copy, synthetic:add2"):
+    with pytest.raises(ValueError, match="valid tasks: gsm8k, arith2, synthetic:add, synthetic:copy, synthetic:add2"):
         load_task("math500", "train", path=None, limit=None, seed=0)
     with pytest.raises(ValueError, match="valid tasks"):
         load_task("synthetic:mul", "train", path=None, limit=None, seed=0)

@@ -65,3 +65,42 @@ def test_plot_does_not_touch_pyplot(tmp_path):
     had_pyplot = "matplotlib.pyplot" in sys.modules
     plot_run(tmp_path)
     assert ("matplotlib.pyplot" in sys.modules) == had_pyplot
+
+
+def _lines(fig):
+    return {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+
+
+def test_evaluations_are_markers_and_training_curves_get_a_smoothed_twin():
+    from tandemrl.telemetry.plot import load_series, moving_average, run_figures
+
+    figures = run_figures(load_series(_synthetic_rows(20)))
+    accuracy = _lines(figures["accuracy.png"])
+    evals = accuracy["eval accuracy (greedy)"]
+    assert evals.get_linestyle() == "None" and evals.get_marker() == "s"  # points, no line between evaluations
+    assert list(evals.get_xdata()) == [5, 10, 15, 20]
+    assert accuracy["pass@4"].get_linestyle() == "None"
+    raw, smooth = accuracy["train accuracy (sampled) (raw)"], accuracy["train accuracy (sampled) (mean of 2 steps)"]
+    assert list(raw.get_ydata()) == [s / 20 for s in range(1, 21)]
+    assert list(smooth.get_ydata()) == pytest.approx([0.05] + [(s - 0.5) / 20 for s in range(2, 21)])
+    assert _lines(figures["reward.png"])["eval reward"].get_linestyle() == "None"
+    assert "mean (mean of 2 steps)" in _lines(figures["response_length.png"])
+    assert moving_average([1.0, 2.0, 3.0, 4.0], 3) == [1.0, 1.5, 2.0, 3.0]
+
+
+def test_a_short_run_is_drawn_raw_only():
+    from tandemrl.telemetry.plot import load_series, run_figures
+
+    labels = set(_lines(run_figures(load_series(_synthetic_rows(5)))["accuracy.png"]))
+    assert labels == {"train accuracy (sampled)", "eval accuracy (greedy)", "pass@4"}
+
+
+def test_reward_components_are_drawn_only_when_there_are_several():
+    from tandemrl.telemetry.plot import load_series, run_figures
+
+    rows = _synthetic_rows(10)
+    labels = set(_lines(run_figures(load_series(rows))["reward.png"]))
+    assert {"accuracy (raw)", "format (raw)", "reward (raw)", "eval reward"} <= labels
+    single = [{k: v for k, v in r.items() if k != "reward/format/mean"} for r in rows]
+    labels = set(_lines(run_figures(load_series(single))["reward.png"]))
+    assert not any(label.startswith("accuracy") for label in labels)
