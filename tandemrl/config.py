@@ -130,6 +130,8 @@ class RewardConfig(Section):
 
 class TrainConfig(Section):
     max_steps: int = Field(800, ge=1)
+    max_minutes: float | None = Field(None, gt=0, description="stop stepping after this many minutes of the run "
+                                      "(resumes included), then evaluate and save as after max_steps")
     seed: int = 0
     lr: float = Field(1e-3, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)

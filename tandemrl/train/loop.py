@@ -54,7 +54,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
-        while state.step < cfg.train.max_steps and not interrupt.requested:
+        while state.step < cfg.train.max_steps and not interrupt.requested and not _out_of_time(cfg, started):
             metrics = train_step(run, state, display)
             writers.write(state.step, metrics)
             display.log_step(state.step, metrics)
@@ -213,6 +213,11 @@ def _headline(summary: dict) -> dict:
 
     facts = {k: v for k, v in summary.items() if k not in ("initial", "final")}
     return {"initial": scores(summary["initial"]), "final": scores(summary["final"]), **facts}
+
+
+def _out_of_time(cfg: Config, started: float) -> bool:
+    limit = cfg.train.max_minutes
+    return limit is not None and time.perf_counter() - started >= 60 * limit
 
 
 def _due(step: int, every: int, last: int) -> bool:

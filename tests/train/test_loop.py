@@ -434,3 +434,13 @@ def test_cpu_threads_are_one_for_small_models_unless_set():
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
+
+
+def test_max_minutes_ends_the_run_early_with_its_final_evaluation(tmp_path):
+    """train.max_minutes: once the run has used its time no step starts; the final evaluation and the last checkpoint
+    are written as after max_steps."""
+    cfg = small_config(tmp_path, "train.max_steps=1000", "train.max_minutes=0.002", "eval.pass_k=0")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] < 1000 and summary["final"]["accuracy"] is not None
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
