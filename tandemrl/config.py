@@ -198,8 +198,16 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_tools(self) -> Config:
+        from tandemrl.rollout.catalog import BUILTIN_TOOLS  # stdlib and pydantic only
+
+        unknown = [name for name in self.tools.names if name not in BUILTIN_TOOLS]
+        if unknown:
+            raise ValueError(f"tools.names: unknown tool {unknown[0]!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
         if not self.tools.active:
             return self
+        if not self.tools.names:
+            raise ValueError(f"tools.enabled = true but tools.names is empty (built-in tools: "
+                             f"{', '.join(BUILTIN_TOOLS)})")
         if self.rollout.backend != "engine":
             raise ValueError("tools (multi-turn rollouts) need rollout.backend = 'engine': the agent loop drives the "
                              "engine request by request")

@@ -51,19 +51,16 @@ def peek(context: ToolContext) -> str:
     return str(context.columns["answer"])
 
 
-BUILTIN_TOOLS = ("python", "calculator", "peek")
+BUILTIN_TOOLS: dict[str, Callable[[SandboxLimits], Tool]] = {
+    "python": lambda limits: make_tool(python_tool(Sandbox(limits)), name="python"),
+    "calculator": lambda limits: make_tool(calculator),
+    "peek": lambda limits: make_tool(peek),
+}
 
 
 def build_tools(names: list[str], sandbox_limits: SandboxLimits) -> list[Tool]:
     """Tools by name; an unknown name is an error naming the valid ones."""
-    tools = []
-    for name in names:
-        if name == "python":
-            tools.append(make_tool(python_tool(Sandbox(sandbox_limits)), name="python"))
-        elif name == "calculator":
-            tools.append(make_tool(calculator))
-        elif name == "peek":
-            tools.append(make_tool(peek))
-        else:
-            raise ValueError(f"tools.names: unknown tool {name!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
-    return tools
+    unknown = [name for name in names if name not in BUILTIN_TOOLS]
+    if unknown:
+        raise ValueError(f"tools.names: unknown tool {unknown[0]!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
+    return [BUILTIN_TOOLS[name](sandbox_limits) for name in names]

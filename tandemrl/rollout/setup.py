@@ -44,9 +44,6 @@ def build_agent(cfg: Config, backend: Any, tokenizer: Any) -> AgentLoop | None:
     if engine is None:
         raise ValueError(f"tools need the engine backend; {type(backend).__name__} has no request-level API "
                          "(the model's architecture is not supported by the engine, or rollout.backend = 'hf')")
-    if not cfg.tools.names:
-        raise ValueError(f"tools.enabled = true but no tools: set tools.names (built-in: python, calculator, peek); "
-                         f"task {cfg.data.task!r} brings none")
     registry = ToolRegistry(build_tools(cfg.tools.names, sandbox_limits(cfg.tools)))
     limits = AgentLimits(cfg.tools.max_turns, cfg.tools.max_tool_calls, cfg.tools.max_total_tokens)
     return AgentLoop(engine, tokenizer, build_format(cfg.tools, registry), registry, limits,

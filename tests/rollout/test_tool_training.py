@@ -63,6 +63,8 @@ def test_inserted_tokens_are_out_of_the_loss():
     (["data.task=synthetic:peek", "tandem.enabled=true"], "tools cannot be combined with tandem"),
     (["tools.enabled=true", 'tools.format="xml"'], "tools.format"),
     (['tools.names=["peek"]', 'tools.call_open=""'], "tools.call_open"),
+    (["tools.enabled=true"], "tools.enabled = true but tools.names is empty"),
+    (['tools.names=["calc"]'], "tools.names: unknown tool 'calc'; built-in tools: python, calculator, peek"),
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
