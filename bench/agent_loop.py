@@ -8,8 +8,9 @@ until the trajectory's own call budget ends it. The synchronous baseline runs a 
 each) and then waits for all of them, as batch "generate -> call all tools -> generate" loops do.
 
 The printed bound: the async loop cannot finish before its slowest trajectory's own tools and turns back to back;
-the synchronous loop pays, every turn, the slowest live tool and the longest live turn. Their quotient is the most
-the async loop can gain on this script (``ratio_bound``).
+the synchronous loop pays, every turn, the slowest live tool and the longest live turn. Their quotient
+(``ratio_bound``, with a decode step costing the same at any batch size) is what the async loop can gain on this
+script; with free decoding it is the tools' quotient alone (``ratio_bound_tools_only``).
 
 CPU (tiny random model):  python -m bench.agent_loop --arch tiny
 GPU:                      python -m bench.agent_loop --arch qwen2.5-0.5b --turn-tokens-min 32 --turn-tokens-max 512 \
@@ -253,8 +254,8 @@ def print_table(result: dict) -> None:
     for name, row in result["summary"].items():
         print(f"| {name} | {row['wall_s']:.2f} | {row['trajectories_per_s']:.1f} | {row['generated_tok_s']:.0f} | "
               f"{row['engine_busy_fraction']:.2f} |")
-    print(f"async / turn-synchronous throughput: {result['throughput_ratio']:.2f}x; the most this script allows: "
-          f"{result['ratio_bound']:.2f}x ({result['seconds_per_token'] * 1e3:.1f} ms per decode step), "
+    print(f"async / turn-synchronous throughput: {result['throughput_ratio']:.2f}x; critical-path bound for this "
+          f"script: {result['ratio_bound']:.2f}x ({result['seconds_per_token'] * 1e3:.1f} ms per decode step), "
           f"{result['ratio_bound_tools_only']:.2f}x with free decoding")
 
 
