@@ -48,7 +48,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str = "synthetic:add"  # "gsm8k", "arith2" or "synthetic:<add|copy|add2>"
+    task: str = "synthetic:add"  # "gsm8k", "arith2" or "synthetic:<add|copy|add2|peek>"
     path: str | None = None  # local dir/file for gsm8k; None = the hub dataset
     train_split: str = "train"
     test_split: str = "test"
@@ -93,18 +93,18 @@ class RolloutConfig(Section):
 
 
 class ToolsConfig(Section):
-    """Multi-turn tool calling (tandemrl/rollout/). Unset keys take the task's tool setup (rollout/catalog.py):
-    synthetic:peek turns tools on; every other task runs single-turn unless ``names`` is set."""
+    """Multi-turn tool calling (tandemrl/rollout/): on when ``names`` lists tools (a task may bring its own, see
+    tandemrl/data/task_defaults.py), unless ``enabled = false``."""
 
-    enabled: bool | None = None  # None: on when the task or `names` gives tools
-    names: list[str] | None = None  # built-in tools: python, calculator, peek
-    format: Literal["hermes", "plain"] | None = None  # hermes: <tool_call>{json}</tool_call>; plain: base models
-    call_open: str | None = None  # plain format markers (None: the task's, else <call> </call> <result> </result>)
-    call_close: str | None = None
-    result_open: str | None = None
-    result_close: str | None = None
+    enabled: bool | None = None  # None: on when `names` is not empty
+    names: list[str] = []  # built-in tools: python, calculator, peek
+    format: Literal["hermes", "plain"] = "hermes"  # hermes: <tool_call>{json}</tool_call>; plain: base models
+    call_open: str = Field("<call>", min_length=1, description="the plain format's markers")
+    call_close: str = "</call>"  # empty: the opener alone is a call of the only tool
+    result_open: str = "<result>"
+    result_close: str = "</result>\n"
     max_turns: int = Field(8, ge=1, description="generation turns per trajectory")
-    max_tool_calls: int | None = Field(None, ge=1, description="tool calls per trajectory (None: the task's, else 8)")
+    max_tool_calls: int = Field(8, ge=1, description="tool calls per trajectory")
     max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
     max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
     sandbox_timeout_s: float = Field(5.0, gt=0.0)
@@ -112,6 +112,11 @@ class ToolsConfig(Section):
     sandbox_memory_mb: int = Field(512, ge=64)
     sandbox_max_file_mb: int = Field(4, ge=1)
     sandbox_max_output_chars: int = Field(2000, ge=1)
+
+    @property
+    def active(self) -> bool:
+        """Rollouts are multi-turn: ``enabled``, or when unset, some tools are named."""
+        return self.enabled if self.enabled is not None else bool(self.names)
 
 
 class SyncConfig(Section):
@@ -212,10 +217,16 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_tools(self) -> Config:
-        from tandemrl.rollout.setup import tools_enabled  # the task's tool setup lives with the tools
+        from tandemrl.rollout.catalog import BUILTIN_TOOLS  # stdlib and pydantic only
 
-        if not tools_enabled(self):
+        unknown = [name for name in self.tools.names if name not in BUILTIN_TOOLS]
+        if unknown:
+            raise ValueError(f"tools.names: unknown tool {unknown[0]!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
+        if not self.tools.active:
             return self
+        if not self.tools.names:
+            raise ValueError(f"tools.enabled = true but tools.names is empty (built-in tools: "
+                             f"{', '.join(BUILTIN_TOOLS)})")
         if self.rollout.backend != "engine":
             raise ValueError("tools (multi-turn rollouts) need rollout.backend = 'engine': the agent loop drives the "
                              "engine request by request")
@@ -270,6 +281,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate_config(raw: dict[str, Any]) -> Config:
+    """The config from the user's keys; the task's own defaults (tandemrl/data/task_defaults.py) fill the keys the
+    user left out."""
+    from tandemrl.data.task_defaults import with_task_defaults
+
+    data = raw.get("data")
+    task = data.get("task", DataConfig.model_fields["task"].default) if isinstance(data, dict) else None
+    raw = with_task_defaults(raw, task)
     _check_registered_names(raw)
     try:
         return Config.model_validate(raw)

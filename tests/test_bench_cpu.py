@@ -33,7 +33,7 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
 
 
-def test_agent_loop_bench_runs_both_loops(tmp_path):
+def test_agent_loop_bench_runs_both_loops_on_one_script(tmp_path):
     """Correctness of the benchmark only (timings on a shared CI machine are not asserted)."""
     import torch
 
@@ -41,17 +41,33 @@ def test_agent_loop_bench_runs_both_loops(tmp_path):
 
     out, threads = tmp_path / "agent.json", torch.get_num_threads()
     try:  # in this process: a second interpreter's imports cost more than the run
-        agent_bench(["--arch", "tiny", "--trajectories", "6", "--calls", "2", "--tool-min-ms", "1",
-                     "--tool-max-ms", "5", "--turn-tokens", "4", "--prompt-len", "8", "--repeats", "1",
-                     "--kv-gib", "0.01", "--out", str(out)])
+        agent_bench(["--arch", "tiny", "--trajectories", "12", "--max-calls", "3", "--tool-min-ms", "1",
+                     "--tool-max-ms", "5", "--turn-tokens-min", "2", "--turn-tokens-max", "7", "--prompt-len", "8",
+                     "--repeats", "1", "--kv-gib", "0.01", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     result = json.loads(out.read_text())
-    assert [r["loop"] for r in result["runs"]] == ["async", "turn-synchronous"]
-    for r in result["runs"]:
-        assert r["tool_calls"] == 6 * 2 and r["check"] == "calls per trajectory [2], finish ['max_tool_calls']"
+    runs = {r["loop"]: r for r in result["runs"]}
+    assert list(runs) == ["async", "turn-synchronous"]
+    assert runs["async"]["tool_calls"] == runs["turn-synchronous"]["tool_calls"] == 12 * result["calls_per_trajectory"]
+    assert runs["async"]["generated_tokens"] == runs["turn-synchronous"]["generated_tokens"]  # the same script
+    assert runs["async"]["check"] == runs["turn-synchronous"]["check"]
+    assert runs["async"]["check"].endswith("finish ['max_tool_calls']")
+    assert runs["async"]["check"] != "calls per trajectory [3], finish ['max_tool_calls']"  # 1..3 calls, not all 3
+    for r in runs.values():
         assert 0 < r["engine_busy_fraction"] <= 1
-    assert result["throughput_ratio"] > 0
+    assert result["throughput_ratio"] > 0 and min(result["ratio_bound"], result["ratio_bound_tools_only"]) >= 1.0
+
+
+def test_agent_loop_ratio_bound_is_the_critical_paths_quotient():
+    from bench.agent_loop import Script, ratio_bound
+
+    scripts = [Script((0.1, 0.3), (1, 1, 1)), Script((0.2,), (2, 1))]
+    assert ratio_bound(scripts, 0.0) == pytest.approx((0.2 + 0.3) / (0.1 + 0.3))
+    # turn by turn: (2 tokens + 0.2 s) + (1 + 0.3) + 1 vs the first trajectory's 0.4 s + 3 tokens
+    assert ratio_bound(scripts, 1.0) == pytest.approx(4.5 / 3.4)
+
+
 
 
 def test_run_report_gives_accuracy_intervals_and_step_times(tmp_path):

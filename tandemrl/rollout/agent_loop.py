@@ -27,11 +27,11 @@ from tandemrl.types import Rollout, Trajectory
 
 @dataclass
 class LoopTimes:
-    """Where a run's wall time went: ``engine_busy_s`` is time inside engine steps (generate calls)."""
+    """Where a run's wall time went: ``engine_busy_s`` is time inside the engine (``step`` / ``generate`` calls)."""
 
     wall_s: float = 0.0
     engine_busy_s: float = 0.0
-    engine_steps: int = 0
+    engine_calls: int = 0
 
     @property
     def busy_fraction(self) -> float:
@@ -39,6 +39,9 @@ class LoopTimes:
 
 
 class AgentLoop:
+    """Runs trajectories over one engine: ``run`` (each at its own pace) or ``run_turn_synchronous`` (the
+    baseline). ``call_tool`` replaces the registry's dispatch (tests, benchmarks)."""
+
     def __init__(self, engine: LLMEngine, tokenizer: Any, fmt: ToolFormat, tools: ToolRegistry,
                  limits: AgentLimits | None = None, max_concurrent_tools: int = 64,
                  call_tool: Callable[[str, Any, ToolContext], ToolResult] | None = None) -> None:
@@ -69,7 +72,7 @@ class AgentLoop:
                     for future in [f for f in tools if f.done()]:
                         self._resume(tools.pop(future), future.result(), by_request)
                     if self.engine.has_unfinished():
-                        for rollout in self._step():
+                        for rollout in self._timed(self.engine.step):
                             state = by_request.pop(rollout.request_id, None)
                             if state is not None:  # another caller's request finished meanwhile: not ours
                                 self._turn_done(state, rollout, pool, tools)
@@ -83,13 +86,6 @@ class AgentLoop:
                 raise
         self.times.wall_s = time.perf_counter() - started
         return [s.result(self._decode) for s in states]
-
-    def _step(self) -> list[Rollout]:
-        started = time.perf_counter()
-        rollouts = self.engine.step()
-        self.times.engine_busy_s += time.perf_counter() - started
-        self.times.engine_steps += 1
-        return rollouts
 
     def _submit_turn(self, state: TrajectoryState, by_request: dict[str, TrajectoryState]) -> None:
         request = state.next_request()
@@ -117,10 +113,7 @@ class AgentLoop:
         with ThreadPoolExecutor(self.max_concurrent_tools, thread_name_prefix="tool") as pool:
             live = list(states)
             while live:
-                t0 = time.perf_counter()
-                rollouts = self.engine.generate([s.next_request() for s in live], policy_version)
-                self.times.engine_busy_s += time.perf_counter() - t0
-                self.times.engine_steps += 1
+                rollouts = self._timed(self.engine.generate, [s.next_request() for s in live], policy_version)
                 for state, rollout in zip(live, rollouts):
                     state.on_turn(rollout, self._turn_text(rollout), self._ended_by_eos(rollout))
                 calling = [s for s in live if s.phase is Phase.CALLING_TOOL]
@@ -132,6 +125,14 @@ class AgentLoop:
         return [s.result(self._decode) for s in states]
 
     # ------------------------------------------------------------------ helpers
+
+    def _timed(self, engine_call: Callable[..., list[Rollout]], *args: Any) -> list[Rollout]:
+        started = time.perf_counter()
+        try:
+            return engine_call(*args)
+        finally:
+            self.times.engine_busy_s += time.perf_counter() - started
+            self.times.engine_calls += 1
 
     def _states(self, specs: Sequence[TrajectorySpec], policy_version: int) -> list[TrajectoryState]:
         ids = [s.traj_id for s in specs]

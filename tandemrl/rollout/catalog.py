@@ -1,4 +1,4 @@
-"""The built-in tools, by name (``tools.names``), and the tool setup each task starts from.
+"""The built-in tools, by name (``tools.names``).
 
 - ``python``: model-written code in the sandbox (sandbox.py); returns what it prints.
 - ``calculator``: one arithmetic expression (+ - * / // % **, parentheses, numbers), evaluated from its syntax tree.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import operator
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tandemrl.rollout.sandbox import Sandbox, SandboxLimits, python_tool
@@ -52,37 +51,16 @@ def peek(context: ToolContext) -> str:
     return str(context.columns["answer"])
 
 
-BUILTIN_TOOLS = ("python", "calculator", "peek")
+BUILTIN_TOOLS: dict[str, Callable[[SandboxLimits], Tool]] = {
+    "python": lambda limits: make_tool(python_tool(Sandbox(limits)), name="python"),
+    "calculator": lambda limits: make_tool(calculator),
+    "peek": lambda limits: make_tool(peek),
+}
 
 
 def build_tools(names: list[str], sandbox_limits: SandboxLimits) -> list[Tool]:
     """Tools by name; an unknown name is an error naming the valid ones."""
-    tools = []
-    for name in names:
-        if name == "python":
-            tools.append(make_tool(python_tool(Sandbox(sandbox_limits)), name="python"))
-        elif name == "calculator":
-            tools.append(make_tool(calculator))
-        elif name == "peek":
-            tools.append(make_tool(peek))
-        else:
-            raise ValueError(f"tools.names: unknown tool {name!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
-    return tools
-
-
-@dataclass(frozen=True)
-class TaskTools:
-    """The tool setup a task starts from (the tools section's keys override it)."""
-
-    names: list[str] = field(default_factory=list)
-    format: str = "hermes"
-    plain: dict[str, str] = field(default_factory=dict)  # PlainFormat fields
-    max_tool_calls: int = 8
-
-
-# synthetic:peek: the call is one token ("?"), which a tiny model finds by chance and GRPO reinforces; the result
-# ("=7") ends right where the answer starts; one call is all the task needs (a second one ends the trajectory).
-TASK_TOOLS: dict[str, TaskTools] = {
-    "synthetic:peek": TaskTools(["peek"], "plain", {"call_open": "?", "call_close": "", "result_open": "=",
-                                                     "result_close": "", "default_tool": "peek"}, max_tool_calls=1),
-}
+    unknown = [name for name in names if name not in BUILTIN_TOOLS]
+    if unknown:
+        raise ValueError(f"tools.names: unknown tool {unknown[0]!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
+    return [BUILTIN_TOOLS[name](sandbox_limits) for name in names]

@@ -22,6 +22,7 @@ BLOCKED_EVENTS = {
 BLOCKED_MODULES = {"_posixsubprocess": "subprocess", "_ctypes": "ctypes", "ctypes": "ctypes"}
 PATH_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree",
                "os.chmod", "os.symlink", "os.link", "os.truncate", "os.walk"}
+READ_EVENTS = {"open", "os.listdir", "os.scandir", "os.walk"}  # allowed under the import paths too, when reading
 
 
 class SandboxViolation(PermissionError):
@@ -35,8 +36,6 @@ def set_limits(cpu_s, memory_bytes, file_bytes):
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no new process or thread at all
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-
-READ_EVENTS = {"open", "os.listdir", "os.scandir", "os.walk"}
 
 
 def is_read(event, args):

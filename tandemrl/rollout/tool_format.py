@@ -98,7 +98,7 @@ class PlainFormat:
 
     def __post_init__(self) -> None:
         if not self.call_open:
-            raise ValueError("tools.call_open must not be empty: it marks where a call starts")
+            raise ValueError("call_open must not be empty: it marks where a call starts")
 
     @property
     def stop(self) -> tuple[str, ...]:

@@ -79,7 +79,8 @@ def _fmt_secs(value: Any) -> str:
 
 
 def format_step_line(step: int, metrics: Mapping[str, Any], total_steps: int | None = None) -> Text:
-    """One compact line: step, reward mean±std (components), accuracy, loss, kl, clip, entropy, length, speed, memory."""
+    """One compact line: step, reward mean±std (components), accuracy, loss, kl, clip, entropy, tool calls and errors,
+    length, speed, memory."""
     line = Text()
     sep = Text(" | ", style="dim")
     parts: list[Text] = []
@@ -115,6 +116,8 @@ def format_step_line(step: int, metrics: Mapping[str, Any], total_steps: int | N
         ("kl", "kl"),
         ("clip_frac", "clip"),
         ("entropy", "ent"),
+        ("tools/calls_per_traj", "calls"),  # multi-turn rollouts: tool calls and failed calls per trajectory
+        ("tools/errors", "tool err"),
     ):
         if key in metrics:
             parts.append(Text(f"{label} {fmt_num(metrics[key])}"))

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config
 from tandemrl.data.tasks import load_task
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.setup import build_agent
 from tandemrl.telemetry.progress import EvalProgress
-from tandemrl.train.rollouts import PromptEncoder, generate_and_score
+from tandemrl.train.rollouts import PromptEncoder, generate_and_score, prompt_encoder
 from tandemrl.types import Sample, SamplingParams
 
 
@@ -41,7 +41,7 @@ def evaluate(
     reward: CompositeReward,
     cfg: Config,
     policy_version: int,
-    agent: Any = None,
+    agent: AgentLoop | None = None,
 ) -> EvalResult:
     greedy = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=0.0, stop=tuple(cfg.rollout.stop))
     k = cfg.eval.pass_k
@@ -83,6 +83,5 @@ def evaluate_config(cfg: Config) -> EvalResult:
     model, tokenizer = load_policy(cfg.model, device)
     backend = make_backend(cfg, model, tokenizer, device)
     agent = build_agent(cfg, backend, tokenizer)
-    encoder = PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt,
-                            agent.tools.describe() if agent is not None else [])
+    encoder = prompt_encoder(cfg, tokenizer, agent)
     return evaluate(backend, encoder, samples, build_reward(cfg.reward.weights), cfg, policy_version=0, agent=agent)

@@ -10,10 +10,11 @@ from torch import Tensor
 
 from tandemrl.algo.advantages import ADVANTAGES
 from tandemrl.backends.base import RolloutBackend
-from tandemrl.config import RolloutConfig
+from tandemrl.config import Config, RolloutConfig
 from tandemrl.data.tasks import format_prompt, reward_columns
 from tandemrl.rewards.composite import CompositeReward, RewardResult
 from tandemrl.rewards.functions import REWARD_FUNCTIONS
+from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.tools import ToolContext
 from tandemrl.rollout.trajectory import TrajectorySpec
 from tandemrl.types import Request, Rollout, Sample, SamplingParams, Trajectory
@@ -33,6 +34,12 @@ class PromptEncoder:
         # A chat template already carries the special tokens it needs.
         ids = self.tokenizer(text, add_special_tokens=not self.use_chat_template)["input_ids"]
         return text, list(ids)
+
+
+def prompt_encoder(cfg: Config, tokenizer: object, agent: AgentLoop | None) -> PromptEncoder:
+    """The run's prompt encoder; with tools, the chat template describes them to the model."""
+    tools = agent.tools.describe() if agent is not None else []
+    return PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt, tools)
 
 
 @dataclass
@@ -55,9 +62,9 @@ def generate_and_score(
     policy_version: int,
     tag: str,
     tandem: bool = True,
-    agent: Any = None,
+    agent: AgentLoop | None = None,
 ) -> ScoredRollouts:
-    """Sample ``samples_per_prompt`` completions per sample and score them; with ``agent`` (an AgentLoop) each is a
+    """Sample ``samples_per_prompt`` completions per sample and score them; with ``agent`` each is a
     multi-turn trajectory: rewards score its final turn, and get ``trajectory``, ``tool_calls``, ``tool_errors`` and
     ``tool_records`` columns."""
     expanded = [s for s in samples for _ in range(samples_per_prompt)]
@@ -81,7 +88,7 @@ def generate_and_score(
     return ScoredRollouts(expanded, prompts, rollouts, result, correct, trajectories)
 
 
-def run_agent(backend: RolloutBackend, agent: Any, samples: list[Sample], encoded: list[tuple[str, list[int]]],
+def run_agent(backend: RolloutBackend, agent: AgentLoop, samples: list[Sample], encoded: list[tuple[str, list[int]]],
               params: SamplingParams, samples_per_prompt: int, policy_version: int, tag: str) -> list[Trajectory]:
     """Multi-turn rollouts: each sample's prompt, ``samples_per_prompt`` trajectories, through the agent loop."""
     specs = [TrajectorySpec(f"{tag}-{i}-{j}", ids, params, ToolContext({"answer": s.answer, **s.columns}))

@@ -6,7 +6,6 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -19,11 +18,12 @@ from tandemrl.data.tasks import load_task
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.setup import build_agent
 from tandemrl.sync.base import InProcessSync, WeightSync
 from tandemrl.sync.factory import make_weight_sync
 from tandemrl.train.optim import build_optimizer, build_scheduler
-from tandemrl.train.rollouts import PromptEncoder
+from tandemrl.train.rollouts import PromptEncoder, prompt_encoder
 from tandemrl.types import Sample
 
 
@@ -55,7 +55,7 @@ class Run:
     train_prompts: PromptIterator
     test_samples: list[Sample]
     ref_model: nn.Module | None
-    agent: Any = None  # the multi-turn agent loop (tools); None: single-turn rollouts
+    agent: AgentLoop | None = None  # the multi-turn agent loop (tools); None: single-turn rollouts
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
     sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
 
@@ -141,8 +141,7 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
         backend.resync = lambda version: sync.push(model, version)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
-        encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt,
-                              agent.tools.describe() if agent is not None else []),
+        encoder=prompt_encoder(cfg, tokenizer, agent),
         backend=backend, sync=sync,
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),

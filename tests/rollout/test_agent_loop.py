@@ -93,7 +93,7 @@ def test_final_ids_are_engine_outputs_and_inserted_tokens(backend, tokenizer):
             request, out = requests[f"{t.rollout.request_id}#{k}"], outputs[f"{t.rollout.request_id}#{k}"]
             inserted = request.prompt_ids[len(prompt) + len(expected_ids):]  # what came in since the last turn
             if k:  # exactly the tokenised result text of that turn's calls, nothing re-tokenised before it
-                results = [r for r in t.tool_calls][k - 1:k]
+                results = t.tool_calls[k - 1:k]  # the plain format makes one call per turn
                 text = "".join(f"[{r.result}" for r in results)
                 assert inserted == tokenizer(text, add_special_tokens=False)["input_ids"]
             assert request.prompt_ids[:len(prompt) + len(expected_ids)] == prompt + expected_ids

@@ -1,24 +1,27 @@
-"""Tools in the trainer: the synthetic tool task end to end (short), the batch's loss mask, the config's errors."""
+"""Tools in the trainer: the synthetic tool task end to end (short), the batch's loss mask, the config's errors and
+the task's own defaults."""
 
 from __future__ import annotations
 
 import json
 import re
+import tomllib
 
 import pytest
 import torch
 
-from tandemrl.config import ConfigError, load_config
+from tandemrl.config import ConfigError, config_to_toml, load_config
 from tandemrl.train.batch import build_batch
 from tandemrl.train.loop import train
 from tandemrl.types import Rollout
 
 
-def test_tool_task_trains_and_logs_tool_metrics(tmp_path):
+def test_tool_task_trains_with_its_own_defaults_and_logs_tool_metrics(tmp_path):
+    # Only sizes and where files go: the tool setup, turn budget and reward weights are the task's defaults.
     cfg = load_config(None, [
         f'model.tiny_dir="{tmp_path / "tiny"}"', "model.device=cpu", "data.task=synthetic:peek", "train.max_steps=3",
-        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=2", "eval.limit=4",
-        "eval.pass_k=0", "log.tensorboard=false", "reward.weights={accuracy=1.0, tool_use=0.5}",
+        "rollout.prompts_per_step=4", "rollout.group_size=4", "eval.limit=4", "eval.pass_k=0",
+        "log.tensorboard=false",
     ])
     summary = train(cfg, tmp_path / "run")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -28,6 +31,24 @@ def test_tool_task_trains_and_logs_tool_metrics(tmp_path):
                 "reward/tool_use/mean"):
         assert key in steps[-1], key
     assert all(0 <= r["tools/calls_per_traj"] <= 1 for r in steps)  # the task allows one call
+    written = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert written["tools"]["names"] == ["peek"] and written["reward"]["weights"]["tool_use"] == 0.5
+
+
+def test_task_defaults_fill_only_the_keys_the_user_left_out(tmp_path):
+    cfg = load_config(None, ["data.task=synthetic:peek"])
+    assert cfg.tools.active and cfg.tools.names == ["peek"] and cfg.tools.format == "plain"
+    assert (cfg.tools.call_open, cfg.tools.call_close, cfg.tools.max_tool_calls) == ("?", "", 1)
+    assert cfg.rollout.max_tokens == 1 and cfg.reward.weights == {"accuracy": 1.0, "tool_use": 0.5}
+    assert cfg.train.max_steps == 250
+    path = tmp_path / "resolved.toml"  # the resolved config says what was used, and reloads to the same config
+    path.write_text(config_to_toml(cfg))
+    assert load_config(path) == cfg
+    mine = load_config(None, ["data.task=synthetic:peek", "rollout.max_tokens=3", "reward.weights={accuracy=1.0}"])
+    assert mine.rollout.max_tokens == 3 and mine.reward.weights == {"accuracy": 1.0}
+    assert mine.tools.names == ["peek"]  # the keys not set still come from the task
+    plain = load_config(None, [])  # other tasks: no tools, the section's own defaults
+    assert not plain.tools.active and plain.tools.format == "hermes" and plain.rollout.max_tokens == 3
 
 
 def test_inserted_tokens_are_out_of_the_loss():
@@ -41,6 +62,9 @@ def test_inserted_tokens_are_out_of_the_loss():
      "tools (multi-turn rollouts) need rollout.backend = 'engine'"),
     (["data.task=synthetic:peek", "tandem.enabled=true"], "tools cannot be combined with tandem"),
     (["tools.enabled=true", 'tools.format="xml"'], "tools.format"),
+    (['tools.names=["peek"]', 'tools.call_open=""'], "tools.call_open"),
+    (["tools.enabled=true"], "tools.enabled = true but tools.names is empty"),
+    (['tools.names=["calc"]'], "tools.names: unknown tool 'calc'; built-in tools: python, calculator, peek"),
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -48,9 +72,7 @@ def test_config_errors(overrides, message):
 
 
 def test_tools_are_off_by_default_and_on_for_the_tool_task():
-    from tandemrl.rollout.setup import tools_enabled
-
-    assert not tools_enabled(load_config(None, []))
-    assert tools_enabled(load_config(None, ["data.task=synthetic:peek"]))
-    assert not tools_enabled(load_config(None, ["data.task=synthetic:peek", "tools.enabled=false"]))
-    assert tools_enabled(load_config(None, ['tools.names=["calculator"]']))
+    assert not load_config(None, []).tools.active
+    assert load_config(None, ["data.task=synthetic:peek"]).tools.active
+    assert not load_config(None, ["data.task=synthetic:peek", "tools.enabled=false"]).tools.active
+    assert load_config(None, ['tools.names=["calculator"]']).tools.active

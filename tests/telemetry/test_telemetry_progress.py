@@ -44,6 +44,11 @@ def test_train_display_prints_step_line():
     assert "loss" not in lines[1]  # missing keys are skipped
 
 
+def test_step_line_shows_tool_calls_and_errors():
+    text = format_step_line(2, {"accuracy": 0.5, "tools/calls_per_traj": 0.75, "tools/errors": 0.125}).plain
+    assert text == "step 2 | acc 0.5 | calls 0.75 | tool err 0.125"
+
+
 def test_step_line_handles_missing_and_nan():
     text = format_step_line(5, {"loss": None, "kl": float("nan")}).plain
     assert text == "step 5 | loss nan | kl nan"
