@@ -15,7 +15,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from tandemrl.algo.advantages import ADVANTAGES
 from tandemrl.backends.engine_backend import EngineBackend
@@ -40,6 +40,10 @@ ARCHITECTURES = {
     "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # SmolLM2-135M(-Instruct)'s published configuration (Llama; issue 17's real model has these shapes).
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100_000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
     "tiny-qwen3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048),
     # Small ones for a quick CPU check of the scripts themselves.
@@ -63,7 +67,7 @@ class StepTiming:
 
 def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool):
     torch.manual_seed(0)
-    config_class = Qwen3Config if "qwen3" in arch else Qwen2Config
+    config_class = Qwen3Config if "qwen3" in arch else LlamaConfig if arch.startswith("smollm2") else Qwen2Config
     model = AutoModelForCausalLM.from_config(config_class(**ARCHITECTURES[arch]), dtype=dtype).to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
