@@ -367,3 +367,15 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch):
     for a, b in zip(*results):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_float32_tiles_above_the_gemv_range_fit_the_shared_memory_of_the_bfloat16_ones():
+    """The measured large-batch tiles are for 2-byte inputs; float32 ones of the same shape needed 262,144 bytes of
+    shared memory for the 128-row gate/up (an H100 has 232,448): BLOCK_K halves instead."""
+    for rows in (65, 128, 256):
+        for per in (1, 2):
+            bf16, fp32 = (fl.pick_tiles(rows, (1536,), 576, size, per) for size in (2, 4))
+            smem = [(t.block_m + per * t.block_n) * t.block_k * size * t.num_stages for t, size in ((bf16, 2), (fp32, 4))]
+            assert smem[1] == smem[0] and fp32.block_k == bf16.block_k // 2
+    tma = fl.for_element_size(fl._TMA_GATE_UP_TILES[128], 4)
+    assert (tma.block_m + 2 * tma.block_n) * tma.block_k * 4 * tma.num_stages <= 232_448

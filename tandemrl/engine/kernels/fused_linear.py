@@ -20,9 +20,10 @@ At those batches gate/up is a compute-bound GEMM, and on Hopper its tiles come t
 
 from __future__ import annotations
 
+
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -75,6 +76,13 @@ _TMA_GATE_UP_TILES = {
 }
 
 
+def for_element_size(tiles: LinearTiles, elem_size: int) -> LinearTiles:
+    """Measured tiles (for 2-byte inputs) with BLOCK_K scaled so a pipeline stage holds the same bytes: float32 tiles
+    of the same shape would need twice the shared memory (262,144 bytes for the 128-row gate/up, over an H100's
+    232,448)."""
+    return replace(tiles, block_k=max(16, tiles.block_k * 2 // elem_size))
+
+
 def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weights_per_tile: int = 1,
                sms: int = _DEFAULT_SMS) -> LinearTiles:
     """Tiles for `rows` x [sum(widths)] output columns over a reduction of length k.
@@ -86,7 +94,7 @@ def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weigh
     More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket (128 or 256; 256's beyond).
     """
     if rows > _GEMV_ROWS:
-        return _LARGE_BATCH_TILES[(weights_per_tile, _bucket(rows))]
+        return for_element_size(_LARGE_BATCH_TILES[(weights_per_tile, _bucket(rows))], elem_size)
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_tiles = -(-rows // block_m)
     min_n = max(8, block_m // 4)
@@ -224,7 +232,8 @@ def gate_up_silu(
     rows, inter = x2.shape[0], gate.weight.shape[0]
     out = _new_output(rows, inter, x)
     if rows and _use_tma(rows, tma, x2, gate.weight, up.weight):
-        _gate_up_silu_tma(x2, gate, up, out, tiles if tiles is not None else _TMA_GATE_UP_TILES[_bucket(rows)])
+        t = tiles if tiles is not None else for_element_size(_TMA_GATE_UP_TILES[_bucket(rows)], x.element_size())
+        _gate_up_silu_tma(x2, gate, up, out, t)
     elif rows:
         t = tiles if tiles is not None else pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
         _gate_up_silu_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
