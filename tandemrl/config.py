@@ -111,12 +111,21 @@ class CurriculumConfig(Section):
     ema_decay: float = Field(0.7, ge=0.0, lt=1.0, description="ema = decay*ema + (1-decay)*epoch mean")
     unseen_reward: float = Field(0.5, description="the EMA of a sample not yet rolled out")
     normalize: Literal["minmax", "clip"] = "minmax"  # minmax: rescale EMAs to [0, 1]; clip: clamp them to [0, 1]
-    bandwidth: float = Field(0.05, gt=0.0, description="scipy gaussian_kde bw_method (a factor of the data's std)")
+    # scipy gaussian_kde's bw_method: "scott", "silverman" or a factor of the data's std. The seed's code uses 0.05,
+    # which on a few hundred samples makes a wiggly density whose noise valleys split even a unimodal set.
+    bandwidth: float | Literal["scott", "silverman"] = "scott"
     grid_points: int = Field(512, ge=3)
+    min_bucket_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="a valley leaving a smaller bucket is skipped")
     n_buckets: int = Field(3, ge=1, description="at most this many buckets (n_buckets - 1 valleys as boundaries)")
     base_rollouts: int = Field(4, ge=1)
     alpha: float = Field(1.5, ge=0.0, description="rollouts = max(1, round(base*(1 + alpha*(1 - bucket mean))))")
     min_samples: int = Field(8, ge=2, description="fewer samples than this: one bucket")
+
+    @model_validator(mode="after")
+    def _check_bandwidth(self) -> CurriculumConfig:
+        if isinstance(self.bandwidth, float) and self.bandwidth <= 0:
+            raise ValueError(f"curriculum.bandwidth must be > 0, 'scott' or 'silverman', got {self.bandwidth}")
+        return self
 
 
 class TrainConfig(Section):
