@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,7 @@ from tandemrl.config import RolloutConfig
 from tandemrl.data.tasks import format_prompt, reward_columns
 from tandemrl.rewards.composite import CompositeReward, RewardResult
 from tandemrl.rewards.functions import REWARD_FUNCTIONS
+from tandemrl.rewards.inference import InferenceWeights, add_inference_terms
 from tandemrl.types import Request, Rollout, Sample, SamplingParams
 
 
@@ -33,11 +35,12 @@ class PromptEncoder:
 
 @dataclass
 class ScoredRollouts:
-    samples: list[Sample]  # aligned with rollouts: each prompt's sample repeated group_size times
+    samples: list[Sample]  # aligned with rollouts: each prompt's sample repeated once per rollout of it
     prompts: list[str]
     rollouts: list[Rollout]
     reward: RewardResult
     correct: list[bool]
+    group_ids: list[int]  # the position of each rollout's prompt in the batch: its GRPO group
 
 
 def generate_and_score(
@@ -46,30 +49,46 @@ def generate_and_score(
     samples: list[Sample],
     reward: CompositeReward,
     params: SamplingParams,
-    samples_per_prompt: int,
+    samples_per_prompt: int | Sequence[int],
     policy_version: int,
     tag: str,
     tandem: bool = True,
+    inference: InferenceWeights | None = None,
 ) -> ScoredRollouts:
-    expanded = [s for s in samples for _ in range(samples_per_prompt)]
+    """``samples_per_prompt``: one count for every prompt, or one per prompt (the curriculum's). ``inference``:
+    add the serving-cost terms of reward.inference to the reward (training; evaluation scores the task alone)."""
+    counts = _counts(samples_per_prompt, len(samples))
+    group_ids = [i for i, n in enumerate(counts) for _ in range(n)]
+    expanded = [samples[i] for i in group_ids]
     encoded = [encoder.encode(s) for s in samples]
-    prompts = [text for text, _ in encoded for _ in range(samples_per_prompt)]
-    requests = [Request(f"{tag}-{i}-{j}", ids, params, tandem=tandem)
-                for i, (_, ids) in enumerate(encoded) for j in range(samples_per_prompt)]
+    prompts = [encoded[i][0] for i in group_ids]
+    requests = [Request(f"{tag}-{i}-{j}", encoded[i][1], params, tandem=tandem)
+                for i, n in enumerate(counts) for j in range(n)]
     rollouts = backend.generate(requests, policy_version=policy_version)
     completions = [r.text for r in rollouts]
     columns = reward_columns(expanded)
     result = reward(prompts, completions, columns)
+    if inference is not None:
+        result = add_inference_terms(result, rollouts, inference)
     accuracy = REWARD_FUNCTIONS["accuracy"](prompts, completions, **columns)
     correct = [a == 1.0 for a in accuracy]
-    return ScoredRollouts(expanded, prompts, rollouts, result, correct)
+    return ScoredRollouts(expanded, prompts, rollouts, result, correct, group_ids)
 
 
-def group_advantages(scored: ScoredRollouts, group_size: int, estimator: str) -> tuple[Tensor, Tensor]:
-    """Advantages [B] and a validity mask [B]; samples whose reward is None get advantage 0."""
+def _counts(samples_per_prompt: int | Sequence[int], prompts: int) -> list[int]:
+    counts = [samples_per_prompt] * prompts if isinstance(samples_per_prompt, int) else list(samples_per_prompt)
+    if len(counts) != prompts or any(n < 1 for n in counts):
+        raise ValueError(f"samples per prompt must be >= 1 for each of the {prompts} prompts, got {counts}")
+    return counts
+
+
+def group_advantages(scored: ScoredRollouts, estimator: str) -> tuple[Tensor, Tensor]:
+    """Advantages [B] within each prompt's group (groups may differ in size) and a validity mask [B]; samples
+    whose reward is None get advantage 0."""
     valid = torch.tensor([t is not None for t in scored.reward.total], dtype=torch.bool)
     rewards = torch.tensor([t if t is not None else 0.0 for t in scored.reward.total], dtype=torch.float32)
-    return ADVANTAGES.get(estimator)(rewards, valid, group_size), valid
+    group_ids = torch.tensor(scored.group_ids, dtype=torch.long)
+    return ADVANTAGES.get(estimator)(rewards, valid, group_ids=group_ids), valid
 
 
 def rollout_params(cfg: RolloutConfig, seed: int) -> SamplingParams:
