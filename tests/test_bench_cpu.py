@@ -29,3 +29,11 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
                   "--prompt-len", "8", "--new-tokens", "16", "--repeats", "1", "--out", str(out))
         result = json.loads(out.read_text())
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
+
+
+def test_curriculum_overhead_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "curriculum.json"
+    run_bench("bench.curriculum_overhead", "--cpu-smoke", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["median"]["rollout_s"] > 0 and result["median"]["terms_s"] > 0 and result["end_epoch_s"] > 0
+    assert 0 < result["terms_pct_of_rollout"] < 100 and 0 < result["curriculum_pct_of_epoch"] < 100

@@ -1,0 +1,82 @@
+"""Plain GRPO (alpha = beta = 0) against the inference-aware reward's latency and length penalties, at equal steps,
+on the CPU default (the tiny offline model, synthetic single-digit addition). With ``rollout.max_tokens`` well above
+the one-digit answer and EOS honoured, the response length is free to vary: the accuracy reward reads the last
+number, so trailing characters cost nothing but tokens and time.
+
+    python -m bench.inference_reward_cpu                  # two runs of --steps steps, then a table and JSON
+    python -m bench.inference_reward_cpu --steps 20       # a quick check of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from rich.console import Console
+
+from tandemrl.config import load_config
+from tandemrl.telemetry.writers import read_metrics
+from tandemrl.train.loop import train
+
+
+def run_one(out_dir: Path, args: argparse.Namespace, latency: float, tokens: float) -> dict:
+    cfg = load_config(None, [
+        "model.device=cpu", f'model.tiny_dir="{args.tiny_dir}"', f"train.max_steps={args.steps}",
+        f"train.seed={args.seed}", f"rollout.max_tokens={args.max_tokens}", "rollout.ignore_eos=false",
+        f"eval.limit={args.eval_limit}", "eval.pass_k=0", "checkpoint.every_steps=0", "log.tensorboard=false",
+        "log.samples=false", f"reward.inference.latency={latency}", f"reward.inference.tokens={tokens}",
+    ])
+    started = time.perf_counter()
+    summary = train(cfg, out_dir, console=Console(quiet=True))
+    rows = [r for r in read_metrics(out_dir / "metrics.jsonl") if "response_length/mean" in r]
+    tail = rows[-args.window:]
+    return {
+        "latency_weight": latency, "tokens_weight": tokens, "steps": summary["steps"],
+        "eval_accuracy_initial": summary["initial"]["accuracy"], "eval_accuracy": summary["final"]["accuracy"],
+        "eval_response_length_initial": summary["initial"]["response_length"],
+        "eval_response_length": summary["final"]["response_length"],
+        "train_response_length_first": statistics.fmean(r["response_length/mean"] for r in rows[:args.window]),
+        "train_response_length_last": statistics.fmean(r["response_length/mean"] for r in tail),
+        "train_accuracy_last": statistics.fmean(r["accuracy"] for r in tail),
+        "latency_ms_last": statistics.fmean(r["reward/inference/latency_ms/mean"] for r in tail),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--latency", type=float, default=0.001, help="alpha, per ms (the seed's default)")
+    parser.add_argument("--tokens", type=float, default=0.001, help="beta, per generated token (the seed's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-limit", type=int, default=200)
+    parser.add_argument("--window", type=int, default=20, help="steps averaged for the train-side numbers")
+    parser.add_argument("--tiny-dir", default="runs/tiny-model")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/inference_reward_cpu.json"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = run_one(Path(tmp) / "plain", args, 0.0, 0.0)
+        penalised = run_one(Path(tmp) / "penalised", args, args.latency, args.tokens)
+    result = {"date": date.today().isoformat(), "cpu": platform.processor() or platform.machine(),
+              "args": {k: str(v) for k, v in vars(args).items()}, "plain": plain, "penalised": penalised}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"| run | alpha | beta | steps | eval acc (initial -> final) | eval len (initial -> final) | "
+          f"train len (first {args.window} -> last {args.window} steps) | train acc (last) | latency ms (last) | s |")
+    for name, r in (("plain GRPO", plain), ("penalised", penalised)):
+        print(f"| {name} | {r['latency_weight']} | {r['tokens_weight']} | {r['steps']} | "
+              f"{r['eval_accuracy_initial']:.3f} -> {r['eval_accuracy']:.3f} | "
+              f"{r['eval_response_length_initial']:.2f} -> {r['eval_response_length']:.2f} | "
+              f"{r['train_response_length_first']:.2f} -> {r['train_response_length_last']:.2f} | "
+              f"{r['train_accuracy_last']:.3f} | {r['latency_ms_last']:.1f} | {r['seconds']} |")
+
+
+if __name__ == "__main__":
+    main()
