@@ -1,6 +1,7 @@
 """What the inference-aware reward and the adaptive curriculum add to training, against the work they ride on.
 
-- per-request terms: ``add_inference_terms`` (the five terms from every rollout's RequestStats, all weights on) plus
+- per-request terms: ``add_inference_terms`` (the terms from every rollout's RequestStats at the seed's weights; no draft
+  model here, so acceptance is off: its term reads two counters like the others) plus
   writing the step's rows to samples.jsonl, against the rollout's time (target: <= 2 %);
 - curriculum: ``record`` after every step plus ``end_epoch`` (EMA, KDE buckets, allocation, the JSON report) over a
   train set of ``--dataset-size`` samples (GSM8K's train split: 7,473), against the time of an epoch, taken as

@@ -25,12 +25,15 @@ from tandemrl.telemetry.writers import read_metrics
 from tandemrl.train.loop import train
 
 
-def run_one(out_dir: Path, args: argparse.Namespace, latency: float, tokens: float) -> dict:
+def run_one(out_dir: Path, args: argparse.Namespace, latency: float, tokens: float, model: str = "tiny",
+            steps: int | None = None, max_tokens: int | None = None) -> dict:
     cfg = load_config(None, [
-        "model.device=cpu", f'model.tiny_dir="{args.tiny_dir}"', f"train.max_steps={args.steps}",
-        f"train.seed={args.seed}", f"rollout.max_tokens={args.max_tokens}", "rollout.ignore_eos=false",
+        f'model.name_or_path="{model}"', "model.device=cpu", f'model.tiny_dir="{args.tiny_dir}"',
+        f"train.max_steps={steps or args.steps}", f"train.seed={args.seed}",
+        f"rollout.max_tokens={max_tokens or args.max_tokens}", "rollout.ignore_eos=false",
         f"eval.limit={args.eval_limit}", "eval.pass_k=0", "checkpoint.every_steps=0", "log.tensorboard=false",
         "log.samples=false", f"reward.inference.latency={latency}", f"reward.inference.tokens={tokens}",
+        f'train.advantage="{args.advantage}"',
     ])
     started = time.perf_counter()
     summary = train(cfg, out_dir, console=Console(quiet=True))
@@ -56,18 +59,31 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.001, help="alpha, per ms (the seed's default)")
     parser.add_argument("--tokens", type=float, default=0.001, help="beta, per generated token (the seed's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--advantage", default="grpo", help="train.advantage of both runs (grpo, dr_grpo, step_norm)")
     parser.add_argument("--eval-limit", type=int, default=200)
+    parser.add_argument("--warm-start-steps", type=int, default=0,
+                        help="first train plain GRPO this many steps; both runs start from its checkpoint")
+    parser.add_argument("--warm-start-max-tokens", type=int, default=3,
+                        help="rollout.max_tokens of the warm start (3: the CPU default, where the tiny model learns)")
     parser.add_argument("--window", type=int, default=20, help="steps averaged for the train-side numbers")
     parser.add_argument("--tiny-dir", default="runs/tiny-model")
     parser.add_argument("--out", type=Path, default=Path("bench/out/inference_reward_cpu.json"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        plain = run_one(Path(tmp) / "plain", args, 0.0, 0.0)
-        penalised = run_one(Path(tmp) / "penalised", args, args.latency, args.tokens)
+        start, warm = "tiny", None
+        if args.warm_start_steps:  # both runs continue from one plain-GRPO checkpoint that already answers
+            warm = run_one(Path(tmp) / "warm", args, 0.0, 0.0, steps=args.warm_start_steps,
+                           max_tokens=args.warm_start_max_tokens)
+            start = str(Path(tmp) / "warm" / "checkpoints" / f"step-{args.warm_start_steps:08d}")
+        plain = run_one(Path(tmp) / "plain", args, 0.0, 0.0, start)
+        penalised = run_one(Path(tmp) / "penalised", args, args.latency, args.tokens, start)
     result = {"date": date.today().isoformat(), "cpu": platform.processor() or platform.machine(),
-              "args": {k: str(v) for k, v in vars(args).items()}, "plain": plain, "penalised": penalised}
+              "args": {k: str(v) for k, v in vars(args).items()}, "warm_start": warm, "plain": plain, "penalised": penalised}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if warm is not None:
+        print(f"warm start: {warm['steps']} plain GRPO steps at rollout.max_tokens={args.warm_start_max_tokens}: "
+              f"eval accuracy {warm['eval_accuracy_initial']:.3f} -> {warm['eval_accuracy']:.3f}")
     print(f"| run | alpha | beta | steps | eval acc (initial -> final) | eval len (initial -> final) | "
           f"train len (first {args.window} -> last {args.window} steps) | train acc (last) | latency ms (last) | s |")
     for name, r in (("plain GRPO", plain), ("penalised", penalised)):

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tandemrl.config import CurriculumConfig
 from tandemrl.curriculum.allocation import bucket_labels, rollouts_for_bucket
 from tandemrl.curriculum.buckets import assign, find_boundaries, normalize
 from tandemrl.curriculum.ema import RewardEMA
@@ -46,7 +47,7 @@ class Curriculum:
     """Rollouts per prompt from its difficulty bucket. Until the first epoch ends every prompt gets
     ``default_rollouts`` (rollout.group_size); after each epoch, :meth:`end_epoch` re-buckets every train sample."""
 
-    def __init__(self, cfg: Any, sample_ids: Sequence[int], default_rollouts: int) -> None:
+    def __init__(self, cfg: CurriculumConfig, sample_ids: Sequence[int], default_rollouts: int) -> None:
         if len(set(sample_ids)) != len(sample_ids):
             raise ValueError("curriculum: the train samples' indices are not unique")
         self.cfg = cfg

@@ -66,13 +66,17 @@ TERMS: dict[str, _Term] = {
 }
 
 
-def inference_terms(rollouts: Sequence[Rollout], weights: InferenceWeights) -> dict[str, list[float]]:
-    """Raw (unweighted) value of each available term per rollout, keyed by the weight's name."""
+def inference_terms(rollouts: Sequence[Rollout], weights: InferenceWeights,
+                    speculative: bool | None = None) -> dict[str, list[float]]:
+    """Raw (unweighted) value of each available term per rollout, keyed by the weight's name. ``speculative``: whether
+    the rollouts were decoded speculatively (then a batch in which nothing was drafted, e.g. no n-gram matched, has
+    acceptance 0), None to judge from the rollouts (some request drafted a token)."""
     stats = [r.stats for r in rollouts]
     out: dict[str, list[float]] = {}
     for key, term in TERMS.items():
         weight = getattr(weights, key)
-        if not stats or not term.present(stats):
+        present = speculative if key == "accept" and speculative is not None else term.present(stats)
+        if not stats or not present:
             if weight:
                 raise MissingTelemetryError(
                     f"reward.inference.{key} = {weight} but the rollouts carry no {term.needs}; "
@@ -82,12 +86,13 @@ def inference_terms(rollouts: Sequence[Rollout], weights: InferenceWeights) -> d
     return out
 
 
-def add_inference_terms(result: RewardResult, rollouts: Sequence[Rollout], weights: InferenceWeights) -> RewardResult:
+def add_inference_terms(result: RewardResult, rollouts: Sequence[Rollout], weights: InferenceWeights,
+                        speculative: bool | None = None) -> RewardResult:
     """``result`` with each available term as a component (``inference/<term>``, unweighted) and the weighted terms in
     the total. A total that was None (a failed task reward) stays None."""
     if len(rollouts) != len(result.total):
         raise ValueError(f"{len(rollouts)} rollouts for {len(result.total)} rewards")
-    terms = inference_terms(rollouts, weights)
+    terms = inference_terms(rollouts, weights, speculative)
     total: list[float | None] = []
     for i, task_total in enumerate(result.total):
         if task_total is None:
@@ -98,3 +103,14 @@ def add_inference_terms(result: RewardResult, rollouts: Sequence[Rollout], weigh
     components = {**result.components, **{TERMS[key].name: list(values) for key, values in terms.items()}}
     return RewardResult(total, components, result.errors, result.first_traceback, result.nonfinite,
                         result.nonfinite_by)
+
+
+@dataclass(frozen=True)
+class InferenceReward:
+    """The trainer's inference-aware reward: the weights and whether its rollouts are decoded speculatively."""
+
+    weights: InferenceWeights
+    speculative: bool | None = None
+
+    def __call__(self, result: RewardResult, rollouts: Sequence[Rollout]) -> RewardResult:
+        return add_inference_terms(result, rollouts, self.weights, self.speculative)

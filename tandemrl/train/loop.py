@@ -20,7 +20,7 @@ from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
-from tandemrl.telemetry.writers import make_writers
+from tandemrl.telemetry.writers import MultiWriter, make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.epochs import end_of_epoch
 from tandemrl.train.evaluate import EvalResult, evaluate
@@ -43,9 +43,9 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     state = starting_state(run, resume, console)
     writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump())
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
-    writers.truncate_after(state.step if state.initial_eval is not None else -1)
-    if run.sample_log is not None:
-        run.sample_log.truncate_after(state.step if state.initial_eval is not None else -1)
+    for log in (writers, run.sample_log):
+        if log is not None:
+            log.truncate_after(state.step if state.initial_eval is not None else -1)
     started = time.perf_counter()
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
@@ -78,7 +78,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     return summary
 
 
-def close_logs(run: Run, writers) -> None:
+def close_logs(run: Run, writers: MultiWriter) -> None:
     writers.close()
     if run.sample_log is not None:
         run.sample_log.close()

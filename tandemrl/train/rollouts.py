@@ -14,7 +14,7 @@ from tandemrl.config import RolloutConfig
 from tandemrl.data.tasks import format_prompt, reward_columns
 from tandemrl.rewards.composite import CompositeReward, RewardResult
 from tandemrl.rewards.functions import REWARD_FUNCTIONS
-from tandemrl.rewards.inference import InferenceWeights, add_inference_terms
+from tandemrl.rewards.inference import InferenceReward
 from tandemrl.types import Request, Rollout, Sample, SamplingParams
 
 
@@ -53,7 +53,7 @@ def generate_and_score(
     policy_version: int,
     tag: str,
     tandem: bool = True,
-    inference: InferenceWeights | None = None,
+    inference: InferenceReward | None = None,
 ) -> ScoredRollouts:
     """``samples_per_prompt``: one count for every prompt, or one per prompt (the curriculum's). ``inference``:
     add the serving-cost terms of reward.inference to the reward (training; evaluation scores the task alone)."""
@@ -69,7 +69,7 @@ def generate_and_score(
     columns = reward_columns(expanded)
     result = reward(prompts, completions, columns)
     if inference is not None:
-        result = add_inference_terms(result, rollouts, inference)
+        result = inference(result, rollouts)
     accuracy = REWARD_FUNCTIONS["accuracy"](prompts, completions, **columns)
     correct = [a == 1.0 for a in accuracy]
     return ScoredRollouts(expanded, prompts, rollouts, result, correct, group_ids)

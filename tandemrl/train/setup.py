@@ -19,7 +19,7 @@ from tandemrl.data.tasks import load_task
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
-from tandemrl.rewards.inference import InferenceWeights
+from tandemrl.rewards.inference import InferenceReward, InferenceWeights
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder
 from tandemrl.train.sample_log import SampleLog
@@ -58,7 +58,7 @@ class Run:
     train_prompts: PromptIterator
     test_samples: list[Sample]
     ref_model: nn.Module | None
-    inference: InferenceWeights = field(default_factory=InferenceWeights)  # reward.inference
+    inference: InferenceReward | None = None  # reward.inference (its terms are logged even at weight 0)
     curriculum: Curriculum | None = None
     sample_log: SampleLog | None = None  # samples.jsonl (log.samples)
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
@@ -140,7 +140,8 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model,
-        inference=InferenceWeights.from_config(cfg.reward.inference),
+        inference=InferenceReward(InferenceWeights.from_config(cfg.reward.inference),
+                                  speculative=cfg.rollout.speculative.enabled),
         curriculum=(Curriculum(cfg.curriculum, [s.index for s in train_samples], cfg.rollout.group_size)
                     if cfg.curriculum.enabled else None),
         sample_log=SampleLog(out_dir) if cfg.log.samples else None,

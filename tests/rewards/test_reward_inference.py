@@ -89,3 +89,14 @@ def test_the_seed_weights_are_accepted_with_speculation():
                              "reward.inference.kv_mb=0.01", "reward.inference.accept=1.0",
                              "reward.inference.cache_reuse=0.5", 'rollout.speculative.method="ngram"'])
     assert InferenceWeights.from_config(cfg.reward.inference) == SEED_WEIGHTS
+
+
+def test_with_speculation_on_a_batch_that_drafted_nothing_has_acceptance_zero():
+    # n-gram proposals need a match: a batch may draft nothing, which is a rate of 0, not missing telemetry
+    from tandemrl.rewards.inference import InferenceReward
+
+    task = task_reward([1.0])(["p"], ["a"])
+    result = InferenceReward(InferenceWeights(accept=1.0), speculative=True)(task, [rollout(0.1, 1, 1, 0, 0, 0)])
+    assert result.total == [1.0] and result.components["inference/accept_rate"] == [0.0]
+    with pytest.raises(MissingTelemetryError, match="reward.inference.accept"):
+        InferenceReward(InferenceWeights(accept=1.0), speculative=False)(task, [rollout(0.1, 1, 1, 4, 4, 0)])
