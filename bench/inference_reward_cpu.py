@@ -3,8 +3,13 @@ on the CPU default (the tiny offline model, synthetic single-digit addition). Wi
 the one-digit answer and EOS honoured, the response length is free to vary: the accuracy reward reads the last
 number, so trailing characters cost nothing but tokens and time.
 
-    python -m bench.inference_reward_cpu                  # two runs of --steps steps, then a table and JSON
-    python -m bench.inference_reward_cpu --steps 20       # a quick check of the script
+Both runs start from one warm start (``--warm-start-steps`` of plain GRPO at the default ``rollout.max_tokens = 3``,
+where the tiny model learns the task): from the random model, whose accuracy is 0, every group's accuracy is equal,
+GRPO's group-std normalisation turns the tiny penalties into the whole advantage and the penalised model learns to
+stop at once (see bench/RESULTS.md). ``--warm-start-steps 0`` runs that case.
+
+    python -m bench.inference_reward_cpu                  # warm start, two runs of --steps steps, a table and JSON
+    python -m bench.inference_reward_cpu --warm-start-steps 0 --steps 20       # a quick check of the script
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--advantage", default="grpo", help="train.advantage of both runs (grpo, dr_grpo, step_norm)")
     parser.add_argument("--eval-limit", type=int, default=200)
-    parser.add_argument("--warm-start-steps", type=int, default=0,
+    parser.add_argument("--warm-start-steps", type=int, default=300,
                         help="first train plain GRPO this many steps; both runs start from its checkpoint")
     parser.add_argument("--warm-start-max-tokens", type=int, default=3,
                         help="rollout.max_tokens of the warm start (3: the CPU default, where the tiny model learns)")
