@@ -111,7 +111,7 @@ def parse_args() -> argparse.Namespace:
     args.backend = "engine"
     if args.cpu_smoke:
         args.arch, args.prompts, args.group, args.prompt_len, args.new_tokens = "tiny", 2, 2, 8, 8
-        args.repeats, args.dataset_size, args.kv_gib = 2, 200, 0.01
+        args.repeats, args.dataset_size, args.kv_gib = 1, 200, 0.01
     return args
 
 
