@@ -118,6 +118,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a tiny model's operators are too small to split (see model.cpu_threads)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False)
     backend = make_backend(args, model, device)

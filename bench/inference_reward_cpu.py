@@ -52,7 +52,7 @@ def run_one(out_dir: Path, args: argparse.Namespace, latency: float, tokens: flo
         "train_response_length_first": statistics.fmean(r["response_length/mean"] for r in rows[:args.window]),
         "train_response_length_last": statistics.fmean(r["response_length/mean"] for r in tail),
         "train_accuracy_last": statistics.fmean(r["accuracy"] for r in tail),
-        "latency_ms_last": statistics.fmean(r["reward/inference/latency_ms/mean"] for r in tail),
+        "latency_ms_last": 1000 * statistics.fmean(r["requests/latency_s/mean"] for r in tail),
         "seconds": round(time.perf_counter() - started, 1),
     }
 

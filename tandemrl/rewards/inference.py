@@ -4,9 +4,9 @@
             + accept*acceptance rate + cache_reuse*prefix-cache hit ratio
 
 KV memory is what the request actually held at its peak (KV blocks x bytes per block, from the engine's block
-manager), not an estimate from the model's dimensions. Every term whose telemetry the rollouts carry is computed
-(and logged) whatever its weight; a term with a non-zero weight whose telemetry is missing is an error that names
-the term.
+manager), not an estimate from the model's dimensions. Each term with a non-zero weight becomes a reward component
+(logged as ``reward/inference/<term>/mean``); one whose telemetry is missing is an error that names the term. The raw
+quantities are in the ``requests/*`` metrics and samples.jsonl whatever the weights.
 """
 
 from __future__ import annotations
@@ -68,28 +68,28 @@ TERMS: dict[str, _Term] = {
 
 def inference_terms(rollouts: Sequence[Rollout], weights: InferenceWeights,
                     speculative: bool | None = None) -> dict[str, list[float]]:
-    """Raw (unweighted) value of each available term per rollout, keyed by the weight's name. ``speculative``: whether
-    the rollouts were decoded speculatively (then a batch in which nothing was drafted, e.g. no n-gram matched, has
-    acceptance 0), None to judge from the rollouts (some request drafted a token)."""
+    """Raw (unweighted) value per rollout of each term with a non-zero weight, keyed by the weight's name.
+    ``speculative``: whether the rollouts were decoded speculatively (then a batch in which nothing was drafted, e.g.
+    no n-gram matched, has acceptance 0), None to judge from the rollouts (some request drafted a token)."""
     stats = [r.stats for r in rollouts]
     out: dict[str, list[float]] = {}
     for key, term in TERMS.items():
         weight = getattr(weights, key)
-        present = speculative if key == "accept" and speculative is not None else term.present(stats)
-        if not stats or not present:
-            if weight:
-                raise MissingTelemetryError(
-                    f"reward.inference.{key} = {weight} but the rollouts carry no {term.needs}; "
-                    f"set reward.inference.{key} = 0 or turn that telemetry on")
+        if not weight:
             continue
+        present = speculative if key == "accept" and speculative is not None else term.present(stats)
+        if not present:
+            raise MissingTelemetryError(
+                f"reward.inference.{key} = {weight} but the rollouts carry no {term.needs}; "
+                f"set reward.inference.{key} = 0 or turn that telemetry on")
         out[key] = [term.value(s) for s in stats]
     return out
 
 
 def add_inference_terms(result: RewardResult, rollouts: Sequence[Rollout], weights: InferenceWeights,
                         speculative: bool | None = None) -> RewardResult:
-    """``result`` with each available term as a component (``inference/<term>``, unweighted) and the weighted terms in
-    the total. A total that was None (a failed task reward) stays None."""
+    """``result`` with each weighted term as a component (``inference/<term>``, unweighted) and in the total (weight
+    x value, with the term's sign). A total that was None (a failed task reward) stays None."""
     if len(rollouts) != len(result.total):
         raise ValueError(f"{len(rollouts)} rollouts for {len(result.total)} rewards")
     terms = inference_terms(rollouts, weights, speculative)

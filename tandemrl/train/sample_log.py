@@ -1,5 +1,5 @@
-"""``<run>/samples.jsonl``: one row per rollout of every step, with its reward, each reward component and each
-inference term (unweighted), so a single sample's serving cost can be traced after the run."""
+"""``<run>/samples.jsonl``: one row per rollout of every step, with its serving cost, its reward and each reward
+component (the weighted inference terms included), so a single sample can be traced after the run."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from tandemrl.train.rollouts import ScoredRollouts
 
 def sample_rows(scored: ScoredRollouts) -> list[dict[str, float | int | None]]:
     """Per rollout: ``sample`` (the dataset index), ``group`` (its prompt's position in the step), ``tokens``,
-    ``correct``, ``reward`` (the total, None if a component failed) and ``reward/<component>``."""
+    ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb`` held at the peak,
+    ``cache_reuse`` ratio, ``accept_rate``), ``reward`` (the total, None if a component failed) and
+    ``reward/<component>`` (the task rewards and the weighted inference terms, unweighted)."""
     rows = []
     for i, (sample, rollout) in enumerate(zip(scored.samples, scored.rollouts, strict=True)):
+        stats = rollout.stats
         row: dict[str, float | int | None] = {
             "sample": sample.index, "group": scored.group_ids[i], "tokens": len(rollout.completion_ids),
-            "correct": int(scored.correct[i]), "reward": scored.reward.total[i],
+            "correct": int(scored.correct[i]), "latency_ms": 1000.0 * stats.latency, "kv_mb": stats.peak_kv_mb,
+            "cache_reuse": stats.cache_hit_ratio, "accept_rate": stats.acceptance_rate,
+            "reward": scored.reward.total[i],
         }
         row.update({f"reward/{name}": values[i] for name, values in scored.reward.components.items()})
         rows.append(row)
@@ -30,8 +35,7 @@ class SampleLog:
         self._writer = JsonlWriter(Path(out_dir) / "samples.jsonl")
 
     def write(self, step: int, scored: ScoredRollouts) -> None:
-        for row in sample_rows(scored):
-            self._writer.write(step, row)
+        self._writer.write_many(step, sample_rows(scored))
 
     def truncate_after(self, step: int) -> None:
         self._writer.truncate_after(step)

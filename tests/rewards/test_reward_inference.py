@@ -40,13 +40,14 @@ def test_the_composite_reward_equals_a_hand_computation():
         assert f"reward/inference/{name}/mean" in logged
 
 
-def test_zero_weights_are_plain_grpo_but_the_terms_are_still_reported():
-    rollouts = [rollout(0.5, 7, 3, 0, 0, 0), rollout(0.1, 3, 1, 0, 0, 0)]
+def test_zero_weights_are_plain_grpo():
+    rollouts = [rollout(0.5, 7, 3, 0, 0, 0), rollout(0.1, 3, 1, 0, 0, 0, block_bytes=0)]  # no speculation, no KV
     task = task_reward([1.0, 0.0])(["p", "p"], ["a", "b"])
     result = add_inference_terms(task, rollouts, InferenceWeights())
-    assert result.total == [1.0, 0.0]
-    assert result.components["inference/generated_tokens"] == [7.0, 3.0]
-    assert "inference/accept_rate" not in result.components  # no speculation: that term has no telemetry
+    assert result.total == [1.0, 0.0] and list(result.components) == ["accuracy"]
+    only_tokens = add_inference_terms(task, rollouts, InferenceWeights(tokens=0.1))
+    assert list(only_tokens.components) == ["accuracy", "inference/generated_tokens"]
+    assert only_tokens.total == pytest.approx([1.0 - 0.7, 0.0 - 0.3])
 
 
 def test_a_failed_task_reward_stays_none():

@@ -67,7 +67,8 @@ def test_curriculum_run_resumes_exactly_mid_epoch(tmp_path, monkeypatch):
     whole_samples = (tmp_path / "whole" / "samples.jsonl").read_text().splitlines()
     assert len(samples) == len(whole_samples)
     assert {"sample", "group", "tokens", "reward", "reward/accuracy", "reward/inference/generated_tokens",
-            "reward/inference/latency_ms", "reward/inference/kv_mb"} <= set(samples[0])
+            "reward/inference/kv_mb", "latency_ms", "kv_mb", "cache_reuse", "accept_rate"} <= set(samples[0])
+    assert "reward/inference/latency_ms" not in samples[0]  # weight 0: not in the reward (its raw value is there)
     first = samples[0]
     assert first["reward"] == pytest.approx(first["reward/accuracy"] - 0.05 * first["reward/inference/generated_tokens"]
                                             - 0.01 * first["reward/inference/kv_mb"])
