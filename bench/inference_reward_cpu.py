@@ -31,21 +31,21 @@ from tandemrl.train.loop import train
 
 
 def run_one(out_dir: Path, args: argparse.Namespace, latency: float, tokens: float, model: str = "tiny",
-            steps: int | None = None, max_tokens: int | None = None) -> dict:
+            steps: int | None = None, max_tokens: int | None = None, advantage: str = "grpo") -> dict:
     cfg = load_config(None, [
         f'model.name_or_path="{model}"', "model.device=cpu", f'model.tiny_dir="{args.tiny_dir}"',
         f"train.max_steps={steps or args.steps}", f"train.seed={args.seed}",
         f"rollout.max_tokens={max_tokens or args.max_tokens}", "rollout.ignore_eos=false",
         f"eval.limit={args.eval_limit}", "eval.pass_k=0", "checkpoint.every_steps=0", "log.tensorboard=false",
         "log.samples=false", f"reward.inference.latency={latency}", f"reward.inference.tokens={tokens}",
-        f'train.advantage="{args.advantage}"',
+        f'train.advantage="{advantage}"',
     ])
     started = time.perf_counter()
     summary = train(cfg, out_dir, console=Console(quiet=True))
     rows = [r for r in read_metrics(out_dir / "metrics.jsonl") if "response_length/mean" in r]
     tail = rows[-args.window:]
     return {
-        "latency_weight": latency, "tokens_weight": tokens, "steps": summary["steps"],
+        "advantage": advantage, "latency_weight": latency, "tokens_weight": tokens, "steps": summary["steps"],
         "eval_accuracy_initial": summary["initial"]["accuracy"], "eval_accuracy": summary["final"]["accuracy"],
         "eval_response_length_initial": summary["initial"]["response_length"],
         "eval_response_length": summary["final"]["response_length"],
@@ -64,7 +64,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.001, help="alpha, per ms (the seed's default)")
     parser.add_argument("--tokens", type=float, default=0.001, help="beta, per generated token (the seed's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--advantage", default="grpo", help="train.advantage of both runs (grpo, dr_grpo, step_norm)")
+    parser.add_argument("--advantage", nargs="+", default=["grpo"],
+                        help="train.advantage: a plain and a penalised run for each (grpo, dr_grpo, step_norm)")
     parser.add_argument("--eval-limit", type=int, default=200)
     parser.add_argument("--warm-start-steps", type=int, default=300,
                         help="first train plain GRPO this many steps; both runs start from its checkpoint")
@@ -80,19 +81,24 @@ def main() -> None:
             warm = run_one(Path(tmp) / "warm", args, 0.0, 0.0, steps=args.warm_start_steps,
                            max_tokens=args.warm_start_max_tokens)
             start = str(Path(tmp) / "warm" / "checkpoints" / f"step-{args.warm_start_steps:08d}")
-        plain = run_one(Path(tmp) / "plain", args, 0.0, 0.0, start)
-        penalised = run_one(Path(tmp) / "penalised", args, args.latency, args.tokens, start)
+        runs = []
+        for advantage in args.advantage:
+            runs.append(("plain", run_one(Path(tmp) / f"plain-{advantage}", args, 0.0, 0.0, start,
+                                               advantage=advantage)))
+            runs.append(("penalised", run_one(Path(tmp) / f"penalised-{advantage}", args, args.latency, args.tokens,
+                                              start, advantage=advantage)))
     result = {"date": date.today().isoformat(), "cpu": platform.processor() or platform.machine(),
-              "args": {k: str(v) for k, v in vars(args).items()}, "warm_start": warm, "plain": plain, "penalised": penalised}
+              "args": {k: str(v) for k, v in vars(args).items()}, "warm_start": warm,
+              "runs": [{"name": name, **r} for name, r in runs]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     if warm is not None:
         print(f"warm start: {warm['steps']} plain GRPO steps at rollout.max_tokens={args.warm_start_max_tokens}: "
               f"eval accuracy {warm['eval_accuracy_initial']:.3f} -> {warm['eval_accuracy']:.3f}")
-    print(f"| run | alpha | beta | steps | eval acc (initial -> final) | eval len (initial -> final) | "
+    print(f"| run | advantage | alpha | beta | steps | eval acc (initial -> final) | eval len (initial -> final) | "
           f"train len (first {args.window} -> last {args.window} steps) | train acc (last) | latency ms (last) | s |")
-    for name, r in (("plain GRPO", plain), ("penalised", penalised)):
-        print(f"| {name} | {r['latency_weight']} | {r['tokens_weight']} | {r['steps']} | "
+    for name, r in runs:
+        print(f"| {name} | {r['advantage']} | {r['latency_weight']} | {r['tokens_weight']} | {r['steps']} | "
               f"{r['eval_accuracy_initial']:.3f} -> {r['eval_accuracy']:.3f} | "
               f"{r['eval_response_length_initial']:.2f} -> {r['eval_response_length']:.2f} | "
               f"{r['train_response_length_first']:.2f} -> {r['train_response_length_last']:.2f} | "
