@@ -128,9 +128,47 @@ class SyncConfig(Section):
     nccl_backend: Literal["nccl", "gloo"] = "nccl"
 
 
+class InferenceRewardConfig(Section):
+    """Serving cost in the reward: total = task score - latency*ms - tokens*generated - kv_mb*MB held
+    + accept*acceptance rate + cache_reuse*prefix-cache hit ratio. All 0 (the default) = plain GRPO. The
+    inference_aware_grpo_training seed's values: 0.001, 0.001, 0.01, 1.0, 0.5."""
+
+    latency: float = Field(0.0, ge=0.0, description="alpha: penalty per millisecond of request latency")
+    tokens: float = Field(0.0, ge=0.0, description="beta: penalty per generated token")
+    kv_mb: float = Field(0.0, ge=0.0, description="gamma: penalty per MB of KV cache the request held at its peak")
+    accept: float = Field(0.0, ge=0.0, description="delta: bonus per unit of speculative acceptance rate")
+    cache_reuse: float = Field(0.0, ge=0.0, description="epsilon: bonus per unit of prefix-cache hit ratio")
+
+
 class RewardConfig(Section):
     # name (registered, or "package.module:function") -> weight
     weights: dict[str, float] = {"accuracy": 1.0}
+    inference: InferenceRewardConfig = InferenceRewardConfig()
+
+
+class CurriculumConfig(Section):
+    """Adaptive curriculum: a per-sample reward EMA, KDE valleys split the samples into difficulty buckets after
+    each epoch, harder buckets get more rollouts per prompt. Defaults are the inference_aware_grpo_training seed's."""
+
+    enabled: bool = False
+    ema_decay: float = Field(0.7, ge=0.0, lt=1.0, description="ema = decay*ema + (1-decay)*epoch mean")
+    unseen_reward: float = Field(0.5, description="the EMA of a sample not yet rolled out")
+    normalize: Literal["minmax", "clip"] = "minmax"  # minmax: rescale EMAs to [0, 1]; clip: clamp them to [0, 1]
+    # scipy gaussian_kde's bw_method: "scott", "silverman" or a factor of the data's std. The seed's code uses 0.05,
+    # which on a few hundred samples makes a wiggly density whose noise valleys split even a unimodal set.
+    bandwidth: float | Literal["scott", "silverman"] = "scott"
+    grid_points: int = Field(512, ge=3)
+    min_bucket_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="a valley leaving a smaller bucket is skipped")
+    n_buckets: int = Field(3, ge=1, description="at most this many buckets (n_buckets - 1 valleys as boundaries)")
+    base_rollouts: int = Field(4, ge=1)
+    alpha: float = Field(1.5, ge=0.0, description="rollouts = max(1, round(base*(1 + alpha*(1 - bucket mean))))")
+    min_samples: int = Field(8, ge=2, description="fewer samples than this: one bucket")
+
+    @model_validator(mode="after")
+    def _check_bandwidth(self) -> CurriculumConfig:
+        if isinstance(self.bandwidth, float) and self.bandwidth <= 0:
+            raise ValueError(f"curriculum.bandwidth must be > 0, 'scott' or 'silverman', got {self.bandwidth}")
+        return self
 
 
 class TrainConfig(Section):
@@ -165,6 +203,8 @@ class EvalConfig(Section):
     pass_k: int = Field(4, ge=0)  # samples per prompt for pass@k; 0 disables
     temperature: float = Field(1.0, ge=0.0)
     batch_size: int = Field(256, ge=1)
+    every_epochs: int = Field(0, ge=0, description="evaluate after every N-th epoch of the train set; 0 = off")
+    early_stop_patience: int = Field(0, ge=0, description="stop after N epoch evaluations without a new best; 0 = off")
 
 
 class CheckpointConfig(Section):
@@ -176,6 +216,7 @@ class LogConfig(Section):
     out_dir: str | None = None  # None = runs/<task>-<timestamp>
     tensorboard: bool = True
     wandb_project: str | None = None
+    samples: bool = True  # samples.jsonl: one row per rollout (reward, its components and inference terms)
 
 
 class Config(Section):
@@ -187,6 +228,7 @@ class Config(Section):
     tools: ToolsConfig = ToolsConfig()
     sync: SyncConfig = SyncConfig()
     reward: RewardConfig = RewardConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -257,6 +299,23 @@ class Config(Section):
             raise ValueError("sync.kind = 'nccl' needs sync.nccl_init_method (e.g. 'tcp://127.0.0.1:29511')")
         if rollout.speculative.enabled or self.tandem.enabled:
             raise ValueError("rollout.backend = 'server' does not run speculative or tandem rollouts yet")
+        return self
+
+    @model_validator(mode="after")
+    def _check_inference_reward(self) -> Config:
+        """A non-zero weight needs the telemetry its term is made of."""
+        weights, engine = self.reward.inference, self.rollout.backend == "engine"
+        if weights.accept and not self.rollout.speculative.enabled:
+            raise ValueError("reward.inference.accept needs speculative decoding (rollout.speculative.method): "
+                             "without a draft there is no acceptance rate")
+        if weights.kv_mb and not engine:
+            raise ValueError("reward.inference.kv_mb needs rollout.backend = 'engine': the hf backend holds no "
+                             "KV blocks to measure")
+        if weights.cache_reuse and not (engine and self.engine.enable_prefix_caching):
+            raise ValueError("reward.inference.cache_reuse needs rollout.backend = 'engine' with "
+                             "engine.enable_prefix_caching = true: otherwise there is no cache reuse to measure")
+        if self.eval.early_stop_patience and not self.eval.every_epochs:
+            raise ValueError("eval.early_stop_patience counts epoch evaluations: set eval.every_epochs too")
         return self
 
     @model_validator(mode="after")

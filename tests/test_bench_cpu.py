@@ -85,3 +85,11 @@ def test_run_report_gives_accuracy_intervals_and_step_times(tmp_path):
     assert result["before"]["correct"] == 9 and result["before"]["ci95"] == [
         pytest.approx(0.048, abs=1e-3), pytest.approx(0.162, abs=1e-3)]
     assert result["significant"] is True and result["step_s_median"] == 2.5 and result["tokens_per_s_median"] == 150
+
+
+def test_curriculum_overhead_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "curriculum.json"
+    run_bench("bench.curriculum_overhead", "--cpu-smoke", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["median"]["rollout_s"] > 0 and result["median"]["terms_s"] > 0 and result["end_epoch_s"] > 0
+    assert 0 < result["terms_pct_of_rollout"] < 100 and 0 < result["curriculum_pct_of_epoch"] < 100

@@ -43,6 +43,11 @@ class PromptIterator:
         return len(self.samples) // self.batch_size
 
     @property
+    def epoch_complete(self) -> bool:
+        """True when the batch last returned was the last of its epoch (the next one starts a new epoch)."""
+        return self._batches_served > 0 and self._position + self.batch_size > len(self.samples)
+
+    @property
     def batches_served(self) -> int:
         return self._batches_served
 

@@ -122,13 +122,17 @@ class JsonlWriter:
         return fh
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.write_many(step, [metrics])
+
+    def write_many(self, step: int, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Several rows of one step (e.g. one per sample) in one write and one flush."""
         if self._failed is not None:
             raise self._failed
         if self._fh is None:
             raise RuntimeError(f"JsonlWriter({self.path}) is closed")
-        row = _clean(step, metrics)
+        text = "".join(json.dumps(_clean(step, row), allow_nan=False) + "\n" for row in rows)
         try:
-            self._fh.write(json.dumps(row, allow_nan=False) + "\n")
+            self._fh.write(text)
             self._fh.flush()
         except OSError as exc:
             self._fail(exc)

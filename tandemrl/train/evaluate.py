@@ -23,9 +23,12 @@ class EvalResult:
     pass_at_k: float | None
     k: int
     num_prompts: int
+    response_length: float | None = None  # mean greedy completion tokens
 
     def metrics(self) -> dict[str, float]:
         out = {"eval/accuracy": self.accuracy, "eval/reward": self.reward}
+        if self.response_length is not None:
+            out["eval/response_length"] = self.response_length
         if self.pass_at_k is not None:
             out[f"eval/pass@{self.k}"] = self.pass_at_k
         return out
@@ -49,7 +52,7 @@ def evaluate(
         max_tokens=cfg.rollout.max_tokens, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop), seed=cfg.train.seed,
     )
-    correct, rewards, passed = [], [], []
+    correct, rewards, passed, lengths = [], [], [], []
     batch = max(1, cfg.eval.batch_size // max(1, k))
     with EvalProgress(len(samples), "evaluating") as progress:
         for start in range(0, len(samples), batch):
@@ -57,6 +60,7 @@ def evaluate(
             scored = generate_and_score(backend, encoder, chunk, reward, greedy, 1, policy_version, f"eval{start}",
                                         tandem=False, agent=agent)  # the trained model alone
             correct += scored.correct
+            lengths += [len(r.completion_ids) for r in scored.rollouts]
             rewards += [t for t in scored.reward.total if t is not None]
             if k > 0:
                 many = generate_and_score(backend, encoder, chunk, reward, sampled, k, policy_version, f"pass{start}",
@@ -69,6 +73,7 @@ def evaluate(
         pass_at_k=sum(passed) / len(passed) if k > 0 else None,
         k=k,
         num_prompts=len(samples),
+        response_length=sum(lengths) / len(lengths),
     )
 
 

@@ -23,8 +23,9 @@ from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
 from tandemrl.telemetry.tools import tool_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
-from tandemrl.telemetry.writers import make_writers
+from tandemrl.telemetry.writers import MultiWriter, make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
+from tandemrl.train.epochs import end_of_epoch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import completion_logprobs
@@ -46,7 +47,9 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     state = starting_state(run, resume, console)
     writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump())
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
-    writers.truncate_after(state.step if state.initial_eval is not None else -1)
+    for log in (writers, run.sample_log):
+        if log is not None:
+            log.truncate_after(state.step if state.initial_eval is not None else -1)
     started = time.perf_counter() - state.seconds  # a resumed run's clock goes on from its checkpoint's total
     run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
     if state.initial_eval is None:
@@ -54,10 +57,13 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
-        while state.step < cfg.train.max_steps and not interrupt.requested and not _out_of_time(cfg, started):
+        while (state.step < cfg.train.max_steps and not interrupt.requested and not state.stopped_early
+               and not _out_of_time(cfg, started)):
             metrics = train_step(run, state, display)
             writers.write(state.step, metrics)
             display.log_step(state.step, metrics)
+            if run.train_prompts.epoch_complete:
+                end_of_epoch(run, state, writers, display, lambda: run_evaluation(run, state))
             if _due(state.step, cfg.eval.every_steps, cfg.train.max_steps):
                 writers.write(state.step, run_evaluation(run, state).metrics())
             if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
@@ -66,17 +72,23 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
         path = checkpoint(run, state, started)
         console.print(f"[yellow]interrupted after step {state.step} by {interrupt.signal_name}: saved {path}; "
                       f"continue with: tandemrl train --resume --out {out_dir}")
-        writers.close()
+        close_logs(run, writers)
         raise KeyboardInterrupt
     final = run_evaluation(run, state)
     writers.write(state.step, final.metrics())
     checkpoint(run, state, started)
-    writers.close()
-    run.sync.close()
+    close_logs(run, writers)
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
     write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
     return summary
+
+
+def close_logs(run: Run, writers: MultiWriter) -> None:
+    writers.close()
+    if run.sample_log is not None:
+        run.sample_log.close()
+    run.sync.close()
 
 
 def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:
@@ -97,13 +109,18 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     cfg, times = run.cfg, StepTimes()
     reset_peak_memory(run.device)
     prompts = run.train_prompts.next_batch()
+    # the curriculum's bucket decides each prompt's group size; without it every prompt gets rollout.group_size
+    group_sizes = [run.curriculum.rollouts_for(s.index) for s in prompts] if run.curriculum else cfg.rollout.group_size
     with times.measure("rollout"):
         params = rollout_params(cfg.rollout, seed=cfg.train.seed * 1_000_003 + state.step)
-        scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params,
-                                    cfg.rollout.group_size, state.policy_version, f"step{state.step}", agent=run.agent)
+        scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params, group_sizes,
+                                    state.policy_version, f"step{state.step}", agent=run.agent,
+                                    inference=run.inference)
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     check_rewards(run, state, scored.reward, display)
-    advantages, valid = group_advantages(scored, cfg.rollout.group_size, cfg.train.advantage)
+    if run.curriculum is not None:
+        run.curriculum.record([s.index for s in scored.samples], scored.reward.total)
+    advantages, valid = group_advantages(scored, cfg.train.advantage)
     batch = build_batch(scored.rollouts, advantages, run.tokenizer.pad_token_id, run.device)
     batch.loss_mask *= valid.to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
     version_lag = batch.policy_version_lag(state.policy_version)
@@ -118,6 +135,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("sync"):
         synced = run.sync.push(run.model, state.policy_version)
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
+    if run.sample_log is not None:
+        run.sample_log.write(state.step, scored)
     lengths = [len(r.completion_ids) for r in scored.rollouts]
     return {
         "step": state.step, "epoch": run.train_prompts.epoch, "policy_version": state.policy_version,
@@ -125,6 +144,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "accuracy": sum(scored.correct) / len(scored.correct),
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
+        "rollouts_per_prompt/mean": len(scored.rollouts) / len(prompts),
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
@@ -198,6 +218,10 @@ def build_summary(cfg: Config, state: TrainerState, final: EvalResult, seconds: 
         "task": cfg.data.task,
         "seconds": round(seconds, 1),
     }
+    if state.best_eval is not None:  # epoch evaluations ran: checkpoints/best/ holds the best one
+        summary["best_eval_accuracy"], summary["best_step"] = state.best_eval, state.best_step
+    if state.stopped_early:
+        summary["stopped_early"] = True
     if cfg.data.task.startswith("synthetic:"):
         summary["chance_accuracy"] = synthetic_chance_accuracy(cfg.data.task.split(":", 1)[1])
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from tandemrl.config import Config, RolloutConfig
 from tandemrl.data.tasks import format_prompt, reward_columns
 from tandemrl.rewards.composite import CompositeReward, RewardResult
 from tandemrl.rewards.functions import REWARD_FUNCTIONS
+from tandemrl.rewards.inference import InferenceReward
 from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.tools import ToolContext
 from tandemrl.rollout.trajectory import TrajectorySpec
@@ -44,11 +46,12 @@ def prompt_encoder(cfg: Config, tokenizer: object, agent: AgentLoop | None) -> P
 
 @dataclass
 class ScoredRollouts:
-    samples: list[Sample]  # aligned with rollouts: each prompt's sample repeated group_size times
+    samples: list[Sample]  # aligned with rollouts: each prompt's sample repeated once per rollout of it
     prompts: list[str]
     rollouts: list[Rollout]
     reward: RewardResult
     correct: list[bool]
+    group_ids: list[int]  # the position of each rollout's prompt in the batch: its GRPO group
     trajectories: list[Trajectory] | None = None  # multi-turn rollouts (tools); None for single-turn ones
 
 
@@ -58,41 +61,47 @@ def generate_and_score(
     samples: list[Sample],
     reward: CompositeReward,
     params: SamplingParams,
-    samples_per_prompt: int,
+    samples_per_prompt: int | Sequence[int],
     policy_version: int,
     tag: str,
     tandem: bool = True,
     agent: AgentLoop | None = None,
+    inference: InferenceReward | None = None,
 ) -> ScoredRollouts:
-    """Sample ``samples_per_prompt`` completions per sample and score them; with ``agent`` each is a
-    multi-turn trajectory: rewards score its final turn, and get ``trajectory``, ``tool_calls``, ``tool_errors`` and
-    ``tool_records`` columns."""
-    expanded = [s for s in samples for _ in range(samples_per_prompt)]
+    """Sample completions and score them. ``samples_per_prompt``: one count for every prompt, or one per prompt
+    (the curriculum's). With ``agent`` each completion is a multi-turn trajectory: rewards score its final turn, and
+    get ``trajectory``, ``tool_calls``, ``tool_errors`` and ``tool_records`` columns. ``inference``: add the
+    serving-cost terms of reward.inference to the reward (training; evaluation scores the task alone)."""
+    counts = _counts(samples_per_prompt, len(samples))
+    group_ids = [i for i, n in enumerate(counts) for _ in range(n)]
+    expanded = [samples[i] for i in group_ids]
     encoded = [encoder.encode(s) for s in samples]
-    prompts = [text for text, _ in encoded for _ in range(samples_per_prompt)]
+    prompts = [encoded[i][0] for i in group_ids]
     columns = reward_columns(expanded)
     trajectories = None
     if agent is None:
-        requests = [Request(f"{tag}-{i}-{j}", ids, params, tandem=tandem)
-                    for i, (_, ids) in enumerate(encoded) for j in range(samples_per_prompt)]
+        requests = [Request(f"{tag}-{i}-{j}", encoded[i][1], params, tandem=tandem)
+                    for i, n in enumerate(counts) for j in range(n)]
         rollouts = backend.generate(requests, policy_version=policy_version)
         completions = [r.text for r in rollouts]
     else:
-        trajectories = run_agent(backend, agent, samples, encoded, params, samples_per_prompt, policy_version, tag)
+        trajectories = run_agent(backend, agent, samples, encoded, params, counts, policy_version, tag)
         rollouts = [t.rollout for t in trajectories]
         completions = [t.final_text for t in trajectories]  # the answer; the rest is in the columns below
         columns.update(trajectory_columns(trajectories))
     result = reward(prompts, completions, columns)
+    if inference is not None:
+        result = inference(result, rollouts)
     accuracy = REWARD_FUNCTIONS["accuracy"](prompts, completions, **columns)
     correct = [a == 1.0 for a in accuracy]
-    return ScoredRollouts(expanded, prompts, rollouts, result, correct, trajectories)
+    return ScoredRollouts(expanded, prompts, rollouts, result, correct, group_ids, trajectories)
 
 
 def run_agent(backend: RolloutBackend, agent: AgentLoop, samples: list[Sample], encoded: list[tuple[str, list[int]]],
-              params: SamplingParams, samples_per_prompt: int, policy_version: int, tag: str) -> list[Trajectory]:
-    """Multi-turn rollouts: each sample's prompt, ``samples_per_prompt`` trajectories, through the agent loop."""
+              params: SamplingParams, counts: list[int], policy_version: int, tag: str) -> list[Trajectory]:
+    """Multi-turn rollouts: ``counts[i]`` trajectories of sample i's prompt, through the agent loop."""
     specs = [TrajectorySpec(f"{tag}-{i}-{j}", ids, params, ToolContext({"answer": s.answer, **s.columns}))
-             for i, (s, (_, ids)) in enumerate(zip(samples, encoded)) for j in range(samples_per_prompt)]
+             for i, (s, (_, ids)) in enumerate(zip(samples, encoded)) for j in range(counts[i])]
     with backend.generating():  # type: ignore[attr-defined]  # build_agent checked it is the engine backend
         return agent.run(specs, policy_version)
 
@@ -108,11 +117,20 @@ def trajectory_columns(trajectories: list[Trajectory]) -> dict[str, list[Any]]:
     }
 
 
-def group_advantages(scored: ScoredRollouts, group_size: int, estimator: str) -> tuple[Tensor, Tensor]:
-    """Advantages [B] and a validity mask [B]; samples whose reward is None get advantage 0."""
+def _counts(samples_per_prompt: int | Sequence[int], prompts: int) -> list[int]:
+    counts = [samples_per_prompt] * prompts if isinstance(samples_per_prompt, int) else list(samples_per_prompt)
+    if len(counts) != prompts or any(n < 1 for n in counts):
+        raise ValueError(f"samples per prompt must be >= 1 for each of the {prompts} prompts, got {counts}")
+    return counts
+
+
+def group_advantages(scored: ScoredRollouts, estimator: str) -> tuple[Tensor, Tensor]:
+    """Advantages [B] within each prompt's group (groups may differ in size) and a validity mask [B]; samples
+    whose reward is None get advantage 0."""
     valid = torch.tensor([t is not None for t in scored.reward.total], dtype=torch.bool)
     rewards = torch.tensor([t if t is not None else 0.0 for t in scored.reward.total], dtype=torch.float32)
-    return ADVANTAGES.get(estimator)(rewards, valid, group_size), valid
+    group_ids = torch.tensor(scored.group_ids, dtype=torch.long)
+    return ADVANTAGES.get(estimator)(rewards, valid, group_ids=group_ids), valid
 
 
 def rollout_params(cfg: RolloutConfig, seed: int) -> SamplingParams:

@@ -13,17 +13,20 @@ from torch import nn
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config, ModelConfig
+from tandemrl.curriculum import Curriculum
 from tandemrl.data.iterator import PromptIterator
 from tandemrl.data.tasks import load_task
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rewards.inference import InferenceReward, InferenceWeights
 from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.setup import build_agent
 from tandemrl.sync.base import InProcessSync, WeightSync
 from tandemrl.sync.factory import make_weight_sync
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder, prompt_encoder
+from tandemrl.train.sample_log import SampleLog
 from tandemrl.types import Sample
 
 
@@ -38,6 +41,11 @@ class TrainerState:
     initial_eval: dict | None = None
     data: dict = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the run up to this checkpoint, summed over every resume
+    curriculum: dict = field(default_factory=dict)  # Curriculum.state_dict(): EMA, buckets, rollouts per sample
+    best_eval: float | None = None  # the best epoch evaluation's accuracy so far
+    best_step: int | None = None
+    evals_since_best: int = 0  # epoch evaluations since the best one
+    stopped_early: bool = False
 
 
 @dataclass
@@ -56,6 +64,9 @@ class Run:
     test_samples: list[Sample]
     ref_model: nn.Module | None
     agent: AgentLoop | None = None  # the multi-turn agent loop (tools); None: single-turn rollouts
+    inference: InferenceReward | None = None  # reward.inference (its terms are logged even at weight 0)
+    curriculum: Curriculum | None = None
+    sample_log: SampleLog | None = None  # samples.jsonl (log.samples)
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
     sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
 
@@ -146,4 +157,9 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
         test_samples=test_samples, ref_model=ref_model, agent=agent,
+        inference=InferenceReward(InferenceWeights.from_config(cfg.reward.inference),
+                                  speculative=cfg.rollout.speculative.enabled),
+        curriculum=(Curriculum(cfg.curriculum, [s.index for s in train_samples], cfg.rollout.group_size)
+                    if cfg.curriculum.enabled else None),
+        sample_log=SampleLog(out_dir) if cfg.log.samples else None,
     )

@@ -28,12 +28,18 @@ def write_run_config(out_dir: Path, cfg: Config) -> None:
     _write_atomic(out_dir / "config.toml", config_to_toml(cfg))
 
 
-def save_run(run: Run, state: TrainerState) -> Path:
+BEST = "best"  # checkpoints/best/: the best epoch evaluation's checkpoint (a checkpoint root of its own)
+
+
+def save_run(run: Run, state: TrainerState, best: bool = False) -> Path:
+    """The whole trainer state into checkpoints/ (or, ``best``, into checkpoints/best/, keeping one)."""
     state.data = run.train_prompts.state_dict()
+    state.curriculum = run.curriculum.state_dict() if run.curriculum is not None else {}
+    root = run.out_dir / "checkpoints"
     return save_checkpoint(
-        run.out_dir / "checkpoints", state.step, model=run.model, tokenizer=run.tokenizer,
+        root / BEST if best else root, state.step, model=run.model, tokenizer=run.tokenizer,
         optimizer=run.optimizer, scheduler=run.scheduler, trainer_state=asdict(state),
-        keep_last=run.cfg.checkpoint.keep_last,
+        keep_last=1 if best else run.cfg.checkpoint.keep_last,
     )
 
 
@@ -45,6 +51,8 @@ def restore_run(run: Run) -> TrainerState | None:
     raw = load_checkpoint(path, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
     state = TrainerState(**raw)
     run.train_prompts.load_state_dict(state.data)
+    if run.curriculum is not None and state.curriculum:
+        run.curriculum.load_state_dict(state.curriculum)
     return state
 
 

@@ -73,3 +73,48 @@ def test_shape_and_dtype_preserved_float32():
 def test_bad_group_size():
     with pytest.raises(ValueError):
         ADVANTAGES.get("grpo")(_t([1.0, 2.0, 3.0]), torch.ones(3, dtype=torch.bool), group_size=2)
+
+
+# --- groups of different sizes (the adaptive curriculum gives harder prompts more samples) ---------------------
+
+UNEQUAL = [[1.0, 0.0], [0.0, 0.0, 1.0, 1.0, 0.5], [3.0, 1.0, 2.0]]  # groups of 2, 5 and 3 samples
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo"])
+def test_unequal_groups_get_the_advantages_each_group_gets_alone(name):
+    fn = ADVANTAGES.get(name)
+    rewards = _t([r for group in UNEQUAL for r in group])
+    ids = torch.tensor([i for i, group in enumerate(UNEQUAL) for _ in group])
+    together = fn(rewards, torch.ones(len(rewards), dtype=torch.bool), group_ids=ids)
+    alone = torch.cat([fn(_t(group), torch.ones(len(group), dtype=torch.bool), group_size=len(group))
+                       for group in UNEQUAL])
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-12)
+    # and by hand, for the group of 2: mean 0.5, unbiased std sqrt(0.5)
+    if name == "grpo":
+        assert together[0].item() == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-6))
+
+
+def test_group_ids_need_not_be_consecutive_or_sorted():
+    rewards = _t([1.0, 5.0, 0.0, 7.0])
+    ids = torch.tensor([9, 2, 9, 2])  # prompt 9: [1, 0]; prompt 2: [5, 7]
+    adv = ADVANTAGES.get("dr_grpo")(rewards, torch.ones(4, dtype=torch.bool), group_ids=ids)
+    assert adv.tolist() == [0.5, -1.0, -0.5, 1.0]
+
+
+def test_a_group_of_one_gets_zero_next_to_larger_groups():
+    adv = ADVANTAGES.get("grpo")(_t([1.0, 0.0, 1.0]), torch.ones(3, dtype=torch.bool), group_ids=torch.tensor([0, 0, 1]))
+    assert adv[2].item() == 0.0 and adv[0].item() > 0
+
+
+def test_step_norm_normalises_over_the_whole_step():
+    rewards = _t([1.0, 0.0, 0.0, 0.0, 4.0])  # mean 1, unbiased std sqrt((0+1+1+1+9)/4) = sqrt(3)
+    valid = torch.ones(5, dtype=torch.bool)
+    adv = ADVANTAGES.get("step_norm")(rewards, valid, group_ids=torch.tensor([0, 0, 1, 1, 1]), eps=0.0)
+    torch.testing.assert_close(adv, (rewards - 1.0) / math.sqrt(3))
+
+
+def test_group_size_and_group_ids_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one"):
+        ADVANTAGES.get("grpo")(_t([1.0, 2.0]), torch.ones(2, dtype=torch.bool), 2, group_ids=torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="one id per reward"):
+        ADVANTAGES.get("grpo")(_t([1.0, 2.0]), torch.ones(2, dtype=torch.bool), group_ids=torch.tensor([0]))

@@ -38,7 +38,7 @@ def test_duplicate_registration_rejected():
 
 
 def test_builtin_registries():
-    assert ADVANTAGES.names() == ["dr_grpo", "grpo"]
+    assert ADVANTAGES.names() == ["dr_grpo", "grpo", "step_norm"]
     assert AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]
     assert POLICY_LOSSES.get("grpo") is grpo_loss
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; valid choices: dr_grpo, grpo"):

@@ -205,3 +205,15 @@ def test_a_full_disk_in_the_tensorboard_thread_names_the_folder(tmp_path, monkey
     assert str(tmp_path / "tb") in str(info.value)
     monkeypatch.undo()
     tb.close()
+
+
+def test_write_many_writes_one_row_each_with_the_step(tmp_path):
+    from tandemrl.telemetry.writers import JsonlWriter, read_metrics
+
+    writer = JsonlWriter(tmp_path / "samples.jsonl")
+    writer.write_many(1, [{"sample": 3, "reward": 0.5}, {"sample": 4, "reward": float("nan")}])
+    writer.write_many(2, [{"sample": 3, "reward": 1.0}])
+    writer.truncate_after(1)
+    writer.close()
+    assert read_metrics(tmp_path / "samples.jsonl") == [{"step": 1, "sample": 3, "reward": 0.5},
+                                                        {"step": 1, "sample": 4, "reward": None}]
