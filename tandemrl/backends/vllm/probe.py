@@ -7,6 +7,7 @@ loaded weights move these log-probs far more than the numerical noise between tw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,9 +48,9 @@ class Probe:
         """The largest difference; raises WeightSyncError when it is above the tolerance."""
         if len(got) != len(expected):
             raise WeightSyncError(f"the weight probe returned {len(got)} log-probs for {len(expected)} tokens")
-        diffs = [abs(a - b) for a, b in zip(expected, got)]
+        diffs = [abs(a - b) if math.isfinite(a - b) else math.inf for a, b in zip(expected, got)]  # NaN: worst
         worst = max(range(len(diffs)), key=diffs.__getitem__)
-        if not diffs[worst] <= self.tolerance:  # NaN fails too
+        if diffs[worst] > self.tolerance:
             raise WeightSyncError(
                 f"vLLM does not hold the trainer's weights of policy version {policy_version}: on the fixed probe "
                 f"sequence its log-prob of token {worst + 1} is {got[worst]:.6f}, the trainer's {expected[worst]:.6f} "
