@@ -1,7 +1,8 @@
 """The GRPO training loop. Each step reads top to bottom: rollout -> reward -> advantage -> loss -> step -> sync.
 
-There is no explicit weight sync: the rollout backend decodes with the trainer's own parameter tensors, so the
-optimizer's in-place update is what the next rollout sees.
+There is no explicit weight sync: the engine and HF backends decode with the trainer's own parameter tensors, so
+the optimizer's in-place update is what the next rollout sees; the vLLM backend, which holds a copy, pulls and
+checks the weights itself when it is asked for a policy version it does not hold yet.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class VLLMBackend:
         self.probe = Probe.build(vocab, settings.probe_tokens, dtype, settings.probe_tolerance)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.synced_version: int | None = None  # None: vLLM holds the checkpoint it loaded, never checked
-        self.last_update_s = 0.0
+        self.last_update_s = self.last_load_s = self.last_probe_s = 0.0
         self.last_probe_diff = float("nan")
         self._asleep = self._closed = False
 
@@ -115,11 +115,13 @@ class VLLMBackend:
         """Send the trainer's weights to vLLM, empty its prefix cache, check the probe. Returns seconds taken."""
         started = time.perf_counter()
         named = [(name, tensor.detach()) for name, tensor in self.model.state_dict().items()]
-        self.llm.collective_rpc("tandemrl_load_weights", args=(named,))
+        self.llm.collective_rpc("tandemrl_load_weights", args=(named,))  # in-process: tensors by reference
         self.llm.reset_prefix_cache()  # cached K/V were computed with the old weights
+        loaded = time.perf_counter()
         self.last_probe_diff = self.check_weights(policy_version)
         self.synced_version = policy_version
-        self.last_update_s = time.perf_counter() - started
+        self.last_load_s, self.last_probe_s = loaded - started, time.perf_counter() - loaded
+        self.last_update_s = self.last_load_s + self.last_probe_s
         return self.last_update_s
 
     def check_weights(self, policy_version: int) -> float:
