@@ -2,7 +2,8 @@
 
 Both backends serve one model (random weights, EOS ignored, so every row decodes exactly --new-tokens tokens),
 in one process. Our engine runs first: vLLM's CPU worker pins torch to its own threads once it starts.
-- start-up: building the backend plus a first small generate (warm-up, and vLLM's first weight sync + probe).
+- start-up: building the backend plus a first small generate (warm-up, and vLLM's first weight sync + probe);
+  importing vllm is timed apart ("import s": once per process).
 - weight update: our engine decodes with the trainer's tensors (nothing to send: 0); vLLM: the trainer's weights
   through collective_rpc into the worker ("load"), then the probe check ("probe"); median of --updates.
 - tokens/s: generated tokens / wall time of one generate call over --batch prompts, temperature 1; median of
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from bench.engine_throughput import random_prompts, timed
 from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.backends.vllm import _compat
 from tandemrl.backends.vllm.backend import VLLMBackend
 from tandemrl.config import VLLMConfig
 from tandemrl.engine.config import EngineConfig
@@ -78,7 +80,7 @@ def bench_engine(model, tokenizer, prompts, args, device) -> tuple[dict, list]:
     generate(engine, prompts[:1], 2, 0.0, 0)
     startup = time.perf_counter() - started
     greedy = generate(engine, prompts, 16, 0.0, 0)
-    row = {"backend": "engine", "startup_s": startup, "update_s": 0.0, "load_s": 0.0, "probe_s": 0.0,
+    row = {"backend": "engine", "import_s": 0.0, "startup_s": startup, "update_s": 0.0, "load_s": 0.0, "probe_s": 0.0,
            "tokens_per_s": measure(engine, prompts, args, device, 0)}
     engine.close()
     return row, greedy
@@ -87,6 +89,10 @@ def bench_engine(model, tokenizer, prompts, args, device) -> tuple[dict, list]:
 def bench_vllm(model, tokenizer, path, prompts, args, device) -> tuple[dict, list]:
     settings = VLLMConfig(gpu_memory_utilization=args.memory, enforce_eager=not args.cuda_graphs,
                           max_model_len=args.prompt_len + args.new_tokens + 16)
+    started = time.perf_counter()
+    _compat.prepare_environment(settings.cpu_kvcache_gib)
+    _compat.import_vllm()  # timed apart: importing vllm is paid once per process
+    import_s = time.perf_counter() - started
     started = time.perf_counter()
     backend = VLLMBackend(model, tokenizer, path, settings)
     generate(backend, prompts[:1], 2, 0.0, 0)  # includes the first weight sync and probe
@@ -101,7 +107,7 @@ def bench_vllm(model, tokenizer, path, prompts, args, device) -> tuple[dict, lis
         loads.append(backend.last_load_s)
         probes.append(backend.last_probe_s)
     load, probe = statistics.median(loads), statistics.median(probes)
-    row = {"backend": "vllm", "startup_s": startup, "update_s": load + probe, "load_s": load, "probe_s": probe,
+    row = {"backend": "vllm", "import_s": import_s, "startup_s": startup, "update_s": load + probe, "load_s": load, "probe_s": probe,
            "tokens_per_s": measure(backend, prompts, args, device, args.updates),
            "vllm_version": backend._vllm.__version__, "probe_diff": backend.last_probe_diff}
     backend.close()
@@ -138,10 +144,10 @@ def main() -> None:
     vllm_row["greedy_match"] = f"{same}/{len(prompts)}"
 
     print(f"{args.arch}, {dtype}, {device}, batch {args.batch} x ({args.prompt_len} + {args.new_tokens}) tokens")
-    print(f"{'backend':8} {'start-up s':>10} {'update s':>9} {'(load':>7} {'probe)':>7} {'tok/s':>9}")
+    print(f"{'backend':8} {'import s':>8} {'start-up s':>10} {'update s':>9} {'(load':>7} {'probe)':>7} {'tok/s':>9}")
     for r in (engine_row, vllm_row):
-        print(f"{r['backend']:8} {r['startup_s']:10.2f} {r['update_s']:9.3f} {r['load_s']:7.3f} {r['probe_s']:7.3f}"
-              f" {r['tokens_per_s']:9.0f}")
+        print(f"{r['backend']:8} {r['import_s']:8.2f} {r['startup_s']:10.2f} {r['update_s']:9.3f} {r['load_s']:7.3f}"
+              f" {r['probe_s']:7.3f} {r['tokens_per_s']:9.0f}")
     print(f"greedy tokens identical (16 tokens): {vllm_row['greedy_match']} rows; last probe |diff| "
           f"{vllm_row['probe_diff']:.2e}")
     result = {"date": date.today().isoformat(), "device": torch.cuda.get_device_name() if device.type == "cuda"
