@@ -55,6 +55,5 @@ class Probe:
                 f"vLLM does not hold the trainer's weights of policy version {policy_version}: on the fixed probe "
                 f"sequence its log-prob of token {worst + 1} is {got[worst]:.6f}, the trainer's {expected[worst]:.6f} "
                 f"(|difference| {diffs[worst]:.3g} > tolerance {self.tolerance:g}; set rollout.vllm.probe_tolerance "
-                "to change it). Rollouts from these weights would be stale, so the run stops here; the last "
-                "checkpoint is intact")
+                "to change it). Rollouts from these weights would be stale, so the run stops here")
         return diffs[worst]

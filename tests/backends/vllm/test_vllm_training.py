@@ -51,3 +51,18 @@ def test_a_short_run_matches_our_engine(tiny64_dir, tmp_path):
     assert abs(mean(vllm[30:], "accuracy") - mean(engine[30:], "accuracy")) < 0.08
     assert abs(mean(vllm[-10:], "entropy") - mean(engine[-10:], "entropy")) < 0.6
     assert abs(mean(vllm, "response_length/mean") - mean(engine, "response_length/mean")) < 0.3
+
+
+def test_an_update_that_does_not_land_stops_the_run(tiny64_dir, tmp_path, monkeypatch, capsys):
+    """A worker that drops the weights (as a plain load_weights on CPU may, silently): the first step's update
+    is not in vLLM, the probe sees it before the second rollout, and the CLI prints one line."""
+    from tandemrl.backends.vllm.extension import TandemrlWorkerExtension
+    from tandemrl.cli import main
+
+    monkeypatch.setattr(TandemrlWorkerExtension, "tandemrl_load_weights", lambda self, named_tensors: 0)
+    code = main(["train", "--out", str(tmp_path / "run"), "--set", f'model.name_or_path="{tiny64_dir}"',
+                 "--set", "model.device=cpu", "--set", "log.tensorboard=false", "--set", "train.max_steps=3",
+                 "--set", "eval.limit=8", "--set", "eval.pass_k=0", "--set", 'rollout.backend="vllm"'])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error: vLLM does not hold the trainer's weights of policy version 1" in err, err[-2000:]
