@@ -90,7 +90,7 @@ def bench_vllm(model, tokenizer, path, prompts, args, device) -> tuple[dict, lis
     settings = VLLMConfig(gpu_memory_utilization=args.memory, enforce_eager=not args.cuda_graphs,
                           max_model_len=args.prompt_len + args.new_tokens + 16)
     started = time.perf_counter()
-    _compat.prepare_environment(settings.cpu_kvcache_gib)
+    _compat.prepare_environment()
     _compat.import_vllm()  # timed apart: importing vllm is paid once per process
     import_s = time.perf_counter() - started
     started = time.perf_counter()

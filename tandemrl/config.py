@@ -61,7 +61,7 @@ class VLLMConfig(Section):
     """rollout.backend = "vllm": a colocated vllm.LLM in the trainer's process (see tandemrl/backends/vllm/)."""
 
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="share of GPU memory vLLM may take")
-    cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE, unless set)")
+    cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE wins if set)")
     enforce_eager: bool = True  # no CUDA graphs / compilation: a start of seconds, not minutes
     enable_prefix_caching: bool = True  # reset after every weight update
     max_model_len: int | None = Field(None, ge=1, description="None: the model's max_position_embeddings")

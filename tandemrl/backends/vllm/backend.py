@@ -32,7 +32,7 @@ class VLLMBackend:
     def __init__(self, model: nn.Module, tokenizer: Any, model_path: str | Path, settings: VLLMConfig | None = None,
                  seed: int = 0) -> None:
         settings = settings or VLLMConfig()
-        _compat.prepare_environment(settings.cpu_kvcache_gib)
+        _compat.prepare_environment()
         self._vllm = _compat.import_vllm()
         check_architecture(model, self._vllm.__version__)
         self.model, self.tokenizer = model, tokenizer
@@ -44,7 +44,7 @@ class VLLMBackend:
             model=str(model_path), dtype=str(dtype).removeprefix("torch."), seed=seed, max_model_len=max_len,
             enforce_eager=settings.enforce_eager, gpu_memory_utilization=settings.gpu_memory_utilization,
             enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.sleep_mode,
-            worker_extension_cls=EXTENSION,
+            worker_extension_cls=EXTENSION, **_compat.kv_cache_kwargs(settings.cpu_kvcache_gib),
             logprobs_mode="processed_logprobs",  # after temperature and top-k/top-p, as our engine reports them
         )
         self.startup_s = time.perf_counter() - started

@@ -6,6 +6,7 @@ Not marked `vllm`: these run in the main suite (`make test`), where vLLM is not 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 
@@ -47,13 +48,11 @@ def test_unsupported_versions_fail(version):
 
 def test_environment_selects_the_in_process_engine(monkeypatch):
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    _compat.prepare_environment(cpu_kvcache_gib=3)
-    assert (sys.modules["os"].environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
-            sys.modules["os"].environ["VLLM_CPU_KVCACHE_SPACE"]) == ("0", "3")
+    _compat.prepare_environment()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     with pytest.raises(VLLMBackendError, match="VLLM_ENABLE_V1_MULTIPROCESSING=1 is set"):
-        _compat.prepare_environment(cpu_kvcache_gib=1)
+        _compat.prepare_environment()
 
 
 def test_probe_is_fixed_and_its_tolerance_follows_the_dtype():
