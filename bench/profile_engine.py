@@ -1,11 +1,13 @@
 """Where a decode step's time goes: cProfile of the host side and torch.profiler of the device side.
 
 python -m bench.profile_engine --arch qwen2.5-0.5b --batch 64
+python -m bench.profile_engine --arch qwen3-0.6b --batch 64 --tandem 0.5   # a tandem rollout (frozen: a copy)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import pstats
 
@@ -15,6 +17,7 @@ from bench.engine_throughput import engine_run, random_prompts
 from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
+from tandemrl.engine.tandem import TandemConfig
 
 
 def main() -> None:
@@ -25,11 +28,16 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--fresh-prompts", action="store_true",
                         help="new prompts for every run, so the prefix cache never serves them (profiles prefill)")
+    parser.add_argument("--tandem", type=float, default=None, metavar="P",
+                        help="profile a tandem rollout (Bernoulli p = P; the frozen model a copy of the hot one)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()
-    backend = EngineBackend(model, None, EngineConfig(num_blocks=4096), device=device)
+    tandem = TandemConfig(enabled=True, p=args.tandem) if args.tandem is not None else None
+    frozen = copy.deepcopy(model) if tandem is not None else None
+    backend = EngineBackend(model, None, EngineConfig(num_blocks=4096), device=device, tandem=tandem,
+                            frozen_model=frozen)
     runs = iter(range(1 << 30))
 
     def prompts() -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""`tandemrl train | eval | config | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
+"""`tandemrl train | eval | config | serve | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
 
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def _parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="print the resolved config (defaults, file, overrides) as TOML")
     _add_config_args(config)
     config.set_defaults(command=_config)
+
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (the engine behind it)")
+    serve.add_argument("model", help="hub id, local directory or 'tiny' (overrides model.name_or_path)")
+    _add_config_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed on start)")
+    serve.add_argument("--served-model-name", help="the name clients ask for (default: MODEL)")
+    serve.add_argument("--allow-ipc", action="store_true",
+                       help="accept CUDA IPC weight handles (sync.kind = 'ipc'; they are pickles: trusted clients only)")
+    serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    serve.set_defaults(command=_serve)
 
     tiny = commands.add_parser("make-tiny-model", help="build the small offline Qwen2-architecture model")
     tiny.add_argument("dir", type=Path)
@@ -143,6 +154,16 @@ def resolve_eval_model(model: str) -> str:
     if latest is None:
         raise FileNotFoundError(f"run directory {path} has no complete checkpoint under {checkpoints}")
     return str(latest)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tandemrl.config import load_config
+    from tandemrl.serve.server import ServeOptions, serve
+
+    cfg = load_config(args.config, list(args.overrides) + [f'model.name_or_path="{args.model}"'])
+    _quiet_transformers()
+    serve(cfg, ServeOptions(args.host, args.port, args.served_model_name, args.log_level, args.allow_ipc))
+    return 0
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:

@@ -70,8 +70,15 @@ class VLLMConfig(Section):
 
 
 class RolloutConfig(Section):
-    # engine: paged KV cache; hf: plain batched decoding; vllm: a colocated vLLM (extra `tandemrl[vllm]`)
-    backend: Literal["engine", "hf", "vllm"] = "engine"
+    # engine: paged KV cache; hf: plain batched decoding; server: a `tandemrl serve` process at server_url;
+    # vllm: a colocated vLLM (extra `tandemrl[vllm]`)
+    backend: Literal["engine", "hf", "server", "vllm"] = "engine"
+    server_url: str | None = None
+    # a rollout sampled by weights more than this many versions behind the trainer's is refused (0 = on-policy)
+    max_staleness: int = Field(0, ge=0)
+    server_retries: int = Field(3, ge=0, description="attempts after the first when the server does not answer")
+    server_backoff_s: float = Field(2.0, ge=0.0, description="wait before the first retry; doubles each time")
+    server_timeout_s: float = Field(600.0, gt=0.0, description="seconds one rollout request may take")
     prompts_per_step: int = Field(16, ge=1)
     group_size: int = Field(8, ge=2, description="samples per prompt; GRPO needs at least 2")
     max_tokens: int = Field(3, ge=1)
@@ -97,6 +104,37 @@ class RolloutConfig(Section):
         if spec.enabled and self.backend != "engine":
             raise ValueError("rollout.speculative needs rollout.backend = 'engine'")
         return self
+
+
+class ToolsConfig(Section):
+    """Multi-turn tool calling (tandemrl/rollout/). Unset keys take the task's tool setup (rollout/catalog.py):
+    synthetic:peek turns tools on; every other task runs single-turn unless ``names`` is set."""
+
+    enabled: bool | None = None  # None: on when the task or `names` gives tools
+    names: list[str] | None = None  # built-in tools: python, calculator, peek
+    format: Literal["hermes", "plain"] | None = None  # hermes: <tool_call>{json}</tool_call>; plain: base models
+    call_open: str | None = None  # plain format markers (None: the task's, else <call> </call> <result> </result>)
+    call_close: str | None = None
+    result_open: str | None = None
+    result_close: str | None = None
+    max_turns: int = Field(8, ge=1, description="generation turns per trajectory")
+    max_tool_calls: int | None = Field(None, ge=1, description="tool calls per trajectory (None: the task's, else 8)")
+    max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
+    max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
+    sandbox_timeout_s: float = Field(5.0, gt=0.0)
+    sandbox_cpu_s: int = Field(5, ge=1)
+    sandbox_memory_mb: int = Field(512, ge=64)
+    sandbox_max_file_mb: int = Field(4, ge=1)
+    sandbox_max_output_chars: int = Field(2000, ge=1)
+
+
+class SyncConfig(Section):
+    """How the trainer's weights reach the process that samples its rollouts (tandemrl.sync)."""
+
+    kind: Literal["inprocess", "checkpoint", "lora", "ipc", "nccl"] = "inprocess"
+    dir: str | None = None  # checkpoint: where the pushed checkpoints go (default <run dir>/sync)
+    nccl_init_method: str | None = None  # nccl: e.g. "tcp://127.0.0.1:29511" (the trainer and the server join it)
+    nccl_backend: Literal["nccl", "gloo"] = "nccl"
 
 
 class RewardConfig(Section):
@@ -153,6 +191,8 @@ class Config(Section):
     rollout: RolloutConfig = RolloutConfig()
     engine: EngineConfig = EngineConfig()
     tandem: TandemConfig = TandemConfig()
+    tools: ToolsConfig = ToolsConfig()
+    sync: SyncConfig = SyncConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -187,6 +227,44 @@ class Config(Section):
         if self.rollout.backend == "vllm" and self.model.lora.enabled:
             raise ValueError("rollout.backend = 'vllm' does not take LoRA adapters yet (model.lora.enabled); "
                              "use rollout.backend = 'engine'")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> Config:
+        from tandemrl.rollout.setup import tools_enabled  # the task's tool setup lives with the tools
+
+        if not tools_enabled(self):
+            return self
+        if self.rollout.backend != "engine":
+            raise ValueError("tools (multi-turn rollouts) need rollout.backend = 'engine': the agent loop drives the "
+                             "engine request by request")
+        if self.tandem.enabled or self.rollout.speculative.enabled:
+            raise ValueError("tools cannot be combined with tandem.enabled or rollout.speculative yet")
+        return self
+
+    @model_validator(mode="after")
+    def _check_server(self) -> Config:
+        rollout, kind = self.rollout, self.sync.kind
+        if rollout.backend != "server":
+            if kind != "inprocess":
+                raise ValueError(f"sync.kind = {kind!r} pushes weights to a separate server: it needs "
+                                 "rollout.backend = 'server' (and rollout.server_url)")
+            return self
+        if not rollout.server_url:
+            raise ValueError("rollout.backend = 'server' needs rollout.server_url (e.g. 'http://127.0.0.1:8000', "
+                             "where `tandemrl serve` listens)")
+        if kind == "inprocess":
+            raise ValueError("rollout.backend = 'server' samples in another process: sync.kind must be one of "
+                             "'checkpoint', 'lora', 'ipc', 'nccl' ('inprocess' only works with the engine here)")
+        if kind == "lora" and not self.model.lora.enabled:
+            raise ValueError("sync.kind = 'lora' pushes a LoRA adapter: set model.lora.enabled = true")
+        if kind == "checkpoint" and self.model.lora.enabled:
+            raise ValueError("sync.kind = 'checkpoint' pushes full weights; with model.lora.enabled use sync.kind = "
+                             "'lora'")
+        if kind == "nccl" and not self.sync.nccl_init_method:
+            raise ValueError("sync.kind = 'nccl' needs sync.nccl_init_method (e.g. 'tcp://127.0.0.1:29511')")
+        if rollout.speculative.enabled or self.tandem.enabled:
+            raise ValueError("rollout.backend = 'server' does not run speculative or tandem rollouts yet")
         return self
 
     @model_validator(mode="after")

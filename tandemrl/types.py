@@ -152,6 +152,36 @@ class Rollout:
 
 
 @dataclass
+class ToolCallRecord:
+    """One tool call of a trajectory: what the model asked for and what it was told."""
+
+    name: str
+    arguments: Any
+    result: str
+    error: bool
+
+
+@dataclass
+class Trajectory:
+    """A finished multi-turn rollout. ``rollout.completion_ids`` is every turn's engine output and every inserted
+    tool-result token, in order; ``rollout.loss_weights`` is 1.0 on the model's tokens and 0.0 on inserted ones
+    (whose ``logprobs`` are 0.0); ``rollout.text`` is the whole transcript. ``final_text`` is the last turn's text
+    (the answer rewards check); ``reprefill_tokens`` counts history tokens recomputed when turns resumed (prompt
+    tokens the prefix cache did not serve, less the newly inserted ones)."""
+
+    rollout: Rollout
+    final_text: str
+    turns: int
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    inserted_tokens: int = 0
+    reprefill_tokens: int = 0
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(call.error for call in self.tool_calls)
+
+
+@dataclass
 class Sample:
     """One task item: the prompt text plus the columns rewards need (e.g. the gold answer)."""
 

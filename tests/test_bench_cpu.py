@@ -29,3 +29,24 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
                   "--prompt-len", "8", "--new-tokens", "16", "--repeats", "1", "--out", str(out))
         result = json.loads(out.read_text())
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
+
+
+def test_agent_loop_bench_runs_both_loops(tmp_path):
+    """Correctness of the benchmark only (timings on a shared CI machine are not asserted)."""
+    import torch
+
+    from bench.agent_loop import main as agent_bench
+
+    out, threads = tmp_path / "agent.json", torch.get_num_threads()
+    try:  # in this process: a second interpreter's imports cost more than the run
+        agent_bench(["--arch", "tiny", "--trajectories", "6", "--calls", "2", "--tool-min-ms", "1",
+                     "--tool-max-ms", "5", "--turn-tokens", "4", "--prompt-len", "8", "--repeats", "1",
+                     "--kv-gib", "0.01", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(out.read_text())
+    assert [r["loop"] for r in result["runs"]] == ["async", "turn-synchronous"]
+    for r in result["runs"]:
+        assert r["tool_calls"] == 6 * 2 and r["check"] == "calls per trajectory [2], finish ['max_tool_calls']"
+        assert 0 < r["engine_busy_fraction"] <= 1
+    assert result["throughput_ratio"] > 0

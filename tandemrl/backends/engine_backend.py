@@ -6,8 +6,9 @@ tokenizer and config into an ``LLMEngine`` and maps the backend protocol onto it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -53,6 +54,13 @@ class EngineBackend:
         self._closed = False
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
+        with self.generating():
+            return self.engine.generate(requests, policy_version)
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[LLMEngine]:
+        """The engine, ready to decode (eval mode, no autograd, seeded streams afresh): for callers that drive it
+        request by request, like the agent loop (tandemrl/rollout/agent_loop.py)."""
         if self._closed:
             raise RuntimeError("EngineBackend.generate called after close()")
         if self.engine.is_asleep:
@@ -61,7 +69,7 @@ class EngineBackend:
         if reset_rng is not None:  # seeded requests: each call starts its random stream afresh
             reset_rng()
         with sampling_mode(self.model), torch.no_grad():
-            return self.engine.generate(requests, policy_version)
+            yield self.engine
 
     def sleep(self) -> None:
         """Free the KV cache and CUDA graphs so the trainer can use the memory (it stays in PyTorch's allocator)."""

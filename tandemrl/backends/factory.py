@@ -21,6 +21,12 @@ def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.de
 
         path = resolve_name_or_path(cfg.model.name_or_path, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
         return VLLMBackend(model, tokenizer, path, cfg.rollout.vllm, seed=cfg.train.seed)
+    if cfg.rollout.backend == "server":
+        from tandemrl.backends.server_backend import ServerBackend
+
+        r = cfg.rollout
+        return ServerBackend(r.server_url or "", max_staleness=r.max_staleness, retries=r.server_retries,
+                             backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
     if cfg.rollout.backend == "engine" and _engine_supports(model):
         from tandemrl.backends.engine_backend import EngineBackend
 

@@ -6,6 +6,8 @@ answer (e.g. prompt ``"3+4="``, completion ``"7"``). Generation is deterministic
 - ``add``:  ``"a+b="`` with single digits and a single-digit sum (a + b <= 9); 55 distinct prompts, answers 0..9.
 - ``copy``: ``"copy d:"`` -> ``"d"`` for a digit d; the easiest task (10 prompts, answers 0..9).
 - ``add2``: ``"a+b="`` with 0 <= a, b <= 99 and a two-digit sum (10..99); 4,995 prompts, 90 answers. Harder.
+- ``peek``: ``"peek:"`` -> a hidden random digit that only the ``peek`` tool reveals (a tool-use task: without the
+  tool the best policy scores chance, 10 %; with it 100 %). The tool setup is in tandemrl/rollout/catalog.py.
 """
 
 from __future__ import annotations
@@ -33,16 +35,21 @@ def _add2(rng: random.Random) -> tuple[str, int]:
     return f"{a}+{total - a}=", total
 
 
+def _peek(rng: random.Random) -> tuple[str, int]:
+    return "peek:", rng.randint(0, 9)  # the prompt says nothing about the answer
+
+
 _TASKS: dict[str, tuple[Callable[[random.Random], tuple[str, int]], range]] = {
     "add": (_add, range(0, 10)),
     "copy": (_copy, range(0, 10)),
     "add2": (_add2, range(10, 100)),
+    "peek": (_peek, range(0, 10)),
 }
 
 SYNTHETIC_TASKS: tuple[str, ...] = tuple(_TASKS)
 
 # Every character a synthetic prompt or answer can contain (for building or checking a character tokenizer).
-SYNTHETIC_ALPHABET = "0123456789+=:copy "
+SYNTHETIC_ALPHABET = "0123456789+=:copyek "
 
 
 def _check_task(task: str) -> None:

@@ -40,12 +40,14 @@ def load_task(
     raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASK_NAMES)}")
 
 
-def format_prompt(sample: Sample, tokenizer: Any, use_chat_template: bool, system_prompt: str | None = None) -> str:
+def format_prompt(sample: Sample, tokenizer: Any, use_chat_template: bool, system_prompt: str | None = None,
+                  tools: list[dict[str, Any]] | None = None) -> str:
     """The text to generate from.
 
     With ``use_chat_template`` the prompt becomes a user message (after an optional system message) rendered by
     ``tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)``. Without it the raw
-    ``sample.prompt`` is returned unchanged (``system_prompt`` is then not used).
+    ``sample.prompt`` is returned unchanged (``system_prompt`` is then not used). ``tools`` (JSON-schema
+    descriptions) go to the chat template, which describes them to the model (Qwen's templates do).
     """
     if not use_chat_template:
         return sample.prompt
@@ -58,7 +60,8 @@ def format_prompt(sample: Sample, tokenizer: Any, use_chat_template: bool, syste
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": sample.prompt})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def reward_columns(samples: list[Sample]) -> dict[str, list[Any]]:

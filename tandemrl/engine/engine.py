@@ -155,6 +155,20 @@ class LLMEngine:
             found = True
         return found
 
+    def progress(self) -> list[tuple[str, list[int], list[float]]]:
+        """(request_id, completion ids, their log-probs) read back so far, for every unfinished sequence: what a
+        streaming server sends before the rollout finishes (pending placeholders are left out)."""
+        out = []
+        for seq in self._live.values():
+            known = seq.num_known_tokens - seq.num_prompt_tokens
+            out.append((seq.request_id, seq.completion_ids[:known], seq.logprobs[:known]))
+        return out
+
+    def load(self) -> dict[str, int]:
+        """Waiting and running sequences, and KV blocks in use (a server's metrics)."""
+        return {"waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
+                "kv_blocks_used": self.num_blocks - self.block_manager.num_free_blocks, "kv_blocks": self.num_blocks}
+
     def has_unfinished(self) -> bool:
         return bool(self._ready) or self.scheduler.has_unfinished() or self._in_flight is not None
 

@@ -26,6 +26,7 @@ from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import SpeculativeConfig
 from tandemrl.engine.step import StepKind, StepOutput, StepPlan
 from tandemrl.engine.tandem import FROZEN, TandemConfig
+from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
 Decode = Callable[[Seq[int]], str]
@@ -133,7 +134,7 @@ class Scheduler:
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
             return StepPlan.idle()
-        if self.tandem is not None:
+        if self.tandem is not None and any(s.owners is not None for s in running):  # else: the hot model alone
             return self._schedule_tandem(running, in_flight)
         if self.speculative.enabled:
             return self._schedule_verify(running, in_flight)
@@ -160,8 +161,29 @@ class Scheduler:
                         feed=None if feed is None else [[] for _ in plan.seqs])
 
     def _schedule_tandem(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Tandem (tandem.py): each row's next segment from its owner stream, a run of frozen tokens and maybe the
-        hot token after it; if the free blocks cannot cover that, one token each, which may preempt."""
+        if self.tandem.drawn_ahead:
+            return self._schedule_tandem_burst(running, in_flight)
+        return self._schedule_tandem_segments(running, in_flight)
+
+    def _schedule_tandem_burst(self, running: list[Sequence], in_flight: bool) -> StepPlan:
+        """Tandem with writers drawn ahead: a burst of up to 2 x ``decode_steps`` forwards of the two models in turns
+        (tandem_burst.py); if the free blocks cannot cover it, one token each, which may preempt."""
+        forwards = 2 * self.config.decode_steps
+        burst = plan_tandem_burst([_writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
+                                   for s in running], forwards)
+        planned = burst.num_tokens.tolist()
+        if self.block_manager.try_append_all(running, planned):
+            return StepPlan(StepKind.DECODE, running, planned, proposer=FROZEN, tandem=burst)
+        plan = self._schedule_single_steps(running, in_flight)
+        if not plan:
+            return plan
+        return StepPlan(StepKind.DECODE, plan.seqs, plan.num_tokens, proposer=FROZEN,
+                        tandem=plan_tandem_burst([_writers(s, 1) for s in plan.seqs], 0))
+
+    def _schedule_tandem_segments(self, running: list[Sequence], in_flight: bool) -> StepPlan:
+        """Tandem with writers that depend on the tokens (sentence, word): each row's next segment from its owner
+        stream, a run of frozen tokens and maybe the hot token after it; if the free blocks cannot cover that, one
+        token each, which may preempt."""
         cap = self.tandem.max_run_tokens
         segments = [_next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
         planned = [r + hot for r, hot in segments]
@@ -231,8 +253,8 @@ class Scheduler:
                     finished.append(seq)
                 elif later:
                     seq.add_pending(later)
-            if plan.forced is not None:  # tandem: who wrote each kept token; the owner stream moves on
-                writers = [False] * accepted + [True] * (len(tokens) - accepted)
+            writers = _step_writers(plan, i, accepted, len(tokens))
+            if writers is not None:  # tandem: who wrote each kept token; the owner stream moves on
                 seq.sources.extend(writers[:kept])
                 del seq.sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
                 if seq.owners is not None:
@@ -286,10 +308,26 @@ class Scheduler:
         return True
 
 
+def _writers(seq: Sequence, n: int) -> list[bool]:
+    """The writers of the sequence's next ``n`` positions (True = hot); a request outside tandem is the hot model's
+    alone."""
+    return seq.owners.peek(n) if seq.owners is not None else [True] * n
+
+
 def _next_segment(seq: Sequence, limit: int) -> tuple[int, bool]:
     """(frozen positions next, whether a hot one follows) from the sequence's owner stream; a request outside tandem
     is the hot model's alone."""
     return seq.owners.next_segment(limit) if seq.owners is not None else (0, True)
+
+
+def _step_writers(plan: StepPlan, row: int, accepted: int | None, returned: int) -> list[bool] | None:
+    """Tandem: the writer of each token a row returned (True = hot): fixed by a burst's plan, or a segment's frozen
+    run then the hot token; None outside tandem."""
+    if plan.tandem is not None:
+        return plan.tandem.owners[row]
+    if plan.forced is not None:
+        return [False] * accepted + [True] * (returned - accepted)
+    return None
 
 
 def _cut_frozen_run(seq: Sequence, forced: int, tokens: list[int], lps: list[float], output: StepOutput,

@@ -123,6 +123,10 @@ class _LookaheadStream:
             self._buffer.extend(self._produce(self._position + len(self._buffer)))
         return self._buffer[offset]
 
+    def peek(self, n: int) -> list[bool]:
+        """Owners of the next ``n`` positions (True = hot), without moving the stream."""
+        return [self._owner_at(i) for i in range(n)]
+
     def next_segment(self, limit: int) -> tuple[int, bool]:
         _check_limit(limit)
         r = 0

@@ -2,7 +2,8 @@
 
 A plan names its kind, the model slot that runs it and, per row, how many tokens the row is planned to produce:
 - PREFILL: the row's uncached tokens are computed; one token is sampled after the last (``num_tokens`` 1);
-- DECODE: a burst of ``num_tokens[i]`` steps, each feeding the token sampled at the one before, on the device;
+- DECODE: a burst of ``num_tokens[i]`` steps, each feeding the token sampled at the one before, on the device; with
+  ``tandem``, two models take turns writing the rows, each position by the model the plan names;
 - VERIFY: the row's last token and its proposed tokens are computed in one forward, the proposals kept up to the
   first one the model rejects (rejection sampling: the output follows the model's distribution; a greedy row keeps
   the proposals its argmax agrees with), ending with the model's own token there (or after the last proposal).
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.tandem_burst import TandemBurst
 
 TARGET = "target"  # the slot of the model whose tokens the engine returns (the trained policy)
 
@@ -42,6 +44,9 @@ class StepPlan:
     # target writes the rest of the row's ``num_tokens`` (0 or 1 token).
     forced: list[int] | None = None
     proposer: str = "draft"
+    # DECODE as a tandem burst (tandem_burst.py): the forwards by which the target (hot) and the proposer (frozen)
+    # slots write the row's ``num_tokens[i]`` tokens, whose writers it fixes
+    tandem: TandemBurst | None = None
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.seqs):

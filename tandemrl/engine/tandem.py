@@ -1,13 +1,18 @@
 """Tandem rollouts: a trained "hot" model and a frozen one write each sequence together.
 
 A selector (selectors.py) decides, position by position, whose token is kept; its owner stream is per request and
-seeded, so rollouts are reproducible. The sentence and word selectors switch at boundary tokens: a frozen run that
-writes one is cut there on the host, and the target's own sample at that position follows it. The engine runs tandem as speculative decoding with a fixed acceptance rule
-(step.py, VERIFY with ``forced``): each step asks the stream for the next segment, ``r`` frozen positions and maybe
-one hot position after them; the frozen model (the runner's ``frozen`` slot) proposes the r tokens, the hot model
-reads them in one forward, keeps them all and samples its own token after them. Both caches hold every kept token;
-each model runs about one forward per token it reads, never one per token of the other's. Every kept token carries
-the hot model's log-prob of it and its writer (``Rollout.token_sources``), which the trainer turns into loss weights.
+seeded, so rollouts are reproducible. Both models' caches hold every kept token, and each model reads each token
+once, in one forward with the others it has not read: never a forward per token of the other model's.
+
+- Selectors that do not read the tokens (bernoulli, chunk, alternating; ``drawn_ahead``) draw the writers of a
+  whole burst ahead: the models take turns over the batch in one planned burst of forwards with no host sync
+  (tandem_burst.py, run by model/tandem_runner.py).
+- The sentence and word selectors switch at boundary tokens, so a step is one segment per row (VERIFY with
+  ``forced``): the frozen model (the runner's ``frozen`` slot) proposes its run, cut on the host at a boundary token,
+  and the hot model reads it in one forward and samples its own token after it.
+
+Every kept token carries the hot model's log-prob of it and its writer (``Rollout.token_sources``), which the trainer
+turns into loss weights.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ BOUNDARY_SELECTORS = ("sentence", "word")  # switch writers at boundary tokens (
 class TandemConfig:
     """``p``: probability that a position (a chunk for ``chunk``) is the hot model's; ``frozen_model``: hub id or
     directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
-    weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at
-    most; ``frozen_device``: where the frozen model lives (None: the hot model's device; the only one supported)."""
+    weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at most
+    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device; the
+    only one supported); ``frozen_dtype``: the frozen model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a
+    hot model trained in float32: half the memory and bandwidth, its caches in bfloat16 too)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
@@ -40,6 +47,12 @@ class TandemConfig:
     frozen_token_weight: float = 0.2
     max_run_tokens: int = 4
     frozen_device: str | None = None
+    frozen_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
+
+    @property
+    def drawn_ahead(self) -> bool:
+        """Whether the writers do not depend on the tokens, so a whole burst can be planned ahead (tandem_burst.py)."""
+        return self.selector not in BOUNDARY_SELECTORS
 
     def selector_config(self) -> TandemSelectorConfig:
         return TandemSelectorConfig(self.selector, self.p, self.chunk_tokens, self.max_gap_tokens)

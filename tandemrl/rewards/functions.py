@@ -120,6 +120,24 @@ def length_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
     return [-min(1.0, len(completion_text(c)) / LENGTH_PENALTY_CHARS) for c in completions]
 
 
+@register_reward("tool_use")
+def tool_use(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Multi-turn rollouts: 1.0 when the trajectory made at least one tool call that did not fail and then ended
+    on its own (an answer, not a turn / call / token limit); needs the columns the agent loop adds."""
+    n = len(completions)
+    calls, errors = _column(kwargs, "tool_calls", "tool_use", n), _column(kwargs, "tool_errors", "tool_use", n)
+    finished = _column(kwargs, "finish_reason", "tool_use", n)
+    return [1.0 if c > e and f in ("stop", "length") else 0.0 for c, e, f in zip(calls, errors, finished)]
+
+
+@register_reward("tool_errors")
+def tool_error_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Multi-turn rollouts: minus the fraction of the trajectory's tool calls that failed (0 with no calls)."""
+    calls = _column(kwargs, "tool_calls", "tool_errors", len(completions))
+    errors = _column(kwargs, "tool_errors", "tool_errors", len(completions))
+    return [-e / c if c else 0.0 for c, e in zip(calls, errors)]
+
+
 def resolve_reward(name: str | RewardFn) -> RewardFn:
     """A registered reward name, or ``"package.module:function"`` imported dynamically (a callable passes through)."""
     if callable(name):

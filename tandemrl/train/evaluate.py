@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config
 from tandemrl.data.tasks import load_task
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rollout.setup import build_agent
 from tandemrl.telemetry.progress import EvalProgress
 from tandemrl.train.rollouts import PromptEncoder, generate_and_score
 from tandemrl.types import Sample, SamplingParams
@@ -39,6 +41,7 @@ def evaluate(
     reward: CompositeReward,
     cfg: Config,
     policy_version: int,
+    agent: Any = None,
 ) -> EvalResult:
     greedy = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=0.0, stop=tuple(cfg.rollout.stop))
     k = cfg.eval.pass_k
@@ -52,12 +55,12 @@ def evaluate(
         for start in range(0, len(samples), batch):
             chunk = samples[start : start + batch]
             scored = generate_and_score(backend, encoder, chunk, reward, greedy, 1, policy_version, f"eval{start}",
-                                        tandem=False)  # the trained model alone
+                                        tandem=False, agent=agent)  # the trained model alone
             correct += scored.correct
             rewards += [t for t in scored.reward.total if t is not None]
             if k > 0:
                 many = generate_and_score(backend, encoder, chunk, reward, sampled, k, policy_version, f"pass{start}",
-                                          tandem=False)
+                                          tandem=False, agent=agent)
                 passed += [any(many.correct[i * k : (i + 1) * k]) for i in range(len(chunk))]
             progress.advance(len(chunk))
     return EvalResult(
@@ -79,5 +82,7 @@ def evaluate_config(cfg: Config) -> EvalResult:
                         seed=cfg.train.seed)
     model, tokenizer = load_policy(cfg.model, device)
     backend = make_backend(cfg, model, tokenizer, device)
-    encoder = PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt)
-    return evaluate(backend, encoder, samples, build_reward(cfg.reward.weights), cfg, policy_version=0)
+    agent = build_agent(cfg, backend, tokenizer)
+    encoder = PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt,
+                            agent.tools.describe() if agent is not None else [])
+    return evaluate(backend, encoder, samples, build_reward(cfg.reward.weights), cfg, policy_version=0, agent=agent)

@@ -1,8 +1,10 @@
 """The GRPO training loop. Each step reads top to bottom: rollout -> reward -> advantage -> loss -> step -> sync.
 
-There is no explicit weight sync: the engine and HF backends decode with the trainer's own parameter tensors, so
-the optimizer's in-place update is what the next rollout sees; the vLLM backend, which holds a copy, pulls and
-checks the weights itself when it is asked for a policy version it does not hold yet.
+With the default in-process engine the sync is a no-op: the engine decodes with the trainer's own parameter
+tensors, so the optimizer's in-place update is what the next rollout sees. With a separate server
+(rollout.backend = "server") the sync pushes the new weights there (sync.kind; tandemrl/sync/). The colocated vLLM
+backend (rollout.backend = "vllm") holds a copy: it pulls and checks the weights itself when it is asked for a
+policy version it does not hold yet (tandemrl/backends/vllm/).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
+from tandemrl.rollout.setup import completion_budget
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
 from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
+from tandemrl.telemetry.tools import tool_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
 from tandemrl.telemetry.writers import make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
@@ -45,6 +49,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
     writers.truncate_after(state.step if state.initial_eval is not None else -1)
     started = time.perf_counter()
+    run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
         state.initial_eval = initial.to_dict()
@@ -68,6 +73,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     writers.write(state.step, final.metrics())
     save_run(run, state)
     writers.close()
+    run.sync.close()
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
     write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
@@ -90,7 +96,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("rollout"):
         params = rollout_params(cfg.rollout, seed=cfg.train.seed * 1_000_003 + state.step)
         scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params,
-                                    cfg.rollout.group_size, state.policy_version, f"step{state.step}")
+                                    cfg.rollout.group_size, state.policy_version, f"step{state.step}", agent=run.agent)
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     check_rewards(run, state, scored.reward, display)
     advantages, valid = group_advantages(scored, cfg.rollout.group_size, cfg.train.advantage)
@@ -101,10 +107,12 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
-                               cfg.rollout.temperature, cfg.rollout.max_tokens)
+                               cfg.rollout.temperature, completion_budget(cfg))
     run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
+    with times.measure("sync"):
+        synced = run.sync.push(run.model, state.policy_version)
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
     lengths = [len(r.completion_ids) for r in scored.rollouts]
     return {
@@ -115,7 +123,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
-        **times.metrics(), "time/step": sum(times.durations.values()),
+        **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
+        **synced.metrics(), **times.metrics(), "time/step": sum(times.durations.values()),
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }
@@ -171,7 +180,8 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
 
 def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
     was_training = run.model.training
-    result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version)
+    result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
+                      agent=run.agent)
     run.model.train(was_training)
     return result
 

@@ -6,6 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from tandemrl.data.tasks import load_task
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rollout.setup import build_agent
+from tandemrl.sync.base import InProcessSync, WeightSync
+from tandemrl.sync.factory import make_weight_sync
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder
 from tandemrl.types import Sample
@@ -50,7 +54,9 @@ class Run:
     train_prompts: PromptIterator
     test_samples: list[Sample]
     ref_model: nn.Module | None
+    agent: Any = None  # the multi-turn agent loop (tools); None: single-turn rollouts
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
+    sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
 
 
 def default_out_dir(cfg: Config) -> Path:
@@ -101,7 +107,8 @@ def load_frozen(cfg: Config, device: torch.device) -> nn.Module | None:
         return None
     name = cfg.tandem.frozen_model or cfg.model.name_or_path
     path = resolve_name_or_path(name, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
-    frozen = load_model(path, dtype=cfg.model.dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
+    dtype = cfg.tandem.frozen_dtype or cfg.model.dtype
+    frozen = load_model(path, dtype=dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
     return frozen.eval().requires_grad_(False)
 
 
@@ -121,12 +128,18 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = build_optimizer(model, cfg.train)
+    backend = make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
+                           frozen_model=load_frozen(cfg, device))
+    agent = build_agent(cfg, backend, tokenizer)
+    sync = make_weight_sync(cfg, out_dir)
+    if hasattr(backend, "resync"):  # a server that comes back at an old version gets the weights again
+        backend.resync = lambda version: sync.push(model, version)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
-        encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt),
-        backend=make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
-                             frozen_model=load_frozen(cfg, device)),
+        encoder=PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt,
+                              agent.tools.describe() if agent is not None else []),
+        backend=backend, sync=sync,
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
-        test_samples=test_samples, ref_model=ref_model,
+        test_samples=test_samples, ref_model=ref_model, agent=agent,
     )

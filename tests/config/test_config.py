@@ -83,7 +83,8 @@ def test_bad_files_and_bad_set_syntax(tmp_path):
 def test_resolved_toml_is_parseable_and_complete():
     text = config_to_toml(Config())
     parsed = tomllib.loads(text)
-    assert set(parsed) == {"model", "data", "rollout", "engine", "tandem", "reward", "train", "eval", "checkpoint", "log"}
+    assert set(parsed) == {"model", "data", "rollout", "engine", "tandem", "tools", "sync", "reward", "train", "eval",
+                           "checkpoint", "log"}
     assert parsed["model"]["lora"]["rank"] == 16
 
 

@@ -18,7 +18,7 @@ def test_deterministic_and_seed_dependent(task):
     assert [(s.prompt, s.answer) for s in a] != [(s.prompt, s.answer) for s in c]
     assert [s.index for s in a] == list(range(200))
     test = make_synthetic(task, 200, seed=3, split="test")
-    assert [s.prompt for s in test] != [s.prompt for s in a]
+    assert [(s.prompt, s.answer) for s in test] != [(s.prompt, s.answer) for s in a]  # peek: one prompt
 
 
 @pytest.mark.parametrize("task", SYNTHETIC_TASKS)
@@ -29,6 +29,8 @@ def test_answers_are_correct(task):
         assert set(s.prompt + s.answer) <= set(SYNTHETIC_ALPHABET)
         if task == "copy":
             assert s.prompt == f"copy {s.answer}:"
+        elif task == "peek":  # the prompt tells nothing: only the tool does
+            assert s.prompt == "peek:"
         else:
             a, b = s.prompt.rstrip("=").split("+")
             assert int(a) + int(b) == int(s.answer)

@@ -391,6 +391,24 @@ def test_tandem_training_keeps_the_frozen_model_and_weighs_its_tokens(tmp_path):
     run.backend.close()
 
 
+def test_a_bfloat16_frozen_model_writes_beside_a_float32_hot_one(tmp_path):
+    """tandem.frozen_dtype: the frozen model (and its KV cache) in bfloat16 while the hot model trains in float32."""
+    from tandemrl.train.loop import train_step
+    from tandemrl.train.setup import TrainerState, build_run
+    from tandemrl.telemetry.progress import TrainDisplay
+
+    cfg = small_config(tmp_path, "tandem.enabled=true", "tandem.p=0.5", "rollout.max_tokens=6",
+                       'model.dtype="float32"', 'tandem.frozen_dtype="bfloat16"')
+    run = build_run(cfg, tmp_path / "run")
+    slots = run.backend.runner.slots
+    assert next(slots["frozen"].model.parameters()).dtype == torch.bfloat16
+    assert next(slots["target"].model.parameters()).dtype == torch.float32
+    with TrainDisplay(1, 0, None) as display:
+        row = train_step(run, TrainerState(), display)
+    assert 0 < row["tandem/frozen_token_fraction"] < 1 and row["skipped_nonfinite"] == 0
+    run.backend.close()
+
+
 def test_frozen_tokens_get_the_configured_loss_weight():
     from tandemrl.train.rollouts import weigh_frozen_tokens
     from tandemrl.types import Rollout

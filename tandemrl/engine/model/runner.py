@@ -6,6 +6,7 @@ returns before the device is done (pending.py):
   sampled token per row;
 - DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
   burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
+  a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns, as planned on the host;
 - VERIFY: each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same launch), then the
   target over the row's last token and its proposals in one decode step of a row per token (CUDA graphs apply),
   then rejection sampling (rejection.py); nothing waits for the device.
@@ -33,6 +34,7 @@ from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
 from tandemrl.engine.model.sampler import sample_with_probs
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
+from tandemrl.engine.model.tandem_runner import launch_tandem_burst
 from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
@@ -148,6 +150,10 @@ class ModelRunner:
         if slot is None:
             raise ValueError(f"no model slot {plan.slot!r}; the runner has {sorted(self.slots)}")
         with _eval_mode(slot.modules), torch.inference_mode():
+            if plan.tandem is not None:
+                self._last = None  # synchronous: nothing is fed from a tandem burst's tokens on the device
+                with _eval_mode(self.slots[plan.proposer].modules):
+                    return launch_tandem_burst(self, plan)
             if plan.kind is StepKind.VERIFY:
                 pending = self._verify(slot, plan)
                 self._last = None  # how many tokens a row keeps is known on the device only

@@ -39,14 +39,22 @@ class StepSampler:
     def for_rows(self, seqs: Seq[Sequence]) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
         """logits [B, vocab] -> (tokens, log-probs) for these rows (a sequence may fill several); set up once per
         burst."""
+        sample = self.for_subsets(seqs)
+        return lambda logits: sample(logits, slice(None))
+
+    def for_subsets(self, seqs: Seq[Sequence]) -> Callable[[Tensor, Tensor | slice], tuple[Tensor, Tensor]]:
+        """(logits [R, vocab], rows [R] on the device: which of ``seqs`` each logits row is, or ``slice(None)``: all)
+        -> (tokens, log-probs), for steps that each serve a subset of one batch (tandem bursts). The fused Triton
+        sampler (one read of the logits) when no row filters with top-k/top-p on CUDA."""
         params = [seq.params for seq in seqs]
         temperature, top_p, top_k = self._columns(params)
         filters = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
         if self.fused_kernels and not filters and fused_sample_available(self.device):
             next_seed = self._seed_source(params)  # one read of the logits instead of a dozen passes
-            return lambda logits: fused_sample(logits, temperature, next_seed())
+            return lambda logits, rows: fused_sample(logits, temperature[rows], next_seed())
         generator = self._generator(params)
-        return lambda logits: sample_tokens(logits, temperature, top_p, top_k, generator, apply_filters=filters)
+        return lambda logits, rows: sample_tokens(logits, temperature[rows], top_p[rows], top_k[rows], generator,
+                                                  apply_filters=filters)
 
     def temperatures(self, seqs: Seq[Sequence]) -> Tensor:
         """[B] float32 on the device."""

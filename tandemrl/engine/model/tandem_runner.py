@@ -1,0 +1,98 @@
+"""Runs a tandem burst (engine/tandem_burst.py) on the device: its forwards in order, with no host sync.
+
+Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
+tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
+``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
+writes it into the buffer. A forward of the hot model also scores every token it reads the successor of: the hot
+model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
+planned on the host and copied to the device once per burst.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
+from tandemrl.engine.model.pending import PendingTokens, copy_to_device
+from tandemrl.engine.step import StepPlan
+from tandemrl.engine.tandem_burst import BurstForward, TandemBurst
+
+if TYPE_CHECKING:
+    from tandemrl.engine.model.runner import ModelRunner
+
+
+def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
+    """Run ``plan.tandem`` for ``plan.seqs`` on the runner's target (hot) and ``plan.proposer`` (frozen) slots."""
+    burst: TandemBurst = plan.tandem
+    seqs = plan.seqs
+    hot, frozen = runner.slots[plan.slot], runner.slots[plan.proposer]
+    decode = build_decode_plan(seqs, plan.num_tokens, runner.block_size, runner.num_blocks, runner.max_model_len)
+    first = np.array([seq.num_tokens for seq in seqs], dtype=np.int64)  # position of token 0
+    width = burst.width
+    buffer = np.zeros((len(seqs), width), dtype=np.int64)
+    buffer[:, 0] = decode.ids
+    tokens = copy_to_device(torch.from_numpy(buffer.reshape(-1)), runner.device)
+    logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=runner.device)
+    indices = _device_indices(burst, runner.device)
+    sample = runner.sampler.for_subsets(seqs)
+    temperature = runner.sampler.temperatures(seqs)
+    for forward, index in zip(burst.forwards, indices):
+        slot = hot if forward.hot else frozen
+        positions = first[forward.row] + forward.token
+        run_step, _ = slot.decode_steps(_one_step(decode.tables, forward.row, positions, runner.block_size))
+        hidden = run_step(0, tokens[index["read"]])
+        if forward.sample:
+            last = slot.logits(hidden[index["last"]])
+            tokens[index["write"]], _ = sample(last, index["rows"])
+        if forward.hot:
+            _score(slot.logits(hidden), tokens, logprobs, index, temperature[index["row"]])
+    out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), runner.device).view(len(seqs), -1)
+    return PendingTokens(tokens[out], logprobs[out], plan.num_tokens)
+
+
+def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor) -> None:
+    """The hot model's log-prob of the token after each one it read (greedy rows: of the raw logits)."""
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    logp = torch.log_softmax(logits.float() / scale[:, None], dim=-1)
+    following = index["next"]
+    logprobs[following] = logp.gather(-1, tokens[following][:, None]).squeeze(-1)
+
+
+def _one_step(tables: np.ndarray, rows: np.ndarray, positions: np.ndarray, block_size: int) -> DecodePlan:
+    """A decode step of a row per token read (token ``i`` of row ``rows[i]`` at ``positions[i]``)."""
+    row_tables = np.ascontiguousarray(tables[rows])
+    blocks = row_tables[np.arange(len(rows)), positions // block_size]
+    slots = blocks * block_size + positions % block_size
+    return DecodePlan(np.zeros(len(rows), dtype=np.int64), positions[None], slots[None], positions[None] + 1,
+                      row_tables, [1] * len(rows))
+
+
+def _device_indices(burst: TandemBurst, device: torch.device) -> list[dict[str, Tensor]]:
+    """Per forward, its flat buffer indices on the device (one copy for the whole burst): ``read`` (tokens it reads),
+    ``next`` (their successors), ``write`` (where each row's sample goes), ``last`` (the index of each row's last
+    token among those read), ``rows`` (the batch row of each sample), ``row`` (the batch row of each token read)."""
+    parts: list[tuple[str, int, np.ndarray]] = []
+    for f, forward in enumerate(burst.forwards):
+        last = forward.last
+        parts += [(f"{f}read", f, burst.column(forward.row, forward.token)),
+                  (f"{f}next", f, burst.column(forward.row, forward.token + 1)),
+                  (f"{f}write", f, burst.column(forward.rows, forward.token[last] + 1)),
+                  (f"{f}last", f, last), (f"{f}rows", f, forward.rows), (f"{f}row", f, forward.row)]
+    flat = copy_to_device(torch.from_numpy(np.concatenate([p for _, _, p in parts]).astype(np.int64)), device)
+    pieces = flat.split([len(p) for _, _, p in parts])
+    indices: list[dict[str, Tensor]] = [{} for _ in burst.forwards]
+    for (name, f, _), piece in zip(parts, pieces):
+        indices[f][name[len(str(f)):]] = piece
+    return indices
+
+
+def _grid(burst: TandemBurst) -> tuple[np.ndarray, np.ndarray]:
+    """(row, k) of every (row, new token) of a [B, max new tokens] grid, clamped to each row's last new token."""
+    steps = int(burst.num_tokens.max())
+    rows = np.repeat(np.arange(len(burst.num_tokens)), steps)
+    k = np.minimum(np.tile(np.arange(steps), len(burst.num_tokens)), np.repeat(burst.num_tokens - 1, steps))
+    return rows, k

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server in front of the engine (`tandemrl serve`)."""

@@ -1,0 +1,199 @@
+"""The thread that owns the engine: it takes requests, aborts and weight swaps from a queue, steps the engine and
+hands every request's new tokens and its finished rollout to that request's sink.
+
+Everything that touches the engine runs on this one thread (the engine is not thread-safe), so a weight swap
+always lands between two steps: requests in flight keep going, the next step computes with the new weights.
+Requests that arrive while others run join the next step (continuous batching).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import threading
+import time
+import traceback
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from tandemrl.engine.engine import LLMEngine
+from tandemrl.types import Request, Rollout
+
+
+@dataclasses.dataclass
+class TokenDelta:
+    """New tokens of one running request (streaming)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+
+
+@dataclasses.dataclass
+class Finished:
+    """A request's final rollout; ``policy_version_last``: the server's version when it finished."""
+
+    rollout: Rollout
+    policy_version_last: int
+
+
+@dataclasses.dataclass
+class Failed:
+    """The engine raised while this request ran; it was dropped."""
+
+    request_id: str
+    message: str
+
+
+Event = TokenDelta | Finished | Failed
+Sink = Callable[[Event], None]  # must be thread-safe (e.g. loop.call_soon_threadsafe(queue.put_nowait, ...))
+
+
+@dataclasses.dataclass
+class _Tracked:
+    sink: Sink
+    policy_version: int  # the server's version when the request entered the engine
+    sent: int = 0  # tokens already handed to the sink
+
+
+class EngineLoop:
+    """Steps ``engine`` on its own thread; see the module doc. ``prepare`` runs before a request is added (e.g.
+    to reset seeded generators when the engine is idle)."""
+
+    def __init__(self, engine: LLMEngine, policy_version: int = 0,
+                 prepare: Callable[[Request, bool], None] | None = None, rate_window_s: float = 10.0) -> None:
+        self.engine = engine
+        self.policy_version = policy_version
+        self._prepare = prepare
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._tracked: dict[str, _Tracked] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tandemrl-engine", daemon=True)
+        self._emitted: collections.deque[tuple[float, int]] = collections.deque()
+        self._rate_window_s = rate_window_s
+        self._rate_lock = threading.Lock()  # the engine thread appends, /metrics reads
+        self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0}
+        self.last_error: str | None = None  # the traceback of the last step, if it failed
+
+    # ------------------------------------------------------------------ called from any thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._commands.put(lambda: None)  # wake the thread
+        self._thread.join(timeout=30)
+
+    def submit(self, requests: list[Request], sink: Sink) -> None:
+        self._commands.put(lambda: self._add(requests, sink))
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._commands.put(lambda: self._abort(request_ids))
+
+    def between_steps(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the engine thread between two steps; the future holds its result or its error."""
+        future: Future = Future()
+
+        def call() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(exc)
+
+        self._commands.put(call)
+        return future
+
+    def tokens_per_second(self) -> float:
+        now = time.perf_counter()
+        with self._rate_lock:
+            recent = sum(n for t, n in self._emitted if now - t <= self._rate_window_s)
+        return recent / self._rate_window_s
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._take_commands(block=not self.engine.has_unfinished())
+            if self._stop.is_set():
+                break
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            command()
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, requests: list[Request], sink: Sink) -> None:
+        idle = not self.engine.has_unfinished()
+        for request in requests:
+            if self._prepare is not None:
+                self._prepare(request, idle)
+            self._tracked[request.request_id] = _Tracked(sink, self.policy_version)
+            self.counters["requests"] += 1
+            self.engine.add_request(request, self.policy_version)  # a rejected one comes back from the next step
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if self._tracked.pop(request_id, None) is not None:
+                self.engine.abort(request_id)
+                self.counters["aborted"] += 1
+
+    def _step(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the server reports it to every request and keeps running
+            self._fail_all(f"the engine failed: {exc}")
+            self.last_error = traceback.format_exc()
+            return
+        self.last_error = None  # a step went through: healthy again
+        self._send_progress()
+        for rollout in finished:
+            tracked = self._tracked.pop(rollout.request_id, None)
+            if tracked is None:
+                continue  # aborted meanwhile
+            self._count_tokens(len(rollout.completion_ids) - tracked.sent)
+            self.counters["finished"] += 1
+            tracked.sink(Finished(rollout, self.policy_version))
+
+    def _send_progress(self) -> None:
+        for request_id, ids, logprobs in self.engine.progress():
+            tracked = self._tracked.get(request_id)
+            if tracked is None or len(ids) <= tracked.sent:
+                continue
+            new_ids, new_lps = ids[tracked.sent:], logprobs[tracked.sent:]
+            self._count_tokens(len(new_ids))
+            tracked.sent = len(ids)
+            tracked.sink(TokenDelta(request_id, new_ids, new_lps, tracked.policy_version))
+
+    def _count_tokens(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.counters["generated_tokens"] += n
+        now = time.perf_counter()
+        with self._rate_lock:
+            self._emitted.append((now, n))
+            while self._emitted and now - self._emitted[0][0] > self._rate_window_s:
+                self._emitted.popleft()
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, tracked in list(self._tracked.items()):
+            self.engine.abort(request_id)
+            self.counters["failed"] += 1
+            tracked.sink(Failed(request_id, message))
+        self._tracked.clear()

@@ -1,0 +1,94 @@
+"""`tandemrl serve MODEL`: load the model as the trainer would (model.* and engine.* of the config), put the
+engine behind the HTTP API and run uvicorn on HOST:PORT (port 0: a free one, printed on the first line)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import nn
+
+from tandemrl.config import Config
+from tandemrl.serve.engine_loop import EngineLoop
+from tandemrl.serve.state import ServerState
+from tandemrl.sync.receiver import WeightReceiver
+from tandemrl.types import Request
+
+if TYPE_CHECKING:
+    from tandemrl.backends.engine_backend import EngineBackend
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    log_level: str = "warning"
+    allow_ipc: bool = False
+
+
+def build_state(cfg: Config, served_name: str, allow_ipc: bool = False) -> ServerState:
+    """Model, tokenizer, engine (tandemrl's own, continuous batching) and its loop thread, not yet started."""
+    from tandemrl.backends.engine_backend import EngineBackend
+    from tandemrl.models.load import resolve_device
+    from tandemrl.train.setup import load_policy, set_cpu_threads
+
+    device = resolve_device(cfg.model.device)
+    model, tokenizer = load_policy(cfg.model, device)
+    set_cpu_threads(cfg.model.cpu_threads, model, device)
+    model.eval().requires_grad_(False)
+    backend = EngineBackend(model, tokenizer, cfg.engine, device=device)
+    engine = backend.engine
+    loop = EngineLoop(engine, prepare=_seed_reset(backend))
+    vocab = _vocab_size(model)
+    state = ServerState(loop=loop, tokenizer=tokenizer, model_name=served_name,
+                        max_model_len=int(engine.config.max_model_len or 2**31), vocab_size=vocab)
+    state.weights = WeightReceiver(model, loop, "ipc" if allow_ipc else "any")
+    return state
+
+
+def _vocab_size(model: nn.Module) -> int:
+    return int(model.get_input_embeddings().num_embeddings)
+
+
+def _seed_reset(backend: EngineBackend) -> Callable[[Request, bool], None]:
+    """A seeded request that arrives at an idle engine starts its seed's stream afresh, so the same request with
+    the same seed gives the same completion. (Batched with others, the batch shares the first seed's stream.)"""
+    def prepare(request: Request, idle: bool) -> None:
+        if idle and request.params.seed is not None:
+            backend.runner.reset_rng()
+    return prepare
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections made before uvicorn runs wait in the backlog instead of being refused
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(cfg: Config, options: ServeOptions) -> None:
+    import uvicorn
+
+    from tandemrl.serve.app import build_app
+
+    served = options.served_model_name or cfg.model.name_or_path
+    state = build_state(cfg, served, options.allow_ipc)
+    state.loop.start()
+    sock = bind_socket(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    print(f"serving {served} on http://{host}:{port} (policy version {state.policy_version}, "
+          f"ipc {'on' if options.allow_ipc else 'off'}, device {next(state.weights.model.parameters()).device})", flush=True)
+    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level=options.log_level, lifespan="off"))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        state.loop.stop()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        sys.stdout.flush()

@@ -1,0 +1,97 @@
+"""What the server's routes share: the engine loop, the tokenizer, the served model's name and limits, the weights."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from tandemrl.serve.engine_loop import EngineLoop, Event, Failed, Finished
+from tandemrl.types import Request
+
+DISCONNECT_CHECK_S = 0.25  # how often a non-streaming request asks whether its client is still there
+
+
+class BadRequest(ValueError):
+    """The client's request cannot be served; ``status`` is the HTTP status (4xx) it gets."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclasses.dataclass
+class ServerState:
+    loop: EngineLoop
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    weights: Any = None  # tandemrl.sync.receiver.WeightReceiver
+    started: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def policy_version(self) -> int:
+        return self.loop.policy_version
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise BadRequest(f"model {name!r} does not exist; this server serves {self.model_name!r}", 404,
+                             "model_not_found")
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def check_prompt(self, ids: list[int], max_tokens: int | None) -> int:
+        """The max_tokens to use (the rest of the context if None); BadRequest for what cannot run."""
+        if not ids:
+            raise BadRequest("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequest(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise BadRequest(f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len}")
+        if max_tokens is None:
+            return room
+        if max_tokens > room:
+            raise BadRequest(f"max_tokens ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this model's context "
+                             f"length ({self.max_model_len}); ask for at most {room}")
+        return max_tokens
+
+    async def run(self, requests: list[Request],
+                  is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[Event]:
+        """Submit ``requests`` to the engine and yield their events until each has finished or failed. Leaving
+        early (the client went away, the task was cancelled) aborts the rest, which frees their KV blocks."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the event loop is closed: the server is shutting down
+                pass
+
+        open_ids = {r.request_id for r in requests}
+        self.loop.submit(requests, sink)
+        checked = time.monotonic()
+        try:
+            while open_ids:
+                try:
+                    event = await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_S)
+                except asyncio.TimeoutError:
+                    event = None
+                if is_disconnected is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
+                    checked = time.monotonic()
+                    if await is_disconnected():
+                        return
+                if event is None:
+                    continue
+                if isinstance(event, (Finished, Failed)):
+                    open_ids.discard(event.rollout.request_id if isinstance(event, Finished) else event.request_id)
+                yield event
+        finally:
+            if open_ids:
+                self.loop.abort(sorted(open_ids))

@@ -1,0 +1,32 @@
+"""Pick the WeightSync named by `sync.kind`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandemrl.config import Config
+from tandemrl.sync.base import InProcessSync, WeightSync
+
+
+def make_weight_sync(cfg: Config, out_dir: Path) -> WeightSync:
+    kind = cfg.sync.kind
+    if kind == "inprocess":
+        return InProcessSync()
+    from tandemrl.serve.client import ServerClient
+
+    client = ServerClient(cfg.rollout.server_url or "", timeout_s=cfg.rollout.server_timeout_s)
+    if kind == "checkpoint":
+        from tandemrl.sync.checkpoint import CheckpointSync
+
+        return CheckpointSync(client, Path(cfg.sync.dir) if cfg.sync.dir else out_dir / "sync")
+    if kind == "lora":
+        from tandemrl.sync.lora import LoraSync
+
+        return LoraSync(client)
+    if kind == "ipc":
+        from tandemrl.sync.ipc import IpcSync
+
+        return IpcSync(client)
+    from tandemrl.sync.nccl import NcclSync
+
+    return NcclSync(client, cfg.sync.nccl_init_method or "", cfg.sync.nccl_backend, cfg.rollout.server_timeout_s)
