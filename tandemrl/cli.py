@@ -183,10 +183,11 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _is_user_error(err: Exception) -> bool:
     """Errors caused by input (config, data, paths, disk) print as one line; programming errors keep the traceback."""
+    from tandemrl.backends.vllm.errors import WeightSyncError
     from tandemrl.train.checkpoint import CheckpointError
     from tandemrl.train.loop import TrainingError
 
-    return isinstance(err, (ValueError, OSError, CheckpointError, TrainingError))
+    return isinstance(err, (ValueError, OSError, CheckpointError, TrainingError, WeightSyncError))
 
 
 if __name__ == "__main__":

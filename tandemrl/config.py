@@ -57,9 +57,22 @@ class DataConfig(Section):
     system_prompt: str | None = None
 
 
+class VLLMConfig(Section):
+    """rollout.backend = "vllm": a colocated vllm.LLM in the trainer's process (see tandemrl/backends/vllm/)."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="share of GPU memory vLLM may take")
+    cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE wins if set)")
+    enforce_eager: bool = True  # no CUDA graphs / compilation: a start of seconds, not minutes
+    enable_prefix_caching: bool = True  # reset after every weight update
+    max_model_len: int | None = Field(None, ge=1, description="None: the model's max_position_embeddings")
+    probe_tokens: int = Field(32, ge=2, description="length of the fixed sequence that checks each weight update")
+    probe_tolerance: float | None = Field(None, gt=0.0, description="None: by dtype (float32 2e-3, bf16 0.2)")
+
+
 class RolloutConfig(Section):
-    # engine: paged KV cache; hf: plain batched decoding; server: a `tandemrl serve` process at server_url
-    backend: Literal["engine", "hf", "server"] = "engine"
+    # engine: paged KV cache; hf: plain batched decoding; server: a `tandemrl serve` process at server_url;
+    # vllm: a colocated vLLM (extra `tandemrl[vllm]`)
+    backend: Literal["engine", "hf", "server", "vllm"] = "engine"
     server_url: str | None = None
     # a rollout sampled by weights more than this many versions behind the trainer's is refused (0 = on-policy)
     max_staleness: int = Field(0, ge=0)
@@ -76,6 +89,7 @@ class RolloutConfig(Section):
     ignore_eos: bool = False
     max_batch_size: int = Field(256, ge=1)
     speculative: SpeculativeConfig = SpeculativeConfig()
+    vllm: VLLMConfig = VLLMConfig()
 
     @model_validator(mode="after")
     def _check_speculative(self) -> RolloutConfig:
@@ -255,6 +269,13 @@ class Config(Section):
         if self.tandem.frozen_device not in (None, self.model.device):
             raise ValueError(f"tandem.frozen_device = {self.tandem.frozen_device!r}: the frozen model runs on the hot "
                              f"model's device (model.device = {self.model.device!r}) for now")
+        return self
+
+    @model_validator(mode="after")
+    def _check_vllm(self) -> Config:
+        if self.rollout.backend == "vllm" and self.model.lora.enabled:
+            raise ValueError("rollout.backend = 'vllm' does not take LoRA adapters yet (model.lora.enabled); "
+                             "use rollout.backend = 'engine'")
         return self
 
     @model_validator(mode="after")

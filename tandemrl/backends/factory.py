@@ -15,6 +15,12 @@ from tandemrl.config import Config
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device,
                  draft_model: nn.Module | None = None, frozen_model: nn.Module | None = None) -> RolloutBackend:
     speculative = cfg.rollout.speculative
+    if cfg.rollout.backend == "vllm":  # the config already refused tandem, speculative and LoRA with it
+        from tandemrl.backends.vllm.backend import VLLMBackend
+        from tandemrl.models.load import resolve_name_or_path
+
+        path = resolve_name_or_path(cfg.model.name_or_path, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
+        return VLLMBackend(model, tokenizer, path, cfg.rollout.vllm, seed=cfg.train.seed)
     if cfg.rollout.backend == "server":
         from tandemrl.backends.server_backend import ServerBackend
 
