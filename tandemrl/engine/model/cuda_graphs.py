@@ -31,8 +31,7 @@ from torch import Tensor
 from tandemrl.engine.model.attention import DecodeMeta
 from tandemrl.engine.model.decode_plan import DecodePlan
 
-# 96: a tandem forward reads ~1.3 tokens per row of a 64-row batch (tandem_burst.py)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 DecodeForward = Callable[[Tensor, DecodeMeta], Tensor]  # (input_ids [B], meta) -> hidden [B, hidden]
 
