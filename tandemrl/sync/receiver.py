@@ -78,14 +78,33 @@ class WeightReceiver:
     def apply(self, kind: str, version: int, load: Callable[[], dict[str, Tensor]], scope: Scope) -> PushRecord:
         """``load`` produces the pushed tensors (read a file, parse a body, receive a broadcast); if it or the
         checks fail, nothing is applied."""
+        def push() -> int:
+            tensors = load()
+            targets, required = target_tensors(self.model, scope)
+            _check_complete(tensors, targets, required)
+            self.loop.between_steps(lambda: self._copy(tensors, targets, version)).result()
+            return sum(t.numel() * t.element_size() for t in tensors.values())
+
+        return self._recorded(kind, version, push)
+
+    def set_version(self, kind: str, version: int, change: Callable[[], None] | None = None) -> PushRecord:
+        """A push whose tensors are already in place (shared memory): run ``change`` between steps, bump the
+        version, drop the prefix cache."""
+        def bump() -> None:
+            if change is not None:
+                change()
+            self.loop.engine.invalidate_prefix_cache()
+            self.loop.policy_version = version
+
+        return self._recorded(kind, version, lambda: self.loop.between_steps(bump).result() or 0)
+
+    def _recorded(self, kind: str, version: int, push: Callable[[], int]) -> PushRecord:
+        """Run ``push`` (returns the bytes it moved) under the lock and record it; a failure is a WeightPushError
+        that says which version is still served."""
         started = time.perf_counter()
         with self._lock:
             try:
-                tensors = load()
-                targets, required = target_tensors(self.model, scope)
-                _check_complete(tensors, targets, required)
-                nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-                self.loop.between_steps(lambda: self._copy(tensors, targets, version)).result()
+                nbytes = push()
             except Exception as exc:  # noqa: BLE001 - reported to the pusher, the server keeps serving
                 self.failures += 1
                 message = (f"weight push ({kind}, version {version}) not applied: {exc}; still serving policy "
@@ -94,30 +113,6 @@ class WeightReceiver:
                 raise WeightPushError(message) from exc
             self.pushes += 1
             self.last_push = PushRecord(kind, version, True, time.perf_counter() - started, nbytes)
-            return self.last_push
-
-    def set_version(self, kind: str, version: int, change: Callable[[], None] | None = None) -> PushRecord:
-        """A push whose tensors are already in place (shared memory): run ``change`` between steps, bump the
-        version, drop the prefix cache."""
-        started = time.perf_counter()
-
-        def bump() -> None:
-            if change is not None:
-                change()
-            self.loop.engine.invalidate_prefix_cache()
-            self.loop.policy_version = version
-
-        with self._lock:
-            try:
-                self.loop.between_steps(bump).result()
-            except Exception as exc:  # noqa: BLE001 - reported to the pusher, the server keeps serving
-                self.failures += 1
-                message = (f"weight push ({kind}, version {version}) not applied: {exc}; still serving policy "
-                           f"version {self.loop.policy_version}")
-                self.last_push = PushRecord(kind, version, False, time.perf_counter() - started, error=message)
-                raise WeightPushError(message) from exc
-            self.pushes += 1
-            self.last_push = PushRecord(kind, version, True, time.perf_counter() - started)
             return self.last_push
 
     def _copy(self, tensors: dict[str, Tensor], targets: dict[str, Tensor], version: int) -> None:
