@@ -14,6 +14,8 @@ from rich.console import Console
 
 from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
+from tandemrl.distributed.env import RankInfo
+from tandemrl.distributed.launch import process_group
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.rollout.setup import completion_budget
@@ -22,7 +24,7 @@ from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
 from tandemrl.telemetry.tools import tool_metrics
 from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memory
-from tandemrl.telemetry.writers import make_writers
+from tandemrl.telemetry.writers import MultiWriter, make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
@@ -38,11 +40,20 @@ class TrainingError(RuntimeError):
 
 
 def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | None = None) -> dict:
-    console = console or Console()
-    prepare_out_dir(out_dir, cfg, resume)
-    run = build_run(cfg, out_dir)
+    """One process, or one rank of a torchrun job (then rank 0 alone writes logs, summary and the console)."""
+    with process_group(cfg) as rank:
+        return train_rank(cfg, out_dir, resume, console, rank)
+
+
+def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None, rank: RankInfo | None) -> dict:
+    main = rank is None or rank.is_main
+    console = console or Console(quiet=not main)
+    if main:
+        prepare_out_dir(out_dir, cfg, resume)
+    run = build_run(cfg, out_dir, rank)
     state = starting_state(run, resume, console)
-    writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump())
+    writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump()) if main \
+        else MultiWriter([])
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
     writers.truncate_after(state.step if state.initial_eval is not None else -1)
     started = time.perf_counter()
@@ -51,7 +62,8 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
-        while state.step < cfg.train.max_steps and not interrupt.requested:
+        # every rank stops after the same step (a signal may reach them at different moments)
+        while state.step < cfg.train.max_steps and not run.parallel.any(interrupt.requested):
             metrics = train_step(run, state, display)
             writers.write(state.step, metrics)
             display.log_step(state.step, metrics)
@@ -59,7 +71,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
                 writers.write(state.step, run_evaluation(run, state).metrics())
             if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
                 save_run(run, state)
-    if interrupt.requested:
+    if run.parallel.any(interrupt.requested):
         path = save_run(run, state)
         console.print(f"[yellow]interrupted after step {state.step} by {interrupt.signal_name}: saved {path}; "
                       f"continue with: tandemrl train --resume --out {out_dir}")
@@ -70,7 +82,8 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     save_run(run, state)
     writers.close()
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
-    write_summary(out_dir, summary)
+    if main:
+        write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
     return summary
 
@@ -87,9 +100,9 @@ def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:
     cfg, times = run.cfg, StepTimes()
     reset_peak_memory(run.device)
-    prompts = run.train_prompts.next_batch()
+    prompts = run.parallel.local_share(run.train_prompts.next_batch())  # torchrun: this rank's whole groups
     with times.measure("rollout"):
-        params = rollout_params(cfg.rollout, seed=cfg.train.seed * 1_000_003 + state.step)
+        params = rollout_params(cfg.rollout, seed=run.parallel.rollout_seed(cfg.train.seed * 1_000_003 + state.step))
         scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params,
                                     cfg.rollout.group_size, state.policy_version, f"step{state.step}", agent=run.agent)
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
@@ -102,13 +115,16 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
-                               cfg.rollout.temperature, completion_budget(cfg))
+                               cfg.rollout.temperature, completion_budget(cfg), run.parallel.global_norm)
+    if run.engine_weights is not None:  # torchrun: all-gather the new shards into the engine's full weights
+        with times.measure("weight_gather"):
+            run.engine_weights.refresh()
     run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
     lengths = [len(r.completion_ids) for r in scored.rollouts]
-    return {
+    metrics = {
         "step": state.step, "epoch": run.train_prompts.epoch, "policy_version": state.policy_version,
         **reward_metrics(scored.reward),
         "accuracy": sum(scored.correct) / len(scored.correct),
@@ -121,6 +137,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }
+    # update metrics are each rank's share of the global value: they add up over ranks
+    return run.parallel.reduce_metrics(metrics, shares=frozenset(update.metrics) - {"grad_norm", "lr"})
 
 
 def attach_fixed_logprobs(run: Run, batch: TrainBatch) -> None:

@@ -24,6 +24,14 @@ def prepare_out_dir(out_dir: Path, cfg: Config, resume: bool) -> None:
 
 def save_run(run: Run, state: TrainerState) -> Path:
     state.data = run.train_prompts.state_dict()
+    if run.engine_model is not None:  # torchrun: a collective save of the shards (tandemrl/distributed/checkpoint.py)
+        from tandemrl.distributed.checkpoint import save_distributed
+
+        return save_distributed(
+            run.out_dir / "checkpoints", state.step, parallel=run.parallel, model=run.model,
+            replica=run.engine_model, tokenizer=run.tokenizer, optimizer=run.optimizer, scheduler=run.scheduler,
+            trainer_state=asdict(state), keep_last=run.cfg.checkpoint.keep_last,
+        )
     return save_checkpoint(
         run.out_dir / "checkpoints", state.step, model=run.model, tokenizer=run.tokenizer,
         optimizer=run.optimizer, scheduler=run.scheduler, trainer_state=asdict(state),
@@ -36,7 +44,15 @@ def restore_run(run: Run) -> TrainerState | None:
     path = find_latest(run.out_dir / "checkpoints")
     if path is None:
         return None
-    raw = load_checkpoint(path, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    from tandemrl.distributed.checkpoint import load_distributed, require_distributed_format
+
+    if run.engine_model is not None:
+        raw = load_distributed(path, parallel=run.parallel, model=run.model, optimizer=run.optimizer,
+                               scheduler=run.scheduler)
+        run.engine_weights.refresh()  # the engine decodes the loaded weights
+    else:
+        require_distributed_format(path, distributed=False)
+        raw = load_checkpoint(path, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
     state = TrainerState(**raw)
     run.train_prompts.load_state_dict(state.data)
     return state
