@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import time
+import types
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,17 +33,28 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def shard_model(model: nn.Module) -> None:
     """FSDP2 over each decoder layer, then the root (embeddings, final norm, lm_head: tied weights stay together).
 
-    Gradients are reduce-scattered as a SUM (divide factor 1): each rank's loss is already its share of the global
-    loss (normalised by the global token count, see Parallel.global_norm), so the sum is the global gradient.
+    FSDP averages the gradients over ranks; each rank's loss is normalised by the global normalisers divided by the
+    world size (Parallel.global_norm), so that average is the gradient of the global loss.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from tandemrl.train.logprobs import FSDP_FORWARD
 
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
-    for module in model.modules():
-        if hasattr(module, "set_gradient_divide_factor"):
-            module.set_gradient_divide_factor(1.0)
+    # The trainer's log-prob pass calls the decoder and reads lm_head.weight directly (chunked, without full
+    # logits); as a registered forward method of the root it runs between FSDP's gather and its gradient hooks.
+    setattr(model, FSDP_FORWARD, types.MethodType(_sharded_logprobs, model))
+    register_fsdp_forward_method(model, FSDP_FORWARD)
+
+
+def _sharded_logprobs(model: nn.Module, batch: Any, temperature: float, chunk_size: int) -> Any:
+    from tandemrl.train.logprobs import TokenLogprobs, logprobs_of
+
+    out = logprobs_of(model, batch, temperature, chunk_size)
+    # FSDP hooks its backward onto the outputs: fresh tensors, not views (an in-place op on a view drops the hook)
+    return TokenLogprobs(out.logprobs.clone(), out.entropy)
 
 
 def plain_replica(model: nn.Module) -> nn.Module:

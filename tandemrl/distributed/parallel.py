@@ -12,7 +12,7 @@ from tandemrl.distributed.env import RankInfo
 
 T = TypeVar("T")
 
-# Step metrics that add up over ranks (each rank reports its part of a global total or rate).
+# Step metrics that add up over ranks (each rank reports its part of a global rate).
 SUMMED_METRICS = frozenset({"tokens_per_s"})
 
 
@@ -25,7 +25,7 @@ class Parallel(Protocol):
     def local_share(self, items: Sequence[T]) -> list[T]: ...
     def rollout_seed(self, seed: int) -> int: ...
     def global_norm(self, norm: BatchNorm) -> BatchNorm: ...
-    def reduce_metrics(self, metrics: dict[str, Any], shares: frozenset[str] = frozenset()) -> dict[str, Any]: ...
+    def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]: ...
     def any(self, flag: bool) -> bool: ...
     def barrier(self) -> None: ...
 
@@ -48,7 +48,7 @@ class SingleProcess:
     def global_norm(self, norm: BatchNorm) -> BatchNorm:
         return norm
 
-    def reduce_metrics(self, metrics: dict[str, Any], shares: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         return metrics
 
     def any(self, flag: bool) -> bool:
@@ -80,24 +80,27 @@ class Distributed:
         return seed * self.world_size + self.rank  # distinct streams per rank, still a function of the step
 
     def global_norm(self, norm: BatchNorm) -> BatchNorm:
-        """The mini-batch normalisers over every rank's rows, so each rank's loss is its share of the global loss."""
+        """The mini-batch normalisers over every rank's rows, divided by the world size: FSDP averages gradients
+        over ranks, so mean_r(sum_r / (total / N)) = sum / total, the global loss's gradient. Each rank's loss (and
+        every loss metric) is then the global value as this rank's rows estimate it; their mean is the global one."""
         import torch.distributed as dist
 
         sums = torch.tensor([norm.total_tokens, float(norm.num_sequences)], dtype=torch.float64, device=self.device)
         width = torch.tensor([norm.max_completion_length], dtype=torch.int64, device=self.device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(width, op=dist.ReduceOp.MAX)
-        return BatchNorm(total_tokens=float(sums[0]), num_sequences=int(sums[1]),
+        scaled = sums / self.world_size  # num_sequences may become fractional: it is only ever divided by
+        return BatchNorm(total_tokens=float(scaled[0]), num_sequences=float(scaled[1]),  # type: ignore[arg-type]
                          max_completion_length=int(width[0]))
 
-    def reduce_metrics(self, metrics: dict[str, Any], shares: frozenset[str] = frozenset()) -> dict[str, Any]:
-        """Every rank's step metrics combined: shares of a global value add up, maxima/peaks take the max, minima
-        the min, the rest (means over equal-sized shares of the batch) the mean; equal values stay as they are."""
+    def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Every rank's step metrics combined: rates add up, maxima/peaks take the max, minima the min, the rest
+        (means over equal-sized shares of the batch, loss estimates) the mean; equal values stay as they are."""
         import torch.distributed as dist
 
         gathered: list[dict[str, Any] | None] = [None] * self.world_size
         dist.all_gather_object(gathered, metrics)
-        return combine_metrics([g for g in gathered if g is not None], shares | SUMMED_METRICS)
+        return combine_metrics([g for g in gathered if g is not None], SUMMED_METRICS)
 
     def any(self, flag: bool) -> bool:
         import torch.distributed as dist

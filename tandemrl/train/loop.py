@@ -137,8 +137,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }
-    # update metrics are each rank's share of the global value: they add up over ranks
-    return run.parallel.reduce_metrics(metrics, shares=frozenset(update.metrics) - {"grad_norm", "lr"})
+    return run.parallel.reduce_metrics(metrics)  # torchrun: means over ranks (sums for rates, max for peaks)
 
 
 def attach_fixed_logprobs(run: Run, batch: TrainBatch) -> None:
