@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tandemrl.config import TrainConfig
+from tandemrl.distributed.checkpoint import save_distributed
 from tandemrl.distributed.env import RankInfo
 from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
 from tandemrl.distributed.parallel import Distributed
@@ -42,7 +43,8 @@ def global_batch(vocab: int, seed: int = 0) -> TrainBatch:
     return build_batch(rollouts, advantages, pad_id=0, device=torch.device("cpu"))
 
 
-def run_rank(rank: int, world: int, store_file: str, model_dir: str, result_file: str, aggregation: str) -> None:
+def run_rank(rank: int, world: int, store_file: str, model_dir: str, result_file: str, aggregation: str,
+             checkpoint_root: str) -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
@@ -68,6 +70,9 @@ def run_rank(rank: int, world: int, store_file: str, model_dir: str, result_file
                             parallel.global_norm)
         metrics = parallel.reduce_metrics(upd.metrics)
         seconds = gather.refresh()
+        scheduler = build_scheduler(opt, cfg)
+        save_distributed(Path(checkpoint_root), 1, parallel=parallel, model=model, replica=replica, tokenizer=None,
+                         optimizer=opt, scheduler=scheduler, trainer_state={"step": 1}, keep_last=2)
         if rank == 0:
             ref_params = dict(reference.named_parameters())
             result = {
