@@ -55,3 +55,24 @@ def test_layouts_that_cannot_split_fail_before_any_work():
     check_layout(load_config(None, ["rollout.prompts_per_step=8"]), 2)
     with pytest.raises(ValueError, match="model.lora.enabled"):
         check_layout(load_config(None, ["model.lora.enabled=true"]), 2)
+
+
+def test_checkpoints_resume_only_in_their_own_mode(tmp_path):
+    import json
+
+    from tandemrl.distributed.checkpoint import require_distributed_format
+    from tandemrl.train.weights_io import CheckpointError
+
+    def checkpoint(name: str, model_format: str):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps({"_checkpoint": {"model_format": model_format}}))
+        return folder
+
+    sharded, plain = checkpoint("sharded", "fsdp-dcp"), checkpoint("plain", "full")
+    require_distributed_format(sharded, distributed=True)
+    require_distributed_format(plain, distributed=False)
+    with pytest.raises(CheckpointError, match="resume it with `torchrun"):
+        require_distributed_format(sharded, distributed=False)
+    with pytest.raises(CheckpointError, match="saved by a single-process run"):
+        require_distributed_format(plain, distributed=True)
