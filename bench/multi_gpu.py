@@ -101,6 +101,7 @@ def run_worker(args: argparse.Namespace) -> None:
         Path(args.result).write_text(json.dumps(row) + "\n")
     backend.close()
     if info is not None:
+        parallel.barrier()  # no rank closes its connections while another still uses them
         destroy_process_group()
 
 

@@ -50,3 +50,12 @@ def test_agent_loop_bench_runs_both_loops(tmp_path):
         assert r["tool_calls"] == 6 * 2 and r["check"] == "calls per trajectory [2], finish ['max_tool_calls']"
         assert 0 < r["engine_busy_fraction"] <= 1
     assert result["throughput_ratio"] > 0
+
+
+def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
+    """The FSDP worker (replica, gather, tandem per rank) under torchrun on the CPU; timings are not asserted."""
+    out = tmp_path / "multi_gpu.json"
+    run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--out", str(out))
+    row = json.loads(out.read_text())["rows"]["2 gpu tandem"]
+    assert row["processes"] == 2 and row["global_samples"] == 2 * 2 * 2
+    assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1

@@ -20,7 +20,8 @@ def process_group(cfg: Config) -> Iterator[RankInfo | None]:
     info = init_process_group(cfg.distributed, cfg.model.device)
     try:
         yield info
-    finally:
+        Distributed(info).barrier()  # no rank closes its connections while another still uses them
+    finally:  # after an error: no barrier (it would wait for ranks that are gone), just leave
         destroy_process_group()
 
 
