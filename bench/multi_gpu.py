@@ -184,7 +184,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         (["--cpu-smoke"] if args.cpu_smoke else [])
 
 
-def report(rows: dict[str, dict], args: argparse.Namespace) -> dict:
+def report(rows: dict[str, dict]) -> dict:
     base = rows.get("1 gpu plain", {}).get("samples_per_s")
     vanilla = rows.get("2 gpu weak", {}).get("step_s")
     print("| setting | ranks | global samples | step s | rollout s | update s | gather s | gather share | "
@@ -239,7 +239,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = {name: launch(name, args, args.out.with_name(f".{args.out.stem}-{i}.json"))
             for i, name in enumerate(args.settings)}
-    summary = report(rows, args)
+    summary = report(rows)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.cpu_smoke else \
         platform.processor() or "cpu"
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "device": device, "arch": args.arch,
