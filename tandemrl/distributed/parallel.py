@@ -3,6 +3,7 @@ reduced across ranks. One process (`SingleProcess`) answers with no-ops, so the 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, Sequence, TypeVar
 
 import torch
@@ -94,8 +95,9 @@ class Distributed:
                          max_completion_length=int(width[0]))
 
     def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Every rank's step metrics combined: rates add up, maxima/peaks take the max, minima the min, the rest
-        (means over equal-sized shares of the batch, loss estimates) the mean; equal values stay as they are."""
+        """Every rank's step metrics combined: rates add up, maxima/peaks take the max, minima the min, a ``*/std``
+        beside its ``*/mean`` is pooled, the rest (means over equal-sized shares of the batch, loss estimates) the
+        mean; equal values stay as they are."""
         import torch.distributed as dist
 
         gathered: list[dict[str, Any] | None] = [None] * self.world_size
@@ -129,6 +131,19 @@ def combine_metrics(per_rank: list[dict[str, Any]], summed: frozenset[str]) -> d
             out[key] = max(numbers)
         elif key.endswith(("_min", "/min")):
             out[key] = min(numbers)
+        elif key.endswith("/std") and _has_means(per_rank, key):
+            out[key] = pooled_std(numbers, [m[key[:-4] + "/mean"] for m in per_rank])
         else:
             out[key] = sum(numbers) / len(numbers)
     return out
+
+
+def _has_means(per_rank: list[dict[str, Any]], std_key: str) -> bool:
+    return all(std_key in m and isinstance(m.get(std_key[:-4] + "/mean"), (int, float)) for m in per_rank)
+
+
+def pooled_std(stds: list[float], means: list[float]) -> float:
+    """The population std of the union of equal-sized groups, from each group's mean and population std."""
+    grand = sum(means) / len(means)
+    variance = sum(s * s + (m - grand) ** 2 for s, m in zip(stds, means)) / len(stds)
+    return math.sqrt(variance)

@@ -46,6 +46,17 @@ def test_metrics_combine_by_kind():
                         "memory/peak_gb": 2.0, "response_length/max": 6, "only_here": 2.0}
 
 
+def test_a_std_beside_its_mean_is_pooled_over_ranks():
+    import statistics
+
+    shares = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.5]]
+    per_rank = [{"reward/mean": statistics.fmean(x), "reward/std": statistics.pstdev(x)} for x in shares]
+    combined = combine_metrics(per_rank, frozenset())
+    whole = shares[0] + shares[1]
+    assert combined["reward/mean"] == pytest.approx(statistics.fmean(whole))
+    assert combined["reward/std"] == pytest.approx(statistics.pstdev(whole))
+
+
 def test_layouts_that_cannot_split_fail_before_any_work():
     cfg = load_config(None, ["rollout.prompts_per_step=6", "rollout.group_size=2", "train.mini_batches=4"])
     with pytest.raises(ValueError, match="rollout.prompts_per_step = 6 must be a multiple of the 4 processes"):
