@@ -43,43 +43,50 @@ def global_batch(vocab: int, seed: int = 0) -> TrainBatch:
     return build_batch(rollouts, advantages, pad_id=0, device=torch.device("cpu"))
 
 
-def run_rank(rank: int, world: int, store_file: str, model_dir: str, result_file: str, aggregation: str,
+def run_rank(rank: int, world: int, store_file: str, model_dir: str, result_file: str, aggregations: list[str],
              checkpoint_root: str) -> None:
-    from transformers import AutoModelForCausalLM
-
+    """For each loss aggregation, the 1-process and the sharded update; the first one's job is also checkpointed."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     try:
-        cfg = TrainConfig(lr=1e-2, micro_batch_size=3, aggregation=aggregation, tis_cap=2.0)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        batch = global_batch(model.config.vocab_size)
-        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-
-        reference = copy.deepcopy(model)
-        ref_opt = build_optimizer(reference, cfg)
-        ref = policy_update(reference, batch, ref_opt, build_scheduler(ref_opt, cfg), cfg, 1.0, MAX_COMPLETION)
-
-        replica = plain_replica(model)
-        shard_model(model)
-        gather = WeightGather(model, replica)
         parallel = Distributed(RankInfo(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu")))
-        per_rank = ROWS // world
-        local = batch.rows(slice(rank * per_rank, (rank + 1) * per_rank))
-        opt = build_optimizer(model, cfg)
-        upd = policy_update(model, local, opt, build_scheduler(opt, cfg), cfg, 1.0, MAX_COMPLETION,
-                            parallel.global_norm)
-        metrics = parallel.reduce_metrics(upd.metrics)
-        seconds = gather.refresh()
-        scheduler = build_scheduler(opt, cfg)
-        save_distributed(Path(checkpoint_root), 1, parallel=parallel, model=model, replica=replica, tokenizer=None,
-                         optimizer=opt, scheduler=scheduler, trainer_state={"step": 1}, keep_last=2)
+        results = {name: compare_update(parallel, model_dir, name, checkpoint_root if i == 0 else None)
+                   for i, name in enumerate(aggregations)}
         if rank == 0:
-            ref_params = dict(reference.named_parameters())
-            result = {
-                "reference": ref.metrics, "sharded": metrics, "gather_s": seconds,
-                "param_diff": max(float((p - ref_params[n]).abs().max()) for n, p in replica.named_parameters()),
-                "update_size": max(float((p - initial[n]).abs().max()) for n, p in ref_params.items()),
-            }
-            Path(result_file).write_text(json.dumps(result))
+            Path(result_file).write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
+
+
+def compare_update(parallel: Distributed, model_dir: str, aggregation: str, checkpoint_root: str | None) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    cfg = TrainConfig(lr=1e-2, micro_batch_size=3, aggregation=aggregation, tis_cap=2.0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    batch = global_batch(model.config.vocab_size)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    reference = copy.deepcopy(model)
+    ref_opt = build_optimizer(reference, cfg)
+    ref = policy_update(reference, batch, ref_opt, build_scheduler(ref_opt, cfg), cfg, 1.0, MAX_COMPLETION)
+
+    replica = plain_replica(model)
+    shard_model(model)
+    gather = WeightGather(model, replica)
+    per_rank = ROWS // parallel.world_size
+    local = batch.rows(slice(parallel.rank * per_rank, (parallel.rank + 1) * per_rank))
+    opt = build_optimizer(model, cfg)
+    scheduler = build_scheduler(opt, cfg)
+    upd = policy_update(model, local, opt, scheduler, cfg, 1.0, MAX_COMPLETION, parallel.global_norm)
+    metrics = parallel.reduce_metrics(upd.metrics)
+    seconds = gather.refresh()
+    if checkpoint_root is not None:
+        save_distributed(Path(checkpoint_root), 1, parallel=parallel, model=model, replica=replica, tokenizer=None,
+                         optimizer=opt, scheduler=scheduler, trainer_state={"step": 1}, keep_last=2)
+    ref_params = dict(reference.named_parameters())
+    with torch.no_grad():
+        return {
+            "reference": ref.metrics, "sharded": metrics, "gather_s": seconds,
+            "param_diff": max(float((p - ref_params[n]).abs().max()) for n, p in replica.named_parameters()),
+            "update_size": max(float((p - initial[n]).abs().max()) for n, p in ref_params.items()),
+        }
