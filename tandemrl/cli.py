@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -103,10 +104,16 @@ def _train(args: argparse.Namespace) -> int:
         config_path = config_path or args.out / "config.toml"
     cfg = load_config(config_path, args.overrides)
     _quiet_transformers()
+    from tandemrl.distributed.env import launched_by_torchrun
+
+    torchrun = launched_by_torchrun()
+    if torchrun and args.out is None and cfg.log.out_dir is None:
+        raise ValueError("under torchrun pass --out DIR (or log.out_dir): every rank must name the same run directory")
     out_dir = args.out or (Path(cfg.log.out_dir) if cfg.log.out_dir else default_out_dir(cfg))
     summary = train(cfg, out_dir, resume=args.resume)
     initial, final = summary["initial"]["accuracy"], summary["final"]["accuracy"]
-    print(f"accuracy {initial:.3f} -> {final:.3f}; run directory: {out_dir}")
+    if not torchrun or os.environ.get("RANK") == "0":
+        print(f"accuracy {initial:.3f} -> {final:.3f}; run directory: {out_dir}")
     return 0
 
 

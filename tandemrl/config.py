@@ -226,6 +226,14 @@ class CheckpointConfig(Section):
     keep_last: int = Field(2, ge=1)
 
 
+class DistributedConfig(Section):
+    """Multi-process runs under torchrun (read only when torchrun's RANK / WORLD_SIZE are set)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+    # how long a collective waits for a missing rank before the job fails (a rank evaluating alone counts too)
+    timeout_s: float = Field(1800.0, gt=0.0)
+
+
 class LogConfig(Section):
     out_dir: str | None = None  # None = runs/<task>-<timestamp>
     tensorboard: bool = True
@@ -246,6 +254,7 @@ class Config(Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
     log: LogConfig = LogConfig()
 
     @model_validator(mode="after")

@@ -93,3 +93,15 @@ def test_curriculum_overhead_runs_on_the_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert result["median"]["rollout_s"] > 0 and result["median"]["terms_s"] > 0 and result["end_epoch_s"] > 0
     assert 0 < result["terms_pct_of_rollout"] < 100 and 0 < result["curriculum_pct_of_epoch"] < 100
+
+
+    assert result["throughput_ratio"] > 0
+
+
+def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
+    """The FSDP worker (replica, gather, tandem per rank) under torchrun on the CPU; timings are not asserted."""
+    out = tmp_path / "multi_gpu.json"
+    run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--out", str(out))
+    row = json.loads(out.read_text())["rows"]["2 gpu tandem"]
+    assert row["processes"] == 2 and row["global_samples"] == 2 * 2 * 2
+    assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1

@@ -22,8 +22,20 @@ class TokenLogprobs:
     entropy: Tensor  # [B, T] float32, detached (a metric only)
 
 
+# The name of the forward method an FSDP2-sharded model carries (tandemrl/distributed/fsdp.py): the decoder and the
+# lm_head are reached inside it, so FSDP gathers the root's shards (embeddings, norm, lm_head) around the whole call.
+FSDP_FORWARD = "tandemrl_completion_logprobs"
+
+
 def completion_logprobs(model: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int) -> TokenLogprobs:
     causal_lm = unwrap_causal_lm(model)
+    sharded_forward = getattr(causal_lm, FSDP_FORWARD, None)
+    if sharded_forward is not None:
+        return sharded_forward(batch, temperature, chunk_size)
+    return logprobs_of(causal_lm, batch, temperature, chunk_size)
+
+
+def logprobs_of(causal_lm: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int) -> TokenLogprobs:
     hidden = causal_lm.get_decoder()(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,

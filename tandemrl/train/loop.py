@@ -17,6 +17,8 @@ from rich.console import Console
 
 from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
+from tandemrl.distributed.env import RankInfo
+from tandemrl.distributed.launch import process_group
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.rollout.setup import completion_budget
@@ -42,12 +44,22 @@ class TrainingError(RuntimeError):
 
 
 def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | None = None) -> dict:
-    console = console or Console()
-    check_out_dir(out_dir, resume)
-    run = build_run(cfg, out_dir)  # data, model and task errors stop here, before the run directory is written
-    write_run_config(out_dir, cfg)
+    """One process, or one rank of a torchrun job (then rank 0 alone writes logs, summary and the console)."""
+    with process_group(cfg) as rank:
+        return train_rank(cfg, out_dir, resume, console, rank)
+
+
+def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None, rank: RankInfo | None) -> dict:
+    main = rank is None or rank.is_main
+    console = console or Console(quiet=not main)
+    if main:
+        check_out_dir(out_dir, resume)
+    run = build_run(cfg, out_dir, rank)  # data, model and task errors stop here, before the run directory is written
+    if main:
+        write_run_config(out_dir, cfg)
     state = starting_state(run, resume, console)
-    writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump())
+    writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump()) if main \
+        else MultiWriter([])
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
     for log in (writers, run.sample_log):
         if log is not None:
@@ -59,8 +71,9 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
-        while (state.step < cfg.train.max_steps and not interrupt.requested and not state.stopped_early
-               and not _out_of_time(cfg, started)):
+        # every rank stops after the same step (a signal or the time budget may reach them at different moments)
+        while state.step < cfg.train.max_steps and not run.parallel.any(
+                interrupt.requested or state.stopped_early or _out_of_time(cfg, started)):
             metrics = train_step(run, state, display)
             writers.write(state.step, metrics)
             display.log_step(state.step, metrics)
@@ -70,7 +83,7 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
                 writers.write(state.step, run_evaluation(run, state).metrics())
             if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
                 checkpoint(run, state, started)
-    if interrupt.requested:
+    if run.parallel.any(interrupt.requested):
         path = checkpoint(run, state, started)
         console.print(f"[yellow]interrupted after step {state.step} by {interrupt.signal_name}: saved {path}; "
                       f"continue with: tandemrl train --resume --out {out_dir}")
@@ -81,7 +94,8 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
     checkpoint(run, state, started)
     close_logs(run, writers)
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
-    write_summary(out_dir, summary)
+    if main:
+        write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
     return summary
 
@@ -110,11 +124,11 @@ def checkpoint(run: Run, state: TrainerState, started: float) -> Path:
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:
     cfg, times = run.cfg, StepTimes()
     reset_peak_memory(run.device)
-    prompts = run.train_prompts.next_batch()
+    prompts = run.parallel.local_share(run.train_prompts.next_batch())  # torchrun: this rank's whole groups
     # the curriculum's bucket decides each prompt's group size; without it every prompt gets rollout.group_size
     group_sizes = [run.curriculum.rollouts_for(s.index) for s in prompts] if run.curriculum else cfg.rollout.group_size
     with times.measure("rollout"):
-        params = rollout_params(cfg.rollout, seed=cfg.train.seed * 1_000_003 + state.step)
+        params = rollout_params(cfg.rollout, seed=run.parallel.rollout_seed(cfg.train.seed * 1_000_003 + state.step))
         scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params, group_sizes,
                                     state.policy_version, f"step{state.step}", agent=run.agent,
                                     inference=run.inference)
@@ -130,7 +144,10 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
-                               cfg.rollout.temperature, completion_budget(cfg))
+                               cfg.rollout.temperature, completion_budget(cfg), run.parallel.global_norm)
+    if run.engine_weights is not None:  # torchrun: all-gather the new shards into the engine's full weights
+        with times.measure("weight_gather"):
+            run.engine_weights.refresh()
     run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
@@ -140,7 +157,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     if run.sample_log is not None:
         run.sample_log.write(state.step, scored)
     lengths = [len(r.completion_ids) for r in scored.rollouts]
-    return {
+    metrics = {
         "step": state.step, "epoch": run.train_prompts.epoch, "policy_version": state.policy_version,
         **reward_metrics(scored.reward),
         "accuracy": sum(scored.correct) / len(scored.correct),
@@ -154,6 +171,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }
+    return run.parallel.reduce_metrics(metrics)  # torchrun: means over ranks (sums for rates, max for peaks)
 
 
 def attach_fixed_logprobs(run: Run, batch: TrainBatch) -> None:

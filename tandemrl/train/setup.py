@@ -16,6 +16,9 @@ from tandemrl.config import Config, ModelConfig
 from tandemrl.curriculum import Curriculum
 from tandemrl.data.iterator import PromptIterator
 from tandemrl.data.tasks import load_task
+from tandemrl.distributed.env import RankInfo
+from tandemrl.distributed.launch import make_parallel
+from tandemrl.distributed.parallel import Parallel, SingleProcess
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
@@ -66,7 +69,10 @@ class Run:
     agent: AgentLoop | None = None  # the multi-turn agent loop (tools); None: single-turn rollouts
     inference: InferenceReward | None = None  # reward.inference (its terms are logged even at weight 0)
     curriculum: Curriculum | None = None
-    sample_log: SampleLog | None = None  # samples.jsonl (log.samples)
+    sample_log: SampleLog | None = None  # samples.jsonl (log.samples; torchrun: rank 0's samples)
+    parallel: Parallel = field(default_factory=SingleProcess)  # torchrun: this rank's share and reductions
+    engine_model: nn.Module | None = None  # torchrun: the full-weight replica the engine reads (model is sharded)
+    engine_weights: Any = None  # torchrun: WeightGather, refreshing engine_model from the shards after updates
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
     sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
 
@@ -128,9 +134,10 @@ def load_frozen(cfg: Config, device: torch.device) -> nn.Module | None:
     return frozen.eval().requires_grad_(False)
 
 
-def build_run(cfg: Config, out_dir: Path) -> Run:
+def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None) -> Run:
+    """`rank` (under torchrun): the model is sharded with FSDP2 and the engine decodes a full replica of it."""
     torch.manual_seed(cfg.train.seed)
-    device = resolve_device(cfg.model.device)
+    device = rank.device if rank is not None else resolve_device(cfg.model.device)
     train_samples = load_task(cfg.data.task, cfg.data.train_split, path=cfg.data.path,
                               limit=cfg.data.train_limit, seed=cfg.train.seed)
     test_samples = load_task(cfg.data.task, cfg.data.test_split, path=cfg.data.path,
@@ -143,8 +150,15 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
     ref_model = None
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    optimizer = build_optimizer(model, cfg.train)
-    backend = make_backend(cfg, model, tokenizer, device, draft_model=load_draft(cfg, device),
+    engine_model, engine_weights = model, None
+    if rank is not None:
+        from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
+
+        engine_model = plain_replica(model)  # before sharding: it starts with the full weights
+        shard_model(model)
+        engine_weights = WeightGather(model, engine_model)
+    optimizer = build_optimizer(model, cfg.train)  # over the shards under torchrun
+    backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device))
     agent = build_agent(cfg, backend, tokenizer)
     sync = make_weight_sync(cfg, out_dir)
@@ -161,5 +175,7 @@ def build_run(cfg: Config, out_dir: Path) -> Run:
                                   speculative=cfg.rollout.speculative.enabled),
         curriculum=(Curriculum(cfg.curriculum, [s.index for s in train_samples], cfg.rollout.group_size)
                     if cfg.curriculum.enabled else None),
-        sample_log=SampleLog(out_dir) if cfg.log.samples else None,
+        sample_log=SampleLog(out_dir) if cfg.log.samples and (rank is None or rank.is_main) else None,
+        parallel=make_parallel(rank),
+        engine_model=engine_model if rank is not None else None, engine_weights=engine_weights,
     )

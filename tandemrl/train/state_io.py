@@ -35,6 +35,15 @@ def save_run(run: Run, state: TrainerState, best: bool = False) -> Path:
     """The whole trainer state into checkpoints/ (or, ``best``, into checkpoints/best/, keeping one)."""
     state.data = run.train_prompts.state_dict()
     state.curriculum = run.curriculum.state_dict() if run.curriculum is not None else {}
+    if run.engine_model is not None:  # torchrun: a collective save of the shards (tandemrl/distributed/checkpoint.py)
+        from tandemrl.distributed.checkpoint import save_distributed
+
+        root = run.out_dir / "checkpoints"
+        return save_distributed(
+            root / BEST if best else root, state.step, parallel=run.parallel, model=run.model,
+            replica=run.engine_model, tokenizer=run.tokenizer, optimizer=run.optimizer, scheduler=run.scheduler,
+            trainer_state=asdict(state), keep_last=1 if best else run.cfg.checkpoint.keep_last,
+        )
     root = run.out_dir / "checkpoints"
     return save_checkpoint(
         root / BEST if best else root, state.step, model=run.model, tokenizer=run.tokenizer,
@@ -48,7 +57,15 @@ def restore_run(run: Run) -> TrainerState | None:
     path = find_latest(run.out_dir / "checkpoints")
     if path is None:
         return None
-    raw = load_checkpoint(path, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    from tandemrl.distributed.checkpoint import load_distributed, require_distributed_format
+
+    if run.engine_model is not None:
+        raw = load_distributed(path, parallel=run.parallel, model=run.model, optimizer=run.optimizer,
+                               scheduler=run.scheduler)
+        run.engine_weights.refresh()  # the engine decodes the loaded weights
+    else:
+        require_distributed_format(path, distributed=False)
+        raw = load_checkpoint(path, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
     state = TrainerState(**raw)
     run.train_prompts.load_state_dict(state.data)
     if run.curriculum is not None and state.curriculum:

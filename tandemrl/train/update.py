@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -45,8 +46,13 @@ def policy_update(
     cfg: TrainConfig,
     temperature: float,
     max_completion_length: int,
+    global_norm: Callable[[BatchNorm], BatchNorm] | None = None,
 ) -> UpdateResult:
-    """Runs cfg.epochs_per_batch passes over the batch, one optimizer step per mini-batch."""
+    """Runs cfg.epochs_per_batch passes over the batch, one optimizer step per mini-batch.
+
+    ``global_norm`` turns a mini-batch's normalisers into the whole job's (multi-process: every rank's rows), so
+    each rank's loss is its share of the global loss and the summed gradients are the global gradient.
+    """
     loss_cfg = LossConfig(
         eps_low=cfg.eps_low, eps_high=cfg.eps_high, kl_beta=cfg.kl_beta,
         aggregation=cfg.aggregation, max_completion_length=max_completion_length, tis_cap=cfg.tis_cap,
@@ -56,10 +62,10 @@ def policy_update(
     for _ in range(cfg.epochs_per_batch):
         order = torch.randperm(batch.size, generator=generator).to(batch.input_ids.device)
         for mini in order.chunk(cfg.mini_batches):
-            metrics = _accumulate_gradients(model, batch.rows(mini), loss_cfg, cfg, temperature)
+            metrics = _accumulate_gradients(model, batch.rows(mini), loss_cfg, cfg, temperature, global_norm)
             params = [p for p in model.parameters() if p.requires_grad]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm) if metrics is not None else None
-            if grad_norm is None or not torch.isfinite(grad_norm):
+            grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            if metrics is None or not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
                 result.skipped_nonfinite += 1
                 continue
@@ -72,13 +78,27 @@ def policy_update(
     return result
 
 
+def _full(grad_norm: torch.Tensor) -> torch.Tensor:
+    """The global gradient norm: FSDP2 returns it as a DTensor (a partial norm per rank)."""
+    full_tensor = getattr(grad_norm, "full_tensor", None)
+    return full_tensor() if full_tensor is not None else grad_norm
+
+
 def _accumulate_gradients(
-    model: nn.Module, mini_batch: TrainBatch, loss_cfg: LossConfig, cfg: TrainConfig, temperature: float
+    model: nn.Module, mini_batch: TrainBatch, loss_cfg: LossConfig, cfg: TrainConfig, temperature: float,
+    global_norm: Callable[[BatchNorm], BatchNorm] | None = None,
 ) -> dict[str, float] | None:
-    """Backward over the micro-batches of one mini-batch; its metrics, or None if the loss was not finite."""
+    """Backward over the micro-batches of one mini-batch; its metrics, or None if the loss was not finite.
+
+    A non-finite micro-batch is still backpropagated (its gradients are dropped with the step): under FSDP every
+    rank must run the same number of backward passes, or the gradient reduce-scatter waits forever.
+    """
     loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
     # Normalisers over the whole mini-batch make accumulation exact: 1 x 8 micro-batches == 8 x 1.
     norm = BatchNorm.from_masks([mini_batch.loss_mask], loss_cfg.max_completion_length)
+    if global_norm is not None:
+        norm = global_norm(norm)
+    finite = True
     # Each micro-batch's loss and metrics are its share of the mini-batch's: they add up.
     totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
     for start in range(0, mini_batch.size, cfg.micro_batch_size):
@@ -90,9 +110,8 @@ def _accumulate_gradients(
         inputs = LossInputs(out.logprobs, old, micro.advantages, micro.loss_mask, micro.ref_logprobs,
                             micro.rollout_logprobs)
         loss_out = loss_fn(inputs, loss_cfg, norm)
-        if not torch.isfinite(loss_out.loss):
-            return None
+        finite = finite and bool(torch.isfinite(loss_out.loss))
         loss_out.loss.backward()
         entropy = float((out.entropy * micro.loss_mask).sum()) / max(norm.total_tokens, 1e-9)
         accumulate_metrics(totals, {**loss_out.metrics, "loss": float(loss_out.loss.detach()), "entropy": entropy})
-    return totals
+    return totals if finite else None

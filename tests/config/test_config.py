@@ -84,7 +84,7 @@ def test_resolved_toml_is_parseable_and_complete():
     text = config_to_toml(Config())
     parsed = tomllib.loads(text)
     assert set(parsed) == {"model", "data", "rollout", "engine", "tandem", "tools", "sync", "reward", "curriculum",
-                           "train", "eval", "checkpoint", "log"}
+                           "train", "eval", "checkpoint", "distributed", "log"}
     assert parsed["model"]["lora"]["rank"] == 16
 
 

@@ -1,0 +1,55 @@
+"""Entering and leaving a torchrun job, and the checks its layout needs before any work starts."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from tandemrl.config import Config
+from tandemrl.distributed.env import RankInfo, destroy_process_group, init_process_group, launched_by_torchrun
+from tandemrl.distributed.parallel import Distributed, Parallel, SingleProcess
+
+
+@contextlib.contextmanager
+def process_group(cfg: Config) -> Iterator[RankInfo | None]:
+    """Under torchrun: this rank's place in the joined process group (left on exit); a plain run: None."""
+    if not launched_by_torchrun():
+        yield None
+        return
+    check_layout(cfg, _world_size_from_env())
+    info = init_process_group(cfg.distributed, cfg.model.device)
+    try:
+        yield info
+        Distributed(info).barrier()  # no rank closes its connections while another still uses them
+    finally:  # after an error: no barrier (it would wait for ranks that are gone), just leave
+        destroy_process_group()
+
+
+def make_parallel(info: RankInfo | None) -> Parallel:
+    return SingleProcess() if info is None else Distributed(info)
+
+
+def check_layout(cfg: Config, world_size: int) -> None:
+    """Each rank samples whole prompt groups and takes the same number of optimizer steps."""
+    prompts = cfg.rollout.prompts_per_step
+    if prompts % world_size:
+        raise ValueError(f"rollout.prompts_per_step = {prompts} must be a multiple of the {world_size} processes "
+                         "(each rank samples whole groups of its share of the prompts)")
+    local_samples = prompts // world_size * cfg.rollout.group_size
+    if local_samples % cfg.train.mini_batches:
+        raise ValueError(f"train.mini_batches = {cfg.train.mini_batches} must divide each rank's "
+                         f"{local_samples} samples (rollout.prompts_per_step / processes * rollout.group_size)")
+    if cfg.model.lora.enabled:
+        raise ValueError("model.lora.enabled is not supported under torchrun yet (FSDP2 shards full fine-tuning)")
+    if cfg.curriculum.enabled:
+        raise ValueError("curriculum.enabled is not supported under torchrun yet (each rank would see only its share "
+                         "of the rewards)")
+    if cfg.rollout.backend != "engine":
+        raise ValueError(f"rollout.backend = {cfg.rollout.backend!r} is not supported under torchrun yet: each rank "
+                         "runs its own engine")
+
+
+def _world_size_from_env() -> int:
+    from tandemrl.distributed.env import read_rank_env
+
+    return read_rank_env()[1]

@@ -1,0 +1,149 @@
+"""What the training loop asks of the job's layout: its share of the prompts, global loss normalisers, metrics
+reduced across ranks. One process (`SingleProcess`) answers with no-ops, so the loop reads the same either way."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol, Sequence, TypeVar
+
+import torch
+
+from tandemrl.algo.losses import BatchNorm
+from tandemrl.distributed.env import RankInfo
+
+T = TypeVar("T")
+
+# Step metrics that add up over ranks (each rank reports its part of a global rate).
+SUMMED_METRICS = frozenset({"tokens_per_s"})
+
+
+class Parallel(Protocol):
+    rank: int
+    world_size: int
+
+    @property
+    def is_main(self) -> bool: ...
+    def local_share(self, items: Sequence[T]) -> list[T]: ...
+    def rollout_seed(self, seed: int) -> int: ...
+    def global_norm(self, norm: BatchNorm) -> BatchNorm: ...
+    def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]: ...
+    def any(self, flag: bool) -> bool: ...
+    def barrier(self) -> None: ...
+
+
+class SingleProcess:
+    """The job is this one process: everything is already global."""
+
+    rank, world_size = 0, 1
+
+    @property
+    def is_main(self) -> bool:
+        return True
+
+    def local_share(self, items: Sequence[T]) -> list[T]:
+        return list(items)
+
+    def rollout_seed(self, seed: int) -> int:
+        return seed
+
+    def global_norm(self, norm: BatchNorm) -> BatchNorm:
+        return norm
+
+    def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return metrics
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def barrier(self) -> None:
+        return None
+
+
+class Distributed:
+    """One rank of a torchrun job (the process group is already up)."""
+
+    def __init__(self, info: RankInfo) -> None:
+        self.rank, self.world_size, self.device = info.rank, info.world_size, info.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def local_share(self, items: Sequence[T]) -> list[T]:
+        """This rank's contiguous slice of the global batch (prompts: each prompt's whole group samples here)."""
+        if len(items) % self.world_size:
+            raise ValueError(f"{len(items)} prompts per step cannot be split evenly over {self.world_size} ranks: "
+                             "make rollout.prompts_per_step a multiple of the number of processes")
+        per_rank = len(items) // self.world_size
+        return list(items[self.rank * per_rank:(self.rank + 1) * per_rank])
+
+    def rollout_seed(self, seed: int) -> int:
+        return seed * self.world_size + self.rank  # distinct streams per rank, still a function of the step
+
+    def global_norm(self, norm: BatchNorm) -> BatchNorm:
+        """The mini-batch normalisers over every rank's rows, divided by the world size: FSDP averages gradients
+        over ranks, so mean_r(sum_r / (total / N)) = sum / total, the global loss's gradient. Each rank's loss (and
+        every loss metric) is then the global value as this rank's rows estimate it; their mean is the global one."""
+        import torch.distributed as dist
+
+        sums = torch.tensor([norm.total_tokens, float(norm.num_sequences)], dtype=torch.float64, device=self.device)
+        width = torch.tensor([norm.max_completion_length], dtype=torch.int64, device=self.device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        scaled = sums / self.world_size  # num_sequences may become fractional: it is only ever divided by
+        return BatchNorm(total_tokens=float(scaled[0]), num_sequences=float(scaled[1]),  # type: ignore[arg-type]
+                         max_completion_length=int(width[0]))
+
+    def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Every rank's step metrics combined: rates add up, maxima/peaks take the max, minima the min, a ``*/std``
+        beside its ``*/mean`` is pooled, the rest (means over equal-sized shares of the batch, loss estimates) the
+        mean; equal values stay as they are."""
+        import torch.distributed as dist
+
+        gathered: list[dict[str, Any] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, metrics)
+        return combine_metrics([g for g in gathered if g is not None], SUMMED_METRICS)
+
+    def any(self, flag: bool) -> bool:
+        import torch.distributed as dist
+
+        value = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def combine_metrics(per_rank: list[dict[str, Any]], summed: frozenset[str]) -> dict[str, Any]:
+    keys = list(dict.fromkeys(k for metrics in per_rank for k in metrics))
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [m[key] for m in per_rank if key in m]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) != len(values) or all(v == values[0] for v in values) and key not in summed:
+            out[key] = values[0]
+        elif key in summed:
+            out[key] = sum(numbers)
+        elif key.endswith(("_max", "/max")) or "peak" in key:
+            out[key] = max(numbers)
+        elif key.endswith(("_min", "/min")):
+            out[key] = min(numbers)
+        elif key.endswith("/std") and _has_means(per_rank, key):
+            out[key] = pooled_std(numbers, [m[key[:-4] + "/mean"] for m in per_rank])
+        else:
+            out[key] = sum(numbers) / len(numbers)
+    return out
+
+
+def _has_means(per_rank: list[dict[str, Any]], std_key: str) -> bool:
+    return all(std_key in m and isinstance(m.get(std_key[:-4] + "/mean"), (int, float)) for m in per_rank)
+
+
+def pooled_std(stds: list[float], means: list[float]) -> float:
+    """The population std of the union of equal-sized groups, from each group's mean and population std."""
+    grand = sum(means) / len(means)
+    variance = sum(s * s + (m - grand) ** 2 for s, m in zip(stds, means)) / len(stds)
+    return math.sqrt(variance)

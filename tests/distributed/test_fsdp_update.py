@@ -1,0 +1,80 @@
+"""2 processes (gloo, FSDP2 on the CPU) give the loss and the parameter update of 1 process on the same batch, and
+their DCP checkpoint loads into a job of another size (here 1 process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from tandemrl.config import TrainConfig
+from tandemrl.distributed.checkpoint import load_distributed
+from tandemrl.distributed.env import RankInfo
+from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
+from tandemrl.distributed.parallel import Distributed
+from tandemrl.models.tiny import ensure_tiny_model
+from tandemrl.train.checkpoint import find_latest
+from tandemrl.train.optim import build_optimizer, build_scheduler
+
+
+# token-mean: the ranks hold different token counts, so only global normalisers give the 1-process loss;
+# seq-mean-token-mean: the sequence count normalises (divided by the world size, it is fractional in general).
+AGGREGATIONS = ["token-mean", "seq-mean-token-mean"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_update(tmp_path_factory) -> tuple[dict, Path, Path]:
+    root = tmp_path_factory.mktemp("fsdp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).parents[1]))  # the spawned ranks import tests_support
+        from tests_support.fsdp_update_worker import run_rank
+
+        model_dir = ensure_tiny_model(root / "tiny")
+        mp.spawn(run_rank, args=(2, str(root / "store"), str(model_dir), str(root / "result.json"), AGGREGATIONS,
+                                 str(root / "checkpoints")), nprocs=2, join=True)
+    return json.loads((root / "result.json").read_text()), model_dir, root / "checkpoints"
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_two_ranks_match_one_process(two_rank_update, aggregation):
+    result = two_rank_update[0][aggregation]
+    ref, sharded = result["reference"], result["sharded"]
+    # the step moved the weights, and the ranks hold different token counts (only global normalisers match)
+    assert result["update_size"] > 1e-3
+    assert result["param_diff"] < 1e-5, result
+    for key in ("loss", "pg_loss", "entropy", "grad_norm", "ratio_mean", "mismatch/logp_abs_mean", "tis/weight_mean"):
+        assert sharded[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
+    assert sharded["mismatch/logp_abs_max"] == pytest.approx(ref["mismatch/logp_abs_max"], rel=1e-6)
+    assert result["gather_s"] >= 0
+
+
+def test_a_two_rank_checkpoint_loads_into_one_process(two_rank_update, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _, model_dir, checkpoints = two_rank_update
+    latest = find_latest(checkpoints)
+    assert latest is not None
+    saved = load_file(latest / "model.safetensors")  # the full weights rank 0 wrote from the engine replica
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        replica = plain_replica(model)
+        shard_model(model)
+        cfg = TrainConfig(lr=1e-2)
+        optimizer = build_optimizer(model, cfg)
+        parallel = Distributed(RankInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+        state = load_distributed(latest, parallel=parallel, model=model, optimizer=optimizer,
+                                 scheduler=build_scheduler(optimizer, cfg))
+        WeightGather(model, replica).refresh()
+        assert state == {"step": 1}
+        weights = dict(replica.named_parameters())
+        assert max(float((weights[k] - v).abs().max()) for k, v in saved.items()) == 0.0
+        moments = [s["exp_avg_sq"] for s in optimizer.state.values()]
+        assert len(moments) == len(weights) and all(float(m.full_tensor().abs().sum()) > 0 for m in moments)
+    finally:
+        dist.destroy_process_group()

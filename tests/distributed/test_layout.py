@@ -1,0 +1,89 @@
+"""Rank layout: torchrun's environment, the prompt split, metric reduction, the checks before a job starts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandemrl.config import load_config
+from tandemrl.distributed.env import RankInfo, launched_by_torchrun, read_rank_env
+from tandemrl.distributed.launch import check_layout
+from tandemrl.distributed.parallel import Distributed, SingleProcess, combine_metrics
+
+
+def rank(r: int, world: int) -> Distributed:
+    return Distributed(RankInfo(rank=r, world_size=world, local_rank=r, device=torch.device("cpu")))
+
+
+def test_torchrun_environment_is_read_and_checked():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert launched_by_torchrun(env) and not launched_by_torchrun({"RANK": "0"})
+    assert read_rank_env(env) == (1, 2, 1)
+    with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
+        read_rank_env({**env, "WORLD_SIZE": "two"})
+    with pytest.raises(ValueError, match="0 <= RANK < WORLD_SIZE"):
+        read_rank_env({**env, "RANK": "2"})
+
+
+def test_each_rank_takes_a_contiguous_share_of_whole_prompts():
+    prompts = list("abcdef")
+    assert [rank(r, 3).local_share(prompts) for r in range(3)] == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert SingleProcess().local_share(prompts) == prompts
+    with pytest.raises(ValueError, match="multiple of the number of processes"):
+        rank(0, 4).local_share(prompts)
+    assert len({rank(r, 2).rollout_seed(7) for r in range(2)}) == 2
+
+
+def test_metrics_combine_by_kind():
+    per_rank = [
+        {"step": 3, "loss": 0.5, "tokens_per_s": 100.0, "mismatch/logp_abs_max": 0.1, "memory/peak_gb": 1.0,
+         "response_length/max": 4, "only_here": 2.0},
+        {"step": 3, "loss": 0.7, "tokens_per_s": 300.0, "mismatch/logp_abs_max": 0.3, "memory/peak_gb": 2.0,
+         "response_length/max": 6},
+    ]
+    combined = combine_metrics(per_rank, frozenset({"tokens_per_s"}))
+    assert combined == {"step": 3, "loss": pytest.approx(0.6), "tokens_per_s": 400.0, "mismatch/logp_abs_max": 0.3,
+                        "memory/peak_gb": 2.0, "response_length/max": 6, "only_here": 2.0}
+
+
+def test_a_std_beside_its_mean_is_pooled_over_ranks():
+    import statistics
+
+    shares = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.5]]
+    per_rank = [{"reward/mean": statistics.fmean(x), "reward/std": statistics.pstdev(x)} for x in shares]
+    combined = combine_metrics(per_rank, frozenset())
+    whole = shares[0] + shares[1]
+    assert combined["reward/mean"] == pytest.approx(statistics.fmean(whole))
+    assert combined["reward/std"] == pytest.approx(statistics.pstdev(whole))
+
+
+def test_layouts_that_cannot_split_fail_before_any_work():
+    cfg = load_config(None, ["rollout.prompts_per_step=6", "rollout.group_size=2", "train.mini_batches=4"])
+    with pytest.raises(ValueError, match="rollout.prompts_per_step = 6 must be a multiple of the 4 processes"):
+        check_layout(cfg, 4)
+    with pytest.raises(ValueError, match="train.mini_batches = 4 must divide each rank's 6 samples"):
+        check_layout(cfg, 2)
+    check_layout(load_config(None, ["rollout.prompts_per_step=8"]), 2)
+    with pytest.raises(ValueError, match="model.lora.enabled"):
+        check_layout(load_config(None, ["model.lora.enabled=true"]), 2)
+
+
+def test_checkpoints_resume_only_in_their_own_mode(tmp_path):
+    import json
+
+    from tandemrl.distributed.checkpoint import require_distributed_format
+    from tandemrl.train.weights_io import CheckpointError
+
+    def checkpoint(name: str, model_format: str):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps({"_checkpoint": {"model_format": model_format}}))
+        return folder
+
+    sharded, plain = checkpoint("sharded", "fsdp-dcp"), checkpoint("plain", "full")
+    require_distributed_format(sharded, distributed=True)
+    require_distributed_format(plain, distributed=False)
+    with pytest.raises(CheckpointError, match="resume it with `torchrun"):
+        require_distributed_format(sharded, distributed=False)
+    with pytest.raises(CheckpointError, match="saved by a single-process run"):
+        require_distributed_format(plain, distributed=True)
