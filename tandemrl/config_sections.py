@@ -1,0 +1,105 @@
+"""The config sections of the optional features (vLLM backend, tools, weight sync, inference-aware reward,
+curriculum, multi-GPU) and the base every section shares; config.py assembles them into one Config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class VLLMConfig(Section):
+    """rollout.backend = "vllm": a colocated vllm.LLM in the trainer's process (see tandemrl/backends/vllm/)."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="share of GPU memory vLLM may take")
+    cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE wins if set)")
+    enforce_eager: bool = True  # no CUDA graphs / compilation: a start of seconds, not minutes
+    enable_prefix_caching: bool = True  # reset after every weight update
+    max_model_len: int | None = Field(None, ge=1, description="None: the model's max_position_embeddings")
+    probe_tokens: int = Field(32, ge=2, description="length of the fixed sequence that checks each weight update")
+    probe_tolerance: float | None = Field(None, gt=0.0, description="None: by dtype (float32 2e-3, bf16 0.2)")
+
+
+class ToolsConfig(Section):
+    """Multi-turn tool calling (tandemrl/rollout/): on when ``names`` lists tools (a task may bring its own, see
+    tandemrl/data/task_defaults.py), unless ``enabled = false``."""
+
+    enabled: bool | None = None  # None: on when `names` is not empty
+    names: list[str] = []  # built-in tools: python, calculator, peek
+    format: Literal["hermes", "plain"] = "hermes"  # hermes: <tool_call>{json}</tool_call>; plain: base models
+    call_open: str = Field("<call>", min_length=1, description="the plain format's markers")
+    call_close: str = "</call>"  # empty: the opener alone is a call of the only tool
+    result_open: str = "<result>"
+    result_close: str = "</result>\n"
+    max_turns: int = Field(8, ge=1, description="generation turns per trajectory")
+    max_tool_calls: int = Field(8, ge=1, description="tool calls per trajectory")
+    max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
+    max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
+    sandbox_timeout_s: float = Field(5.0, gt=0.0)
+    sandbox_cpu_s: int = Field(5, ge=1)
+    sandbox_memory_mb: int = Field(512, ge=64)
+    sandbox_max_file_mb: int = Field(4, ge=1)
+    sandbox_max_output_chars: int = Field(2000, ge=1)
+
+    @property
+    def active(self) -> bool:
+        """Rollouts are multi-turn: ``enabled``, or when unset, some tools are named."""
+        return self.enabled if self.enabled is not None else bool(self.names)
+
+
+class SyncConfig(Section):
+    """How the trainer's weights reach the process that samples its rollouts (tandemrl.sync)."""
+
+    kind: Literal["inprocess", "checkpoint", "lora", "ipc", "nccl"] = "inprocess"
+    dir: str | None = None  # checkpoint: where the pushed checkpoints go (default <run dir>/sync)
+    nccl_init_method: str | None = None  # nccl: e.g. "tcp://127.0.0.1:29511" (the trainer and the server join it)
+    nccl_backend: Literal["nccl", "gloo"] = "nccl"
+
+
+class InferenceRewardConfig(Section):
+    """Serving cost in the reward: total = task score - latency*ms - tokens*generated - kv_mb*MB held
+    + accept*acceptance rate + cache_reuse*prefix-cache hit ratio. All 0 (the default) = plain GRPO. The
+    inference_aware_grpo_training seed's values: 0.001, 0.001, 0.01, 1.0, 0.5."""
+
+    latency: float = Field(0.0, ge=0.0, description="alpha: penalty per millisecond of request latency")
+    tokens: float = Field(0.0, ge=0.0, description="beta: penalty per generated token")
+    kv_mb: float = Field(0.0, ge=0.0, description="gamma: penalty per MB of KV cache the request held at its peak")
+    accept: float = Field(0.0, ge=0.0, description="delta: bonus per unit of speculative acceptance rate")
+    cache_reuse: float = Field(0.0, ge=0.0, description="epsilon: bonus per unit of prefix-cache hit ratio")
+
+
+class CurriculumConfig(Section):
+    """Adaptive curriculum: a per-sample reward EMA, KDE valleys split the samples into difficulty buckets after
+    each epoch, harder buckets get more rollouts per prompt. Defaults are the inference_aware_grpo_training seed's."""
+
+    enabled: bool = False
+    ema_decay: float = Field(0.7, ge=0.0, lt=1.0, description="ema = decay*ema + (1-decay)*epoch mean")
+    unseen_reward: float = Field(0.5, description="the EMA of a sample not yet rolled out")
+    normalize: Literal["minmax", "clip"] = "minmax"  # minmax: rescale EMAs to [0, 1]; clip: clamp them to [0, 1]
+    # scipy gaussian_kde's bw_method: "scott", "silverman" or a factor of the data's std. The seed's code uses 0.05,
+    # which on a few hundred samples makes a wiggly density whose noise valleys split even a unimodal set.
+    bandwidth: float | Literal["scott", "silverman"] = "scott"
+    grid_points: int = Field(512, ge=3)
+    min_bucket_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="a valley leaving a smaller bucket is skipped")
+    n_buckets: int = Field(3, ge=1, description="at most this many buckets (n_buckets - 1 valleys as boundaries)")
+    base_rollouts: int = Field(4, ge=1)
+    alpha: float = Field(1.5, ge=0.0, description="rollouts = max(1, round(base*(1 + alpha*(1 - bucket mean))))")
+    min_samples: int = Field(8, ge=2, description="fewer samples than this: one bucket")
+
+    @model_validator(mode="after")
+    def _check_bandwidth(self) -> CurriculumConfig:
+        if isinstance(self.bandwidth, float) and self.bandwidth <= 0:
+            raise ValueError(f"curriculum.bandwidth must be > 0, 'scott' or 'silverman', got {self.bandwidth}")
+        return self
+
+
+class DistributedConfig(Section):
+    """Multi-process runs under torchrun (read only when torchrun's RANK / WORLD_SIZE are set)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+    # how long a collective waits for a missing rank before the job fails (a rank evaluating alone counts too)
+    timeout_s: float = Field(1800.0, gt=0.0)
