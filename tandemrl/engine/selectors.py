@@ -85,6 +85,15 @@ def _rng_state(rng: random.Random) -> list[Any]:
     return [version, list(internal), gauss]
 
 
+def _load_common(stream: Any, state: dict[str, Any]) -> int:
+    """Check that ``state`` belongs to a stream of this kind and parameters, restore its RNG; its position."""
+    if state.get("kind") != stream.kind or state.get("params") != stream._params():
+        raise ValueError(f"state is for selector {state.get('kind')!r} {state.get('params')!r}, "
+                         f"this stream is {stream.kind!r} {stream._params()!r}")
+    _set_rng_state(stream._rng, state["rng_state"])
+    return int(state["position"])
+
+
 def _set_rng_state(rng: random.Random, state: Sequence[Any]) -> None:
     version, internal, gauss = state
     rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
@@ -157,11 +166,7 @@ class _LookaheadStream:
                 "rng_state": _rng_state(self._rng), "buffer": list(self._buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("params") != self._params():
-            raise ValueError(f"state is for selector {state.get('kind')!r} {state.get('params')!r}, "
-                             f"this stream is {self.kind!r} {self._params()!r}")
-        _set_rng_state(self._rng, state["rng_state"])
-        self._position = int(state["position"])
+        self._position = _load_common(self, state)
         self._buffer = [bool(b) for b in state["buffer"]]
 
 
@@ -307,11 +312,7 @@ class BoundaryStream:
                 "writer": self._writer, "seg_len": self._seg_len}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("params") != self._params():
-            raise ValueError(f"state is for selector {state.get('kind')!r} {state.get('params')!r}, "
-                             f"this stream is {self.kind!r} {self._params()!r}")
-        _set_rng_state(self._rng, state["rng_state"])
-        self._position = int(state["position"])
+        self._position = _load_common(self, state)
         self._draws = [bool(b) for b in state["draws"]]
         self._writer = bool(state["writer"])
         self._seg_len = int(state["seg_len"])
