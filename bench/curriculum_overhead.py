@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.grpo_step import ARCHITECTURES, build_model, make_backend
+from bench.grpo_step import add_step_shape_args, build_model, make_backend
 from tandemrl.algo.advantages import ADVANTAGES
 from tandemrl.config import CurriculumConfig, TrainConfig
 from tandemrl.curriculum import Curriculum
@@ -96,13 +96,7 @@ def _sync(device: torch.device) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_step_shape_args(parser, repeats=5)
     parser.add_argument("--dataset-size", type=int, default=7473, help="train samples in an epoch (GSM8K: 7,473)")
     parser.add_argument("--kv-gib", type=float, default=4.0)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes, to check the script on a CPU")

@@ -120,15 +120,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--prompts", type=int, default=8)
+def add_step_shape_args(parser: argparse.ArgumentParser, arch: str = "qwen2.5-0.5b", repeats: int = 2,
+                        prompts_help: str | None = None) -> None:
+    """The GRPO step's shape (8 prompts x 8 samples x 512 new tokens after 128-token prompts by default), shared
+    by the benches that time a step."""
+    parser.add_argument("--arch", default=arch, choices=sorted(ARCHITECTURES))
+    parser.add_argument("--prompts", type=int, default=8, help=prompts_help)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_step_shape_args(parser)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--backend", choices=["hf", "engine"], default="hf")
     parser.add_argument("--kv-gib", type=float, default=1.0, help="engine KV cache size")

@@ -212,13 +212,9 @@ def report(rows: dict[str, dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", default="qwen2.5-0.5b")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per step on 1 GPU")
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    from bench.grpo_step import add_step_shape_args  # deferred like the other imports of the model code
+
+    add_step_shape_args(parser, repeats=3, prompts_help="prompts per step on 1 GPU")
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--tandem-p", type=float, default=0.5)
     parser.add_argument("--max-run-tokens", type=int, default=3)

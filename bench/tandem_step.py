@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.grpo_step import ARCHITECTURES, build_model, one_step
+from bench.grpo_step import add_step_shape_args, build_model, one_step
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.config import TrainConfig
 from tandemrl.engine.config import EngineConfig
@@ -50,15 +50,9 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", default="qwen3-0.6b", choices=sorted(ARCHITECTURES))
+    add_step_shape_args(parser, arch="qwen3-0.6b")
     parser.add_argument("--ps", type=float, nargs="+", default=[0.5, 0.8])
     parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("bench/out/tandem_step.json"))
     args = parser.parse_args()
