@@ -6,7 +6,8 @@
 #   2. carry [".carry/gguf/2", ".whl"]  bench/gpu_smollm2.sh arith      # joins + checks sha256, trains
 #   3. (only if 2 ran out of time)      bench/gpu_smollm2.sh arith      # resumes from the checkpoint SIGTERM saved
 # `bench/gguf_parts.sh split runs/models/SmolLM2-135M-Instruct.Q4_1.gguf` makes .carry/gguf/{1,2} first (here).
-# Env: BUDGET (seconds before SIGTERM, default 540), PYTHON (default python3), EXTRA (more `--set` arguments).
+# Env: BUDGET (seconds before SIGTERM, default 540), PYTHON (default python3), EXTRA (more `--set` arguments),
+# NAME (the run's name, default TASK: runs/smollm2-NAME, train-NAME.log; e.g. arith-tandem beside the plain arith).
 set -uo pipefail
 TASK=${1:-}
 PYTHON=${PYTHON:-python3}
@@ -25,15 +26,16 @@ if (( ${#parts[@]} )) || [[ ! -f $GGUF ]]; then
 fi
 [[ -n $TASK ]] || exit 0
 [[ -f examples/smollm2-$TASK.toml ]] || { echo "no examples/smollm2-$TASK.toml (TASK = arith or gsm8k)"; exit 2; }
-RUN=runs/smollm2-$TASK
+NAME=${NAME:-$TASK}
+RUN=runs/smollm2-$NAME
 resume=()
 [[ -d $RUN/checkpoints ]] && resume=(--resume)
 # SIGTERM before the call's limit: the step in flight finishes, a checkpoint is saved, the next call resumes.
 # shellcheck disable=SC2086  # EXTRA is a list of arguments
 timeout -s TERM "${BUDGET:-540}" "$PYTHON" -m tandemrl.cli train --config "examples/smollm2-$TASK.toml" --out "$RUN" \
-    "${resume[@]}" --set log.tensorboard=false ${EXTRA:-} > "$OUT/train-$TASK.log" 2>&1
+    "${resume[@]}" --set log.tensorboard=false ${EXTRA:-} > "$OUT/train-$NAME.log" 2>&1
 echo "train exit status $? (0 = finished, 124/130 = stopped by the time budget: run this call again to resume)"
-grep -vE "it/s\]|━" "$OUT/train-$TASK.log" | tail -n 25
+grep -vE "it/s\]|━" "$OUT/train-$NAME.log" | tail -n 25
 cp "$RUN"/config.toml "$RUN"/metrics.jsonl "$OUT"/ 2>/dev/null
 if [[ -f $RUN/summary.json ]]; then
     cp "$RUN/summary.json" "$OUT/"
