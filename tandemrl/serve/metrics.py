@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandemrl.serve.state import ServerState
+from tandemrl.serve.weight_memory import owned_weight_bytes
 
 PREFIX = "tandemrl_"
 
@@ -24,6 +25,9 @@ def prometheus_text(state: ServerState) -> str:
         "policy_version": ("the weights version being served", loop.policy_version),
         "gpu_memory_allocated_bytes": ("this process's allocated GPU memory (0 on CPU; with ipc sync the weights "
                                        "are the trainer's allocation)", _gpu_allocated(state)),
+        "weight_bytes_owned": ("bytes of the served weights in this process's own memory (0 with ipc sync: they "
+                               "are mapped from the trainer's)", owned_weight_bytes(state.weights.model)
+                               if state.weights else 0),
     }
     counters = {
         "requests_total": ("sequences received (a request with n choices counts n)", loop.counters["requests"]),
