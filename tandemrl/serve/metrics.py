@@ -46,8 +46,13 @@ def prometheus_text(state: ServerState) -> str:
     for kind, table in (("gauge", gauges), ("counter", counters)):
         for name, (help_text, value) in table.items():
             lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}",
-                      f"{PREFIX}{name} {float(value):g}"]
+                      f"{PREFIX}{name} {_number(value)}"]
     return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """Whole numbers in full (byte counts past a million would lose digits to %g), others as %g."""
+    return str(int(value)) if float(value).is_integer() else f"{float(value):g}"
 
 
 def _gpu_allocated(state: ServerState) -> int:
