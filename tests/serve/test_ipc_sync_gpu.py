@@ -84,8 +84,8 @@ def test_ipc_one_copy_and_in_place_updates(tiny_dir):
         assert running.state.policy_version == 2
         assert len(greedy_ids(running.url)) == 8
     finally:
-        if child is not None:
-            child.stdin.write("exit\n")
-            child.stdin.flush()
-            child.wait(30)
-        running.stop()
+        try:
+            running.stop()  # first: the server must not compute on the trainer's memory once it exits
+        finally:
+            if child is not None:
+                child.communicate("exit\n", timeout=30)  # a child that already died is fine here
