@@ -260,6 +260,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny tied arch, 8 clients, 16 tokens, on the CPU")
     parser.add_argument("--out", type=Path, default=Path("bench/out/serve.json"))
+    parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a finished run and exit")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         args.arch, args.clients, args.prompt_len, args.new_tokens, args.repeats = "tiny-tied", 8, 8, 16, 2
@@ -268,6 +269,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.print:
+        print_table(json.loads(args.print.read_text()))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()

@@ -102,7 +102,7 @@ def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
 
 
-def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path):
+def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):
     """bench.serve --cpu-smoke end to end (two `tandemrl serve` children); timings are not asserted."""
     pytest.importorskip("fastapi")
     out = tmp_path / "serve.json"
@@ -120,3 +120,8 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path):
     assert result["load"]["clients"] == 8 and result["load"]["tok_s"] > 0 and result["in_process"]["tok_s"] > 0
     assert result["load"]["latency_p50_s"] <= result["load"]["latency_p99_s"]
     assert "serving bench on http://127.0.0.1:" in (tmp_path / "server-full.log").read_text()
+    from bench.serve import print_table  # what `--print JSON` shows (for bench/RESULTS.md)
+
+    print_table(result)
+    table = capsys.readouterr().out
+    assert "| checkpoint | " in table and "8 streaming clients:" in table and "server / in-process" in table
