@@ -13,6 +13,8 @@
 # The call:  run  command "bash bench/gpu_serve.sh"  carry [".whl/serve"]  timeout_s 600  (kind nvidia-h100-x1)
 # CPU check (here): SMOKE=1 WHEELS=<cp3XX wheels> PYTHON=<a python with torch, without the serve packages> \
 #                   bash bench/gpu_serve.sh        (tiny model; the GPU test is then expected to skip)
+# Env: PYTHON (python3), WHEELS (.whl/serve), SITE (/tmp/site), OUT, SMOKE (1: --cpu-smoke), BENCH_ARGS (more
+# arguments for bench.serve, e.g. "--clients 32").
 # The wheels: `bash bench/serve_wheels.sh` downloads those bench/serve_wheels.txt names into .whl/serve (README).
 set -uo pipefail
 PYTHON=${PYTHON:-python3}
@@ -56,7 +58,8 @@ fi
 # 3. the bench (its own stages go on when one fails; exit status 1 then)
 smoke=()
 [[ $SMOKE == 1 ]] && smoke=(--cpu-smoke)
-timeout -k 10 270 "$PYTHON" -m bench.serve "${smoke[@]}" --out "$OUT/serve.json" > "$OUT/serve.log" 2>&1
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+timeout -k 10 270 "$PYTHON" -m bench.serve ${smoke[@]+"${smoke[@]}"} ${BENCH_ARGS:-} --out "$OUT/serve.json" > "$OUT/serve.log" 2>&1
 bench_status=$?
 grep -E "^stage " "$OUT/serve.log"
 if grep -q "GiB, versions" "$OUT/serve.log"; then
