@@ -51,6 +51,10 @@ ARCHITECTURES = {
                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048),
+    # Qwen2.5-0.5B's tied embeddings at the tiny size (bench/serve.py's CPU smoke: the weight pushes see the tie).
+    "tiny-tied": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                      tie_word_embeddings=True),
 }
 
 

@@ -168,7 +168,9 @@ def launch(setting: str, args: argparse.Namespace, result: Path) -> dict:
     else:
         command = [sys.executable, *worker]
     print(f"[{setting}] {' '.join(command)}", flush=True)
-    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    # the repository in front of PYTHONPATH, keeping what is there (a GPU machine's carried wheels)
+    paths = os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": paths})
     if done.returncode != 0:
         return {"error": f"exit status {done.returncode}"}
     return json.loads(result.read_text())

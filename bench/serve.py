@@ -2,12 +2,18 @@
 
 The bench process is the trainer: it holds the model (random weights of a real architecture) and pushes it to a
 `tandemrl serve` process started from the same weights, once per mode, timing each push (the server has applied
-it when the push returns) and reading the GPU memory both processes use. Then N concurrent streaming clients
-(httpx, SSE) each decode --new-tokens tokens (EOS ignored): per-request latency and time to first token
-p50/p99, and aggregate tokens/s, beside the in-process engine decoding the same N sequences in one call.
+it when the push returns). Per mode it reads the GPU memory the weights take: the trainer's parameters, the bytes
+of the served weights in the server's own memory (/metrics `weight_bytes_owned`: 0 when ipc maps the trainer's),
+their sum in copies of the weights, and the whole device's memory in use. Then N concurrent streaming clients
+(httpx, SSE) each decode --new-tokens tokens (EOS ignored; after an untimed warm-up round on other prompts):
+per-request latency and time to first token p50/p99, and aggregate tokens/s, beside the in-process engine
+decoding the same N sequences in one call (after the same warm-up).
+
+Each stage's numbers are written to --out as soon as they exist, and a stage that fails is recorded under
+"errors" while the others still run (exit status 1 if any failed).
 
 GPU:  python -m bench.serve                                   (Qwen2.5-0.5B arch, 64 clients, 256 tokens)
-CPU:  python -m bench.serve --cpu-smoke                        (tiny arch, 8 clients, 16 tokens; no ipc)
+CPU:  python -m bench.serve --cpu-smoke                        (tiny tied arch, 8 clients, 16 tokens; no ipc)
 nccl needs a second GPU (two NCCL ranks cannot share one): its GPU number belongs to the multi-GPU issue; the CPU
 test tests/serve/test_nccl_sync_gloo.py runs its code over gloo.
 """
@@ -17,78 +23,91 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from datetime import date
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Callable
 
 import httpx
+import numpy as np
 import torch
 
 from bench.grpo_step import ARCHITECTURES, build_model
+from bench.serve_process import ServerProcess, save_model_dir
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.models.lora import LoraSettings, apply_lora
-from tandemrl.models.tokenizer import build_char_tokenizer, save_char_tokenizer
 from tandemrl.serve.client import ServerClient
+from tandemrl.serve.weight_memory import owned_weight_bytes
 from tandemrl.sync.base import InProcessSync
 from tandemrl.sync.checkpoint import CheckpointSync
 from tandemrl.sync.ipc import IpcSync
 from tandemrl.sync.lora import LoraSync
 from tandemrl.types import Request, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+MODES = ("inprocess", "checkpoint", "ipc", "lora")
+# The issue's targets for one push (seconds); checkpoint is the reference.
+TARGET_S = {"inprocess": 0.01, "ipc": 0.2, "lora": 0.5}
+PACKAGES = ("torch", "transformers", "peft", "fastapi", "starlette", "uvicorn", "httpx", "openai", "pydantic")
+GIB = 2**30
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+class Bench:
+    """The run's shared pieces and its result, saved after every stage."""
 
+    def __init__(self, args: argparse.Namespace, model, device: torch.device, workdir: Path) -> None:
+        self.args, self.model, self.device, self.workdir = args, model, device, workdir
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        gen = torch.Generator().manual_seed(0)
+        shape = (args.clients, args.prompt_len)
+        self.prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
+        self.warm_prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
+        self.model_dir = save_model_dir(model, workdir / "model")
+        self.result: dict = {"date": date.today().isoformat(), "arch": args.arch, "versions": _versions(),
+                             "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                             else platform.processor() or "cpu", "clients": args.clients,
+                             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                             "weights_gib": self.weight_bytes / GIB, "sync": {}, "errors": {}, "complete": False}
 
-def save_model_dir(model, directory: Path) -> Path:
-    """The model's weights + the project's character tokenizer (the bench sends token ids; text is not read)."""
-    model.save_pretrained(str(directory), safe_serialization=True)
-    save_char_tokenizer(build_char_tokenizer(model_max_length=model.config.max_position_embeddings), directory)
-    return directory
+    def save(self) -> None:
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        self.args.out.write_text(json.dumps(self.result, indent=2) + "\n")
 
-
-class ServerProcess:
-    def __init__(self, model_dir: Path, device: str, kv_gib_share: float, lora: bool) -> None:
-        sets = [f'model.device="{device}"', f"engine.gpu_memory_utilization={kv_gib_share}",
-                "engine.max_num_seqs=256"]
-        if device == "cpu":
-            sets.append("engine.num_blocks=512")
-        if lora:
-            sets += ["model.lora.enabled=true"]
-        command = [sys.executable, "-m", "tandemrl.cli", "serve", str(model_dir), "--port", "0",
-                   "--served-model-name", "bench"] + (["--allow-ipc"] if device != "cpu" else [])
-        for item in sets:
-            command += ["--set", item]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line.startswith("serving"):
-            self.proc.kill()
-            raise RuntimeError(f"the server did not start: {line!r}\n{self.proc.stderr.read()[-3000:]}")
-        self.url = line.split(" on ")[1].split()[0]
-
-    def metric(self, name: str) -> float:
-        for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
-            if line.startswith(f"tandemrl_{name} "):
-                return float(line.split()[1])
-        raise KeyError(name)
-
-    def stop(self) -> None:
-        self.proc.terminate()
+    def stage(self, name: str, run: Callable[[], None]) -> None:
+        started = time.perf_counter()
         try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+            run()
+        except Exception:  # noqa: BLE001 - one stage's failure must not cost the other numbers of a GPU call
+            self.result["errors"][name] = traceback.format_exc()[-4000:]
+            print(f"stage {name} FAILED:\n{self.result['errors'][name]}", flush=True)
+        print(f"stage {name}: {time.perf_counter() - started:.1f} s", flush=True)
+        self.save()
+
+    def server(self, name: str, lora: bool) -> ServerProcess:
+        return ServerProcess(self.model_dir, self.device.type, self.args.kv_share, lora,
+                             self.args.out.parent / f"server-{name}.log")
+
+    def memory_row(self, model, server: ServerProcess | None) -> dict:
+        trainer = sum(p.numel() * p.element_size() for p in model.parameters())
+        served = server.metric("weight_bytes_owned") if server is not None else 0.0
+        return {"trainer_weights_gib": trainer / GIB, "server_weights_gib": served / GIB,
+                "weight_copies": (trainer + served) / self.weight_bytes, "device_used_gib": device_used_gib(self.device)}
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def device_used_gib(device: torch.device) -> float | None:
@@ -96,24 +115,31 @@ def device_used_gib(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     free, total = torch.cuda.mem_get_info(device)
-    return (total - free) / 2**30
+    return (total - free) / GIB
 
 
-def time_pushes(sync, model, server: ServerProcess, device: torch.device, repeats: int, first_version: int) -> dict:
-    seconds, nbytes = [], 0
-    first = None
-    for i in range(repeats + 1):
+def time_pushes(bench: Bench, sync, model, server: ServerProcess, mode: str, first_version: int) -> None:
+    """A first push (ipc: the attach; the others: a cold push), then --repeats timed ones, each of a new version."""
+    seconds, first, nbytes = [], None, 0
+    for i in range(bench.args.repeats + 1):
         with torch.no_grad():
             next(p for p in model.parameters() if p.requires_grad).add_(1e-3)  # a new version each time
         report = sync.push(model, first_version + i)
         if i == 0:
-            first = report.seconds  # ipc: the attach; others: a cold first push
+            first = report.seconds
         else:
             seconds.append(report.seconds)
         nbytes = report.bytes
-    return {"first_push_s": first, "push_s": statistics.median(seconds), "push_mb": nbytes / 2**20,
-            "server_gpu_allocated_gib": server.metric("gpu_memory_allocated_bytes") / 2**30,
-            "device_used_gib": device_used_gib(device)}
+    row = {"first_push_s": first, "push_s": statistics.median(seconds), "push_max_s": max(seconds),
+           "push_mb": nbytes / 2**20, "server_policy_version": server.metric("policy_version"),
+           **bench.memory_row(model, server)}
+    bench.result["sync"][mode] = _with_target(mode, row)
+    sync.close()
+
+
+def _with_target(mode: str, row: dict) -> dict:
+    target = TARGET_S.get(mode)
+    return {**row, "target_s": target, "meets_target": None if target is None else row["push_s"] <= target}
 
 
 async def one_client(http: httpx.AsyncClient, prompt: list[int], new_tokens: int) -> dict:
@@ -139,99 +165,156 @@ async def load_test(url: str, prompts: list[list[int]], new_tokens: int) -> dict
         start = time.perf_counter()
         results = await asyncio.gather(*(one_client(http, p, new_tokens) for p in prompts))
         wall = time.perf_counter() - start
-    if any(r["tokens"] != new_tokens for r in results):
-        raise RuntimeError("a stream ended early")
+    short = [r["tokens"] for r in results if r["tokens"] != new_tokens]
+    if short:
+        raise RuntimeError(f"{len(short)} streams ended early (tokens received: {short[:5]}, asked {new_tokens})")
     latency, ttft = [r["latency"] for r in results], [r["ttft"] for r in results]
     return {"clients": len(prompts), "wall_s": wall, "tok_s": sum(r["tokens"] for r in results) / wall,
-            "latency_p50_s": percentile(latency, 50), "latency_p99_s": percentile(latency, 99),
-            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99)}
+            "latency_p50_s": float(np.percentile(latency, 50)), "latency_p99_s": float(np.percentile(latency, 99)),
+            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99))}
 
 
-def in_process_tok_s(model, prompts: list[list[int]], new_tokens: int, device: torch.device, kv_share: float) -> float:
-    config = EngineConfig(gpu_memory_utilization=kv_share, num_blocks=None if device.type == "cuda" else 512)
-    backend = EngineBackend(model, None, config, device=device)
-    params = SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True)
-    run = lambda tag: backend.generate([Request(f"{tag}{i}", p, params) for i, p in enumerate(prompts)])  # noqa: E731
-    run("warm")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = run("timed")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    backend.close()
-    return sum(len(r.completion_ids) for r in out) / seconds
+def server_load(bench: Bench, server: ServerProcess) -> None:
+    asyncio.run(load_test(server.url, bench.warm_prompts, bench.args.new_tokens))  # CUDA graphs, Triton, caches
+    bench.result["load"] = asyncio.run(load_test(server.url, bench.prompts, bench.args.new_tokens))
 
 
-def main() -> None:
+def in_process_load(bench: Bench) -> None:
+    device = bench.device
+    config = EngineConfig(gpu_memory_utilization=bench.args.kv_share,
+                          num_blocks=None if device.type == "cuda" else 512)
+    backend = EngineBackend(bench.model, None, config, device=device)
+    params = SamplingParams(max_tokens=bench.args.new_tokens, temperature=1.0, ignore_eos=True)
+
+    def run(tag: str, prompts: list[list[int]]):
+        return backend.generate([Request(f"{tag}{i}", p, params) for i, p in enumerate(prompts)])
+
+    try:
+        run("warm", bench.warm_prompts)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = run("timed", bench.prompts)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    finally:
+        backend.close()
+    bench.result["in_process"] = {"tok_s": sum(len(r.completion_ids) for r in out) / seconds, "wall_s": seconds}
+
+
+def run_full_model_server(bench: Bench) -> None:
+    """One server for the load test, then the checkpoint pushes, then ipc (its attach frees the server's copy)."""
+    server = bench.server("full", lora=False)
+    try:
+        bench.result["server_start"] = bench.memory_row(bench.model, server)
+        if bench.args.clients:
+            bench.stage("load", lambda: server_load(bench, server))
+        if "checkpoint" in bench.args.modes:
+            bench.stage("checkpoint", lambda: time_pushes(
+                bench, CheckpointSync(ServerClient(server.url), bench.workdir / "sync"), bench.model, server,
+                "checkpoint", 1))
+        if "ipc" in bench.args.modes and bench.device.type == "cuda":
+            bench.stage("ipc", lambda: time_pushes(bench, IpcSync(ServerClient(server.url)), bench.model, server,
+                                                   "ipc", 100))
+    finally:
+        server.stop()
+
+
+def run_lora_server(bench: Bench) -> None:
+    lora_model = apply_lora(bench.model, LoraSettings())  # peft wraps the model's own modules: the last stage
+    server = bench.server("lora", lora=True)
+    try:
+        time_pushes(bench, LoraSync(ServerClient(server.url)), lora_model, server, "lora", 1)
+    finally:
+        server.stop()
+
+
+def run(bench: Bench) -> None:
+    if "inprocess" in bench.args.modes:
+        bench.result["sync"]["inprocess"] = _with_target("inprocess", {
+            "push_s": InProcessSync().push(bench.model, 0).seconds, "push_mb": 0.0,
+            **bench.memory_row(bench.model, None)})
+    bench.stage("full-model server", lambda: run_full_model_server(bench))
+    if bench.args.clients:
+        bench.stage("in-process engine", lambda: in_process_load(bench))
+    if "lora" in bench.args.modes:
+        bench.stage("lora", lambda: run_lora_server(bench))
+    if bench.device.type != "cuda":
+        bench.result["sync"]["ipc"] = {"note": "needs CUDA (same GPU, two processes)"}
+    bench.result["sync"]["nccl"] = {"note": "needs a second GPU (multi-GPU issue); code tested over gloo on CPU"}
+    if "load" in bench.result and "in_process" in bench.result:
+        bench.result["server_over_in_process"] = bench.result["load"]["tok_s"] / bench.result["in_process"]["tok_s"]
+    bench.result["complete"] = True
+    bench.save()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=64, help="concurrent streaming clients (0: no load test)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5, help="timed pushes per mode (after a first one)")
     parser.add_argument("--kv-share", type=float, default=0.25, help="engine.gpu_memory_utilization of each engine")
-    parser.add_argument("--cpu-smoke", action="store_true", help="tiny arch, 8 clients, 16 tokens, on the CPU")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny tied arch, 8 clients, 16 tokens, on the CPU")
     parser.add_argument("--out", type=Path, default=Path("bench/out/serve.json"))
-    args = parser.parse_args()
+    parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a finished run and exit")
+    args = parser.parse_args(argv)
     if args.cpu_smoke:
-        args.arch, args.clients, args.prompt_len, args.new_tokens, args.repeats = "tiny", 8, 8, 16, 2
+        args.arch, args.clients, args.prompt_len, args.new_tokens, args.repeats = "tiny-tied", 8, 8, 16, 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.print:
+        print_table(json.loads(args.print.read_text()))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(0, model.config.vocab_size, (args.clients, args.prompt_len), generator=gen).tolist()
-    weight_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
-    result: dict = {"date": date.today().isoformat(), "arch": args.arch, "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-                    or "cpu", "weights_gib": weight_gib, "sync": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = save_model_dir(model, Path(tmp) / "model")
-        result["sync"]["inprocess"] = {"push_s": InProcessSync().push(model, 0).seconds, "push_mb": 0.0,
-                                       "device_used_gib": device_used_gib(device)}
-        server = ServerProcess(model_dir, device.type, args.kv_share, lora=False)
-        try:
-            result["load"] = asyncio.run(load_test(server.url, prompts, args.new_tokens))
-            result["sync"]["checkpoint"] = time_pushes(CheckpointSync(ServerClient(server.url), Path(tmp) / "sync"),
-                                                       model, server, device, args.repeats, 1)
-            if device.type == "cuda":
-                result["sync"]["ipc"] = time_pushes(IpcSync(ServerClient(server.url)), model, server, device,
-                                                    args.repeats, 100)
-        finally:
-            server.stop()
-        result["in_process_tok_s"] = in_process_tok_s(model, prompts, args.new_tokens, device, args.kv_share)
-        lora_model = apply_lora(model, LoraSettings())
-        server = ServerProcess(model_dir, device.type, args.kv_share, lora=True)
-        try:
-            result["sync"]["lora"] = time_pushes(LoraSync(ServerClient(server.url)), lora_model, server, device,
-                                                 args.repeats, 1)
-        finally:
-            server.stop()
-    result["sync"]["nccl"] = {"note": "needs a second GPU (multi-GPU issue); code tested over gloo on CPU"}
-    result["server_over_in_process"] = result["load"]["tok_s"] / result["in_process_tok_s"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
+        bench = Bench(args, model, device, Path(tmp))
+        bench.save()
+        run(bench)
+    print_table(bench.result)
+    return 1 if bench.result["errors"] else 0
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['arch']} on {result['device']}, weights {result['weights_gib']:.2f} GiB")
-    print("| sync mode | first push s | push s (median) | MB sent | server GPU alloc GiB | device used GiB |")
-    print("|---|---|---|---|---|---|")
+    print(f"{result['arch']} on {result['device']}, weights {result['weights_gib']:.3f} GiB, "
+          f"versions {result['versions']}")
+    columns = ("first_push_s", "push_s", "push_max_s", "target_s", "meets_target", "push_mb", "trainer_weights_gib",
+               "server_weights_gib", "weight_copies", "device_used_gib")
+    print("| sync mode | first push s | push s (median) | push s (max) | target s | meets | MB sent | trainer weights "
+          "GiB | server-owned weights GiB | weight copies on GPU | device used GiB |")
+    print("|---" * (len(columns) + 1) + "|")
     for mode, row in result["sync"].items():
         if "note" in row:
-            print(f"| {mode} | {row['note']} |||||")
+            print(f"| {mode} | {row['note']} |" + " |" * (len(columns) - 1))
             continue
-        cells = [row.get("first_push_s"), row["push_s"], row["push_mb"], row.get("server_gpu_allocated_gib"),
-                 row.get("device_used_gib")]
-        print(f"| {mode} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
-    load = result["load"]
-    print(f"{load['clients']} streaming clients: {load['tok_s']:.0f} tok/s, latency p50 {load['latency_p50_s']:.2f} s "
-          f"p99 {load['latency_p99_s']:.2f} s, TTFT p50 {load['ttft_p50_s']:.3f} s p99 {load['ttft_p99_s']:.3f} s; "
-          f"in-process engine {result['in_process_tok_s']:.0f} tok/s (server / in-process "
-          f"{result['server_over_in_process']:.2f})")
+        print(f"| {mode} | " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    load, engine = result.get("load"), result.get("in_process")
+    if load:
+        print(f"{load['clients']} streaming clients: {load['tok_s']:.0f} tok/s, latency p50 {load['latency_p50_s']:.2f} s"
+              f" p99 {load['latency_p99_s']:.2f} s, TTFT p50 {load['ttft_p50_s']:.3f} s p99 {load['ttft_p99_s']:.3f} s")
+    if engine:
+        print(f"in-process engine, the same {result['clients']} sequences in one call: {engine['tok_s']:.0f} tok/s")
+    if "server_over_in_process" in result:
+        print(f"server / in-process throughput: {result['server_over_in_process']:.2f}")
+    for stage in result["errors"]:
+        print(f"stage {stage} FAILED (traceback in the JSON's errors)")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -100,3 +100,28 @@ def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
     row = json.loads(out.read_text())["rows"]["2 gpu tandem"]
     assert row["processes"] == 2 and row["global_samples"] == 2 * 2 * 2
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
+
+
+def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):
+    """bench.serve --cpu-smoke end to end (two `tandemrl serve` children); timings are not asserted."""
+    pytest.importorskip("fastapi")
+    out = tmp_path / "serve.json"
+    run_bench("bench.serve", "--cpu-smoke", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["errors"] == {}
+    sync = result["sync"]
+    assert sync["inprocess"]["weight_copies"] == 1.0 and sync["inprocess"]["push_mb"] == 0.0
+    for mode in ("checkpoint", "lora"):  # the last of 1 + 2 pushes landed; the server keeps its own copy
+        row = sync[mode]
+        assert row["server_policy_version"] == 3 and 0 < row["first_push_s"] and 0 < row["push_s"] <= row["push_max_s"]
+        assert row["push_mb"] > 0 and row["weight_copies"] >= 2.0
+    assert sync["checkpoint"]["weight_copies"] == pytest.approx(2.0)
+    assert "note" in sync["ipc"] and "note" in sync["nccl"]
+    assert result["load"]["clients"] == 8 and result["load"]["tok_s"] > 0 and result["in_process"]["tok_s"] > 0
+    assert result["load"]["latency_p50_s"] <= result["load"]["latency_p99_s"]
+    assert "serving bench on http://127.0.0.1:" in (tmp_path / "server-full.log").read_text()
+    from bench.serve import print_table  # what `--print JSON` shows (for bench/RESULTS.md)
+
+    print_table(result)
+    table = capsys.readouterr().out
+    assert "| checkpoint | " in table and "8 streaming clients:" in table and "server / in-process" in table

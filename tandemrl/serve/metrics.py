@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandemrl.serve.state import ServerState
+from tandemrl.serve.weight_memory import owned_weight_bytes
 
 PREFIX = "tandemrl_"
 
@@ -24,6 +25,9 @@ def prometheus_text(state: ServerState) -> str:
         "policy_version": ("the weights version being served", loop.policy_version),
         "gpu_memory_allocated_bytes": ("this process's allocated GPU memory (0 on CPU; with ipc sync the weights "
                                        "are the trainer's allocation)", _gpu_allocated(state)),
+        "weight_bytes_owned": ("bytes of the served weights in this process's own memory (0 with ipc sync: they "
+                               "are mapped from the trainer's)", owned_weight_bytes(state.weights.model)
+                               if state.weights else 0),
     }
     counters = {
         "requests_total": ("sequences received (a request with n choices counts n)", loop.counters["requests"]),
@@ -42,8 +46,13 @@ def prometheus_text(state: ServerState) -> str:
     for kind, table in (("gauge", gauges), ("counter", counters)):
         for name, (help_text, value) in table.items():
             lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}",
-                      f"{PREFIX}{name} {float(value):g}"]
+                      f"{PREFIX}{name} {_number(value)}"]
     return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """Whole numbers in full (byte counts past a million would lose digits to %g), others as %g."""
+    return str(int(value)) if float(value).is_integer() else f"{float(value):g}"
 
 
 def _gpu_allocated(state: ServerState) -> int:

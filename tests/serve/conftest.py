@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ from tandemrl.serve.server import bind_socket, build_state  # noqa: E402
 from tandemrl.serve.state import ServerState  # noqa: E402
 
 MODEL_NAME = "tiny-test"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child Python: the repository in front of PYTHONPATH, which keeps what is there (a GPU
+    machine's carried wheels live on it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 @dataclass

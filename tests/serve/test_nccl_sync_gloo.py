@@ -3,13 +3,11 @@ the trainer (rank 0) and pushes through NcclSync. A second push that dies halfwa
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,9 +16,7 @@ import torch.distributed as dist
 
 pytest.importorskip("openai")
 
-from tests.serve.conftest import serve_config, start_server  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.serve.conftest import child_env, serve_config, start_server  # noqa: E402
 
 TRAINER = textwrap.dedent("""
     import os, sys, torch
@@ -64,7 +60,7 @@ def test_nccl_sync_over_gloo_and_an_interrupted_push(tiny_dir):
     running = start_server(serve_config(tiny_dir))
     try:
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = child_env()
         child = subprocess.run([sys.executable, "-c", TRAINER, str(tiny_dir), running.url, init_method],
                                capture_output=True, text=True, env=env, timeout=120)
         assert child.returncode == 3, child.stderr[-3000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,8 +20,8 @@ pytest.importorskip("openai")
 
 from tandemrl.backends.server_backend import RolloutServerError, ServerBackend  # noqa: E402
 from tandemrl.types import Request, SamplingParams  # noqa: E402
+from tests.serve.conftest import REPO, child_env  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def requests(groups: int = 3, n: int = 2, max_tokens: int = 2) -> list[Request]:
@@ -85,7 +84,7 @@ def test_nothing_listening():
 
 
 def start_server_process(model_dir: Path) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "tandemrl.cli", "serve", str(model_dir), "--port", "0",
                              "--set", "model.device=\"cpu\"", "--set", "engine.num_blocks=128",
                              "--set", "engine.decode_steps=1"],
