@@ -262,9 +262,9 @@ def test_cache_sizing_and_lifecycle():
 class _EagerGraph:
     """Stands in for a captured CUDA graph on the CPU: replay re-runs the forward over the same static buffers."""
 
-    def __init__(self, graphs: DecodeGraphs, bucket: int, table: torch.Tensor) -> None:
+    def __init__(self, graphs: DecodeGraphs, bucket: int, width: int, grouped: bool) -> None:
         self.forward = graphs.forward
-        self.ids, self.meta = graphs.static_inputs(bucket, table)
+        self.ids, self.meta = graphs.static_inputs(bucket, width, grouped)
         self.out = self.forward(self.ids, self.meta)
 
     def replay(self) -> None:
@@ -283,7 +283,7 @@ def _shrinking_decode(runner: ModelRunner, prompts: list[list[int]]) -> list[Seq
 def test_graph_staging_pads_batches_without_touching_other_blocks(monkeypatch):
     """The static-buffer staging of DecodeGraphs (padding rows, scratch block, width buckets), checked on the CPU
     with an eager stand-in for the captured graph."""
-    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, b, t: ((g := _EagerGraph(self, b, t)), g.out))
+    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
     model = build("qwen2")
     prompts = prompts_of([3, 9, 20, 40, 7])
     graphed, eager = runner_for(model, 128), runner_for(model, 128)
@@ -291,8 +291,8 @@ def test_graph_staging_pads_batches_without_touching_other_blocks(monkeypatch):
     for g, e in zip(_shrinking_decode(graphed, prompts), _shrinking_decode(eager, prompts)):
         assert g.completion_ids == e.completion_ids
         assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
-    assert {bucket for bucket, _ in graphed.target.graphs.graphs} == {8, 4, 1}
-    assert {width for _, width in graphed.target.graphs.graphs} >= {2, 4}
+    assert {bucket for bucket, _, _ in graphed.target.graphs.graphs} == {8, 4, 1}
+    assert {width for _, width, _ in graphed.target.graphs.graphs} >= {2, 4}
     for mine, ref in zip(graphed.target.k_caches + graphed.target.v_caches, eager.target.k_caches + eager.target.v_caches):
         torch.testing.assert_close(mine[:128], ref[:128], atol=1e-6, rtol=1e-6)  # padding only hit the scratch
 
@@ -320,7 +320,7 @@ def _burst_vs_single_steps(burst_runner: ModelRunner, step_runner: ModelRunner, 
 def test_decode_burst_equals_one_step_at_a_time(monkeypatch, graphed):
     """A burst feeds each sampled token back on the device; rows with fewer live steps run dead steps into the
     scratch block. Greedy with uneven steps, and seeded sampling with even ones (the same random draws)."""
-    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, b, t: ((g := _EagerGraph(self, b, t)), g.out))
+    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
     model = build("qwen2")
     for lengths, steps, params in [([3, 17, 30], [5, 1, 3], GREEDY),
                                    ([9, 16, 2], [4, 4, 4], SamplingParams(temperature=0.8, max_tokens=64, seed=5))]:

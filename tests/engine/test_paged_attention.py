@@ -12,6 +12,7 @@ import torch
 import tandemrl.engine.kernels.triton_attention as triton_attention
 from tandemrl.engine.model.attention import (
     DecodeMeta,
+    query_groups,
     build_prefill_meta,
     decode_attention,
     prefill_attention,
@@ -225,6 +226,31 @@ def test_triton_decode_with_explicit_tiles_matches_sdpa(splits, window):
     ref = sdpa_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window)
     out = triton_paged_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window, num_splits=splits, tiles=tiles)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16 if torch.cuda.is_available() else torch.float16])
+@pytest.mark.parametrize("H,kvh,window", [(4, 2, None), (6, 2, 37), (8, 1, None)])
+def test_grouped_decode_matches_sdpa(dtype, H, kvh, window):
+    """Rows of one sequence side by side (a verify step, a tandem forward) attended by one program per group: runs
+    longer than a program's capacity (cut in several groups), single rows, the padding row of a graph bucket (one
+    token of a scratch block), each query seeing keys up to its own position only. Same as one row at a time."""
+    capacity = triton_attention.decode_query_capacity(H, kvh)
+    runs = [(0, 3), (1, 1), (2, capacity + 2), (3, 2 * capacity), (4, 1)]  # (sequence, queries)
+    contexts = [40, 17, 200, 65, 1]
+    q, k_cache, v_cache, tables, _ = _split_case(dtype, H, kvh, 32, contexts, seed=H + kvh)
+    seq = torch.tensor([s for s, n in runs for _ in range(n)], device=KERNEL_DEVICE)
+    ctx = torch.cat([torch.arange(contexts[s] - n + 1, contexts[s] + 1) for s, n in runs]).to(KERNEL_DEVICE)
+    rows_q = q[seq]
+    groups = torch.tensor(query_groups(seq.cpu().numpy(), capacity), device=KERNEL_DEVICE)
+    assert int(groups.max()) == capacity and int(groups.sum()) == len(seq)
+    ref = sdpa_decode(rows_q.float(), k_cache.float(), v_cache.float(), tables[seq], ctx, 32 ** -0.5, window)
+    out = triton_paged_decode(rows_q, k_cache, v_cache, tables[seq], ctx, 32 ** -0.5, window, query_groups=groups)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    shuffled = groups.roll(1)  # a wrong grouping attends other rows' positions: the test can fail
+    wrong = triton_paged_decode(rows_q, k_cache, v_cache, tables[seq], ctx, 32 ** -0.5, window, query_groups=shuffled)
+    assert not torch.allclose(wrong.float(), ref, atol=tol, rtol=tol)
 
 
 def test_triton_decode_rejects_bad_splits():

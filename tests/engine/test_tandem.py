@@ -12,7 +12,8 @@ from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.tandem import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout, SamplingParams
-from tests.engine.test_model_runner import build
+from tandemrl.engine.model.cuda_graphs import DecodeGraphs
+from tests.engine.test_model_runner import _EagerGraph, build
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -28,9 +29,16 @@ def requests(count: int = 5, max_tokens: int = 12, temperature: float = 0.0) -> 
             for i in range(count)]
 
 
-def tandem_generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], **cfg) -> list[Rollout]:
+def tandem_generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], staged: bool = False,
+                    **cfg) -> list[Rollout]:
+    """``staged``: the forwards go through the CUDA-graph staging (on the CPU: eager stand-ins for the graphs)."""
     backend = EngineBackend(hot, None, engine_config(**cfg), tandem=tandem, frozen_model=frozen)
+    slots = list(backend.runner.slots.values())
+    if staged:
+        for slot in slots:
+            slot.enforce_eager = False
     out = backend.generate(reqs)
+    assert not staged or all(slot.graphs is not None and slot.graphs.graphs for slot in slots)
     backend.close()
     return out
 
@@ -40,12 +48,15 @@ def naive(hot, frozen, tandem: TandemConfig, req: Request) -> tuple[list[int], l
     return naive_with(owner_stream(tandem, req.request_id, req.params.seed), hot, frozen, req)
 
 
-@pytest.mark.parametrize("selector, p", [("bernoulli", 0.5), ("chunk", 0.5), ("alternating", 0.5)])
-def test_greedy_tandem_equals_the_naive_loop(selector, p):
+@pytest.mark.parametrize("selector, p, staged", [("bernoulli", 0.5, False), ("chunk", 0.5, False),
+                                                 ("alternating", 0.5, False), ("bernoulli", 0.3, True)])
+def test_greedy_tandem_equals_the_naive_loop(selector, p, staged, monkeypatch):
+    if staged and DEVICE == "cpu":  # a burst's forwards staged at once, each replayed by its (eager) graph
+        monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
     hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
     tandem = TandemConfig(enabled=True, selector=selector, p=p, chunk_tokens=3, max_run_tokens=3)
     reqs = requests()
-    out = tandem_generate(hot, frozen, tandem, reqs)
+    out = tandem_generate(hot, frozen, tandem, reqs, staged=staged)
     for req, r in zip(reqs, out):
         ids, writers, logprobs = naive(hot, frozen, tandem, req)
         assert r.completion_ids == ids, req.request_id

@@ -65,8 +65,13 @@ def triton_decode_available(device: torch.device) -> bool:
 def triton_paged_decode(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float,
     window: int | None, *, num_splits: int | None = None, tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES,
+    query_groups: Tensor | None = None,
 ) -> Tensor:
     """Same contract as sdpa_decode, fused: reads only each row's first context_len tokens (not the padded width).
+
+    query_groups [B] (optional): rows of one sequence side by side (a verify step, a tandem forward) attend in one
+    program that reads their K/V once: a group's first row holds the group's size (at most
+    ``decode_query_capacity``), the others 0; the rows of a group must share one block table. Single pass only.
 
     Split-K ("flash-decoding"): each (row, KV head) context is cut into `num_splits` partitions, attended by
     separate programs into a float32 workspace, then merged by a small second kernel. None picks the count from
@@ -84,6 +89,8 @@ def triton_paged_decode(
     if block_tables.shape[0] != B or context_lens.shape != (B,):
         raise ValueError(f"triton_paged_decode: block_tables {tuple(block_tables.shape)} / context_lens "
                          f"{tuple(context_lens.shape)} do not have {B} rows")
+    if query_groups is not None:
+        num_splits = 1  # a group's queries end at different positions: the split-K merge assumes one context
     if num_splits is None:
         num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, _sm_count(q.device), tiles=tiles)
     if not 1 <= num_splits <= _MAX_SPLITS:
@@ -97,7 +104,7 @@ def triton_paged_decode(
     group = H // kv_heads
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     single = num_splits == 1
-    common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D,
+    common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=_decode_rows(group), HEAD_DIM=D,
                   BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_WINDOW=window is not None,
                   BLOCK_N=tiles.single_pass_block_n if single else tiles.block_n, IEEE=q.dtype == torch.float32,
                   num_warps=tiles.num_warps, num_stages=tiles.single_pass_stages if single else tiles.stages)
@@ -109,12 +116,13 @@ def triton_paged_decode(
         part_m, part_l = part_ml[0], part_ml[1]
     _paged_decode_kernel[(B, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_m, part_l,
+        context_lens if query_groups is None else query_groups,
         scale * _LOG2E, window if window is not None else 0, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
         out.stride(0), out.stride(1),
-        SPLIT=not single, **common, **pdl.launch_options(q.device),
+        SPLIT=not single, GROUPED=query_groups is not None, **common, **pdl.launch_options(q.device),
     )
     if not single:
         _combine_splits_kernel[(B, H)](
@@ -159,6 +167,18 @@ def triton_paged_prefill(
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=_PREFILL_BLOCK_N, HAS_WINDOW=window is not None,
         IEEE=q.dtype == torch.float32, num_warps=_PREFILL_WARPS, **pdl.launch_options(q.device))
     return out
+
+
+def decode_query_capacity(num_heads: int, kv_heads: int) -> int:
+    """Rows one decode program attends for at most with ``query_groups``: as many queries as fill the tile rows
+    the GROUP query heads of a KV head leave free (16 rows of the tensor-core tile: 8 queries at 2 heads per KV
+    head), so grouping costs no extra math."""
+    group = num_heads // kv_heads
+    return _decode_rows(group) // group
+
+
+def _decode_rows(group: int) -> int:
+    return max(16, triton.next_power_of_2(group)) if triton is not None else max(16, group)
 
 
 def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int, *,
@@ -264,7 +284,7 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, groups_ptr,
         qk_scale, window, num_splits,
         stride_qb, stride_qh,
         stride_kblk, stride_kslot, stride_kh,
@@ -272,38 +292,81 @@ if triton is not None:
         stride_ob, stride_oh,
         BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, GROUPED: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # One program per (row, KV head, partition): an online softmax over the partition's tokens for the GROUP
         # query heads sharing the KV head. qk_scale carries log2(e): exp2 throughout.
         pdl.pdl_enter(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        split = tl.program_id(2)
-        ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
-        start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
-        lo = start + split * chunk
-        hi = tl.minimum(lo + chunk, ctx)  # lo >= hi: a partition past a short row's context, nothing to do
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, BLOCK_D)
-        d_mask = d < HEAD_DIM
-        gd_mask = (g < GROUP)[:, None] & d_mask[None, :] & (lo < hi)
-        heads = kvh * GROUP + g
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
-        m, l, acc = _attend_keys(
-            q, k_ptr, v_ptr, bt_ptr + b * stride_btb, stride_btn, kvh, d, d_mask, lo, hi, hi, window, qk_scale,
-            stride_kblk, stride_kslot, stride_kh, BLOCK_G, BLOCK_D, BLOCK_N, BLOCK_SIZE, False, False, IEEE)
-        if SPLIT:
-            # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge skips it).
-            part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
-            g_ok = (g < GROUP) & (lo < hi)
-            tl.store(part_m_ptr + part, m, mask=g_ok)
-            tl.store(part_l_ptr + part, l, mask=g_ok)
-            tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+        if GROUPED:
+            _grouped_decode(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, groups_ptr, b, kvh, qk_scale, window,
+                            stride_qb, stride_qh, stride_kblk, stride_kslot, stride_kh, stride_btb, stride_btn,
+                            stride_ctx, stride_ob, stride_oh, BLOCK_SIZE, GROUP, BLOCK_G, HEAD_DIM, BLOCK_D,
+                            BLOCK_N, HAS_WINDOW, IEEE)
         else:
-            out = acc / l[:, None]
-            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+            split = tl.program_id(2)
+            ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
+            start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+            lo = start + split * chunk
+            hi = tl.minimum(lo + chunk, ctx)  # lo >= hi: a partition past a short row's context, nothing to do
+            g = tl.arange(0, BLOCK_G)
+            d = tl.arange(0, BLOCK_D)
+            d_mask = d < HEAD_DIM
+            gd_mask = (g < GROUP)[:, None] & d_mask[None, :] & (lo < hi)
+            heads = kvh * GROUP + g
+            q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+            m, l, acc = _attend_keys(
+                q, k_ptr, v_ptr, bt_ptr + b * stride_btb, stride_btn, kvh, d, d_mask, lo, hi, hi, window, qk_scale,
+                stride_kblk, stride_kslot, stride_kh, BLOCK_G, BLOCK_D, BLOCK_N, BLOCK_SIZE, False, False, IEEE)
+            if SPLIT:
+                # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge skips it).
+                part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
+                g_ok = (g < GROUP) & (lo < hi)
+                tl.store(part_m_ptr + part, m, mask=g_ok)
+                tl.store(part_l_ptr + part, l, mask=g_ok)
+                tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+            else:
+                out = acc / l[:, None]
+                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                         out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+    @triton.jit
+    def _grouped_decode(
+        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, groups_ptr, b, kvh, qk_scale, window,
+        stride_qb, stride_qh, stride_kblk, stride_kslot, stride_kh, stride_btb, stride_btn, stride_ctx,
+        stride_ob, stride_oh, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        # Rows b .. b + n - 1 (one sequence, n = groups[b]; 0: a row another program serves) in one program: tile
+        # row r is query r // GROUP, head r % GROUP of the KV head; each query sees keys up to its own position,
+        # and the K/V tiles are read once for all of them.
+        n = tl.load(groups_ptr + b).to(tl.int32)
+        if n > 0:
+            r = tl.arange(0, BLOCK_G)
+            i = r // GROUP
+            valid = (i < n) & (r < (BLOCK_G // GROUP) * GROUP)
+            rows = (b + tl.where(valid, i, 0)).to(tl.int64)
+            ctx = tl.load(ctx_ptr + rows * stride_ctx, mask=valid, other=0).to(tl.int32)
+            pos = tl.where(valid, ctx - 1, -1)  # a padding tile row sees no key
+            hi = tl.max(ctx, axis=0)
+            lo = 0
+            if HAS_WINDOW:
+                lo = tl.maximum(tl.min(tl.where(valid, ctx, hi), axis=0) - window, 0)
+            d = tl.arange(0, BLOCK_D)
+            d_mask = d < HEAD_DIM
+            heads = kvh * GROUP + r % GROUP
+            rd_mask = valid[:, None] & d_mask[None, :]
+            q = tl.load(q_ptr + rows[:, None] * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=rd_mask,
+                        other=0.0)
+            m, l, acc = _attend_keys(
+                q, k_ptr, v_ptr, bt_ptr + b * stride_btb, stride_btn, kvh, d, d_mask, lo, hi, pos, window, qk_scale,
+                stride_kblk, stride_kslot, stride_kh, BLOCK_G, BLOCK_D, BLOCK_N, BLOCK_SIZE, True, HAS_WINDOW, IEEE)
+            out = acc / tl.where(valid, l, 1.0)[:, None]
+            tl.store(out_ptr + rows[:, None] * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=rd_mask)
 
     @triton.jit
     def _combine_splits_kernel(

@@ -55,6 +55,20 @@ class DecodeMeta:
     block_tables: Tensor  # [B, W] long
     context_lens: Tensor  # [B] long: tokens in each context, the new one included (= position + 1)
     use_triton: bool = False
+    # [B] long, optional: rows of one sequence side by side attend as a group (see ``query_groups``); a hint to the
+    # Triton kernel (each group's K/V read once), the result is the same
+    query_groups: Tensor | None = None
+
+
+def query_groups(row_of: np.ndarray, capacity: int) -> np.ndarray:
+    """For rows whose sequences ``row_of`` [B] (one id per sequence) run side by side: the size of each group of at
+    most ``capacity`` rows of one run at its first row, 0 at the others (rows a group's program serves)."""
+    starts = np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])
+    lengths = np.diff(np.r_[starts, len(row_of)])
+    run = np.repeat(np.arange(len(starts)), lengths)
+    offset = np.arange(len(row_of)) - starts[run]
+    left = lengths[run] - offset  # rows of the run from this one on
+    return np.where(offset % capacity == 0, np.minimum(capacity, left), 0).astype(np.int64)
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -159,7 +173,8 @@ def decode_attention(
 ) -> Tensor:
     """q [B, H, D] (one token per sequence, at position context_len - 1) -> [B, H, D]."""
     if meta.use_triton:
-        return triton_paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
+        return triton_paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window,
+                                   query_groups=meta.query_groups)
     return sdpa_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
 
 

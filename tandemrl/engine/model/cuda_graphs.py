@@ -9,13 +9,16 @@ so call ``free_kv_cache()`` on the runner (which drops the graphs) after doing t
 peft adapters (merge, disable) needs the graphs dropped too.
 
 Staging is one host-to-device copy per decode burst (see decode_plan.py): the host writes the burst's inputs
-into one pinned buffer laid out as ``[ids | positions | slots | context_lens | table | later steps]``: the first
+into one pinned buffer laid out as ``[ids | positions | slots | context_lens | groups | table | later steps]``
+(``groups``: the attention's query groups, read only by the graphs captured for plans with ``row_of``): the first
 part is exactly what the graph of that (bucket, width) reads from the matching device buffer, with the table
 column-major (``[width, bucket]`` viewed as ``[bucket, width]``, so the columns a batch uses form one contiguous
 prefix and the copy moves only those; the Triton kernel never reads past a row's context, SDPA graphs copy every
 column); "later steps" holds ``[positions | slots | context_lens]`` of steps 1..K-1. Before step j > 0 one device
 copy moves step j's columns into place and one copies the tokens sampled at step j - 1 into ``ids``: the burst
-needs no host sync until its end.
+needs no host sync until its end. A tandem burst's forwards (each a one-step plan over its own rows) are staged
+all at once by ``stage_forwards`` into a device buffer of their own; ``run_forward`` moves one forward's part into
+place (one device copy) and replays its graph.
 
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
 graph's private output stays small and the sampler's generator is never captured.
@@ -23,17 +26,34 @@ graph's private output stays small and the sampler's generator is never captured
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from tandemrl.engine.model.attention import DecodeMeta
+from tandemrl.engine.model.attention import DecodeMeta, query_groups
 from tandemrl.engine.model.decode_plan import DecodePlan
+from tandemrl.engine.model.pending import copy_to_device
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_COLUMNS = 5  # ids, positions, slots, context_lens, query groups: one [bucket] column each, then the block table
 
 DecodeForward = Callable[[Tensor, DecodeMeta], Tensor]  # (input_ids [B], meta) -> hidden [B, hidden]
+
+
+@dataclass
+class _Staged:
+    """A staged one-step plan: its rows, graph bucket and table width, whether its attention groups queries, and
+    where its part starts and ends (``head``: the part the graph reads, then the later steps of a burst)."""
+
+    rows: int
+    bucket: int
+    width: int
+    grouped: bool
+    offset: int
+    head: int
 
 
 def batch_bucket(batch: int) -> int | None:
@@ -47,6 +67,7 @@ class DecodeGraphs:
     def __init__(
         self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
         max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
+        query_capacity: int = 1,
     ) -> None:
         self.forward = forward
         # Warm-ups run on a side stream; a runner passes the same one to each of its DecodeGraphs: cuBLAS keeps a
@@ -58,16 +79,18 @@ class DecodeGraphs:
         self.max_width = max_width
         self.fixed_width = fixed_width  # the Triton kernel reads only context_len tokens: one width suffices
         self.use_triton = use_triton
+        self.query_capacity = query_capacity if use_triton else 1  # rows one attention program serves at most
         rows = BATCH_BUCKETS[-1]
-        size = 4 * rows + rows * max_width
+        size = _COLUMNS * rows + rows * max_width
         pinned = device.type == "cuda"
         # Every slot starts as a valid block id / scratch value, so no column a graph may read is ever garbage.
         self.host = torch.empty(size, dtype=torch.long, pin_memory=pinned).fill_(scratch_block)
         self.static = torch.full((size,), scratch_block, dtype=torch.long, device=device)
         self._copied = torch.cuda.Event() if pinned else None  # the host buffer is free once this completes
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # shared by captures
-        self._burst: tuple[int, int, int, int] = (0, 0, 0, 0)  # (rows, bucket, width, later-steps offset)
+        self._burst = _Staged(0, 0, 0, False, 0, 0)
+        self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
 
     def width_for(self, blocks: int) -> int:
         """Block-table width of the graph that serves a batch whose longest table has `blocks` entries."""
@@ -79,15 +102,8 @@ class DecodeGraphs:
 
     def stage(self, plan: DecodePlan) -> None:
         """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order."""
-        B, K = len(plan.ids), plan.num_steps
-        bucket = batch_bucket(B)
-        if bucket is None:
-            raise ValueError(f"batch {B} is larger than the largest CUDA graph bucket {BATCH_BUCKETS[-1]}")
-        w = plan.tables.shape[1]
-        width = self.width_for(w)
-        cols = w if self.fixed_width else width  # SDPA gathers every column of its width: copy them all
-        head = 4 * bucket + cols * bucket
-        size = head + 3 * bucket * (K - 1)
+        staged = self._layout(plan, 0)
+        size = staged.head + 3 * staged.bucket * (plan.num_steps - 1)
         if size > self.host.numel():  # a longer burst than any before: grow both buffers
             self.host = torch.empty(size, dtype=torch.long, pin_memory=self.host.is_pinned())
             self.static = torch.cat((self.static, self.static.new_empty(size - self.static.numel())))
@@ -95,52 +111,98 @@ class DecodeGraphs:
         if self._copied is not None:
             self._copied.synchronize()  # the previous burst's copy may still read the buffer
         host = self.host[:size].numpy()
-        pad = (0, 0, self.scratch_slot, 1)  # padding rows: token 0 at position 0, one token of the scratch block
-        columns = host[:4 * bucket].reshape(4, bucket)
-        for c, (values, fill) in enumerate(zip((plan.ids, plan.positions[0], plan.slots[0], plan.context_lens[0]),
-                                               pad)):
-            columns[c, :B], columns[c, B:] = values, fill
-        table = host[4 * bucket:head].reshape(cols, bucket)
-        table.fill(self.scratch_block)
-        table[:w, :B] = plan.tables.T
-        later = host[head:].reshape(K - 1, 3, bucket)
+        self._write_head(host, plan, staged)
+        later = host[staged.head:].reshape(plan.num_steps - 1, 3, staged.bucket)
         for c, values in enumerate((plan.positions, plan.slots, plan.context_lens)):
-            later[:, c, :B], later[:, c, B:] = values[1:], pad[c + 1]
+            later[:, c, :staged.rows], later[:, c, staged.rows:] = values[1:], self._pad[c + 1]
         self.static[:size].copy_(self.host[:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        self._burst = (B, bucket, width, head)
+        self._burst = staged
 
     def staged_ids(self) -> Tensor:
         """The staged burst's step-0 input ids [B] on the device."""
-        return self.static[:self._burst[0]]
+        return self.static[:self._burst.rows]
 
     def step(self, j: int, input_ids: Tensor | None) -> Tensor:
         """Step j of the staged burst; ``input_ids`` [B] on the device (None at step 0: the staged ids).
         Returns hidden [B, hidden] (a view of the graph's output, valid until the next replay of that graph)."""
-        B, bucket, width, head = self._burst
+        staged = self._burst
         if j > 0:
-            start = head + 3 * bucket * (j - 1)
+            start, bucket = staged.head + 3 * staged.bucket * (j - 1), staged.bucket
             self.static[bucket:4 * bucket].copy_(self.static[start:start + 3 * bucket])
+        return self._replay(staged, input_ids)
+
+    def stage_forwards(self, plans: list[DecodePlan]) -> None:
+        """Copy the inputs of several one-step plans (a tandem burst's forwards of this model) to the device in one
+        copy; ``run_forward(f, ids)`` then runs plan f, in any order. No host sync: the buffer is new each time."""
+        layouts, offset = [], 0
+        for plan in plans:
+            layouts.append(self._layout(plan, offset))
+            offset += layouts[-1].head
+        host = np.empty(offset, dtype=np.int64)
+        for plan, staged in zip(plans, layouts):
+            self._write_head(host[staged.offset:staged.offset + staged.head], plan, staged)
+        self._forwards = (copy_to_device(torch.from_numpy(host), self.device), layouts)
+
+    def run_forward(self, f: int, input_ids: Tensor) -> Tensor:
+        """Forward f of ``stage_forwards``' plans over ``input_ids`` [B] on the device: hidden [B, hidden] (a view
+        of the graph's output, valid until the next replay of that graph)."""
+        packed, layouts = self._forwards
+        staged = layouts[f]
+        self.static[:staged.head].copy_(packed[staged.offset:staged.offset + staged.head])
+        return self._replay(staged, input_ids)
+
+    def _replay(self, staged: _Staged, input_ids: Tensor | None) -> Tensor:
         if input_ids is not None:
-            self.static[:B].copy_(input_ids)
-        key = (bucket, width)
+            self.static[:staged.rows].copy_(input_ids)
+        key = (staged.bucket, staged.width, staged.grouped)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(bucket, width)
+            self.graphs[key] = self._capture(*key)
         graph, out = self.graphs[key]
         graph.replay()
-        return out[:B]
+        return out[:staged.rows]
 
-    def static_inputs(self, bucket: int, width: int) -> tuple[Tensor, DecodeMeta]:
+    def _layout(self, plan: DecodePlan, offset: int) -> _Staged:
+        """Where a plan's step-0 inputs go: its rows, graph bucket and width, and the size of that part."""
+        rows = len(plan.ids)
+        bucket = batch_bucket(rows)
+        if bucket is None:
+            raise ValueError(f"batch {rows} is larger than the largest CUDA graph bucket {BATCH_BUCKETS[-1]}")
+        w = plan.tables.shape[1]
+        cols = w if self.fixed_width else self.width_for(w)  # SDPA gathers every column of its width: copy them all
+        grouped = plan.row_of is not None and self.query_capacity > 1
+        return _Staged(rows, bucket, self.width_for(w), grouped, offset, (_COLUMNS + cols) * bucket)
+
+    @property
+    def _pad(self) -> tuple[int, int, int, int, int]:
+        """Padding rows: token 0 at position 0, one token of the scratch block, a query group of their own."""
+        return 0, 0, self.scratch_slot, 1, 1
+
+    def _write_head(self, host: np.ndarray, plan: DecodePlan, staged: _Staged) -> None:
+        """Step 0's columns and the block table of ``plan`` into ``host`` [head], laid out as its graph reads them."""
+        B, bucket = staged.rows, staged.bucket
+        groups = query_groups(plan.row_of, self.query_capacity) if staged.grouped else 1
+        columns = host[:_COLUMNS * bucket].reshape(_COLUMNS, bucket)
+        for c, (values, fill) in enumerate(zip((plan.ids, plan.positions[0], plan.slots[0], plan.context_lens[0],
+                                                groups), self._pad)):
+            columns[c, :B], columns[c, B:] = values, fill
+        w = plan.tables.shape[1]
+        table = host[_COLUMNS * bucket:staged.head].reshape(-1, bucket)
+        table.fill(self.scratch_block)
+        table[:w, :B] = plan.tables.T
+
+    def static_inputs(self, bucket: int, width: int, grouped: bool = False) -> tuple[Tensor, DecodeMeta]:
         """The views of the static buffer a graph of (`bucket` rows, `width` table columns) reads."""
         buf = self.static
-        table = buf[4 * bucket:4 * bucket + width * bucket].view(width, bucket).t()
+        table = buf[_COLUMNS * bucket:(_COLUMNS + width) * bucket].view(width, bucket).t()
         meta = DecodeMeta(positions=buf[bucket:2 * bucket], slot_mapping=buf[2 * bucket:3 * bucket],
-                          block_tables=table, context_lens=buf[3 * bucket:4 * bucket], use_triton=self.use_triton)
+                          block_tables=table, context_lens=buf[3 * bucket:4 * bucket], use_triton=self.use_triton,
+                          query_groups=buf[4 * bucket:5 * bucket] if grouped else None)
         return buf[:bucket], meta
 
-    def _capture(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        ids, meta = self.static_inputs(bucket, width)
+    def _capture(self, bucket: int, width: int, grouped: bool) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        ids, meta = self.static_inputs(bucket, width, grouped)
         # Warm up outside the capture (Triton compiles, cuBLAS picks its workspace). It runs the
         # real step: the K/V it writes are the same values the replay below writes again.
         if self.warmup_stream is None:

@@ -26,6 +26,9 @@ class DecodePlan:
     context_lens: np.ndarray  # [K, B] tokens attended to, the step's own included
     tables: np.ndarray  # [B, W] block ids covering every live position, padded with the scratch block
     steps: list[int]
+    # [B], one-step plans whose rows are several tokens of one sequence side by side (verify, tandem): the
+    # sequence of each row, so the attention reads a sequence's K/V once for all its rows (None: a row each)
+    row_of: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -99,4 +102,5 @@ def as_one_step(burst: DecodePlan, ids: Seq[int], keep: np.ndarray | None = None
         keep = np.arange(burst.num_steps)[:, None] < np.asarray(burst.steps)[None, :]
     step, row = np.nonzero(keep.T)[::-1]  # row-major over (row, step)
     return DecodePlan(_int64_array(ids), burst.positions[step, row][None], burst.slots[step, row][None],
-                      burst.context_lens[step, row][None], np.ascontiguousarray(burst.tables[row]), [1] * len(row))
+                      burst.context_lens[step, row][None], np.ascontiguousarray(burst.tables[row]), [1] * len(row),
+                      row_of=row)

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta
+from tandemrl.engine.kernels.triton_attention import decode_query_capacity
+from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta, query_groups
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder
@@ -117,6 +118,23 @@ class ModelSlot:
 
         return counted, staged
 
+    def decode_forwards(self, plans: list[DecodePlan]) -> Callable[[int, Tensor], Tensor]:
+        """(f, input ids [B_f] on the device) -> hidden of one-step plan f: every plan staged now, in one copy
+        (CUDA graphs), so the forwards run with no host work but a device copy and a replay each."""
+        graphed = not self.enforce_eager and all(batch_bucket(len(p.ids)) is not None for p in plans)
+        if graphed:
+            graphs = self._decode_graphs()
+            graphs.stage_forwards(plans)
+            run = graphs.run_forward
+        else:
+            run = lambda f, ids: self._eager_steps(plans[f])[0](0, ids)  # noqa: E731
+
+        def counted(f: int, input_ids: Tensor) -> Tensor:
+            self.forwards += 1
+            return run(f, input_ids)
+
+        return counted
+
     def _eager_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
         """Without graphs: the burst's columns go to the device at once."""
         columns = copy_to_device(torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))),
@@ -124,10 +142,15 @@ class ModelSlot:
         tables = copy_to_device(torch.from_numpy(plan.tables), self.device)
         first_ids = copy_to_device(torch.from_numpy(plan.ids), self.device)
 
+        groups = None
+        if plan.row_of is not None and self.use_triton and self.query_capacity > 1:
+            groups = copy_to_device(torch.from_numpy(query_groups(plan.row_of, self.query_capacity)), self.device)
+
         def run_step(j: int, input_ids: Tensor | None) -> Tensor:
             positions, slots, context_lens = columns[:, j].unbind(0)
             meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
-                              block_tables=tables, use_triton=self.use_triton)
+                              block_tables=tables, use_triton=self.use_triton,
+                              query_groups=groups if j == 0 else None)
             ids = first_ids if input_ids is None else input_ids
             return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
 
@@ -140,5 +163,10 @@ class ModelSlot:
                 lambda ids, meta: forward_hidden(spec, ids, meta, k_caches, v_caches, fused=fused), self.device,
                 scratch_block=self.num_blocks, block_size=self.block_size,
                 max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
-                use_triton=self.use_triton, warmup_stream=self.warmup_stream)
+                use_triton=self.use_triton, warmup_stream=self.warmup_stream, query_capacity=self.query_capacity)
         return self.graphs
+
+    @property
+    def query_capacity(self) -> int:
+        """Rows of one sequence the Triton decode attention serves in one program (see ``query_groups``)."""
+        return decode_query_capacity(self.spec.num_heads, self.spec.num_kv_heads)

@@ -40,26 +40,37 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
     indices = _device_indices(burst, runner.device)
     sample = runner.sampler.for_subsets(seqs)
     temperature = runner.sampler.temperatures(seqs)
+    forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
+                  for model, slot in ((True, hot), (False, frozen))}
+    nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
     for forward, index in zip(burst.forwards, indices):
         slot = hot if forward.hot else frozen
-        positions = first[forward.row] + forward.token
-        run_step, _ = slot.decode_steps(_one_step(decode.tables, forward.row, positions, runner.block_size))
-        hidden = run_step(0, tokens[index["read"]])
+        hidden = forward_of[forward.hot](nth[forward.hot], tokens[index["read"]])
+        nth[forward.hot] += 1
+        logits = slot.logits(hidden) if forward.hot else None  # the hot model's: one lm_head to sample and score
         if forward.sample:
-            last = slot.logits(hidden[index["last"]])
+            last = logits[index["last"]] if forward.hot else slot.logits(hidden[index["last"]])
             tokens[index["write"]], _ = sample(last, index["rows"])
-        if forward.hot:
-            _score(slot.logits(hidden), tokens, logprobs, index, temperature[index["row"]])
+        if forward.hot:  # after the sample: the last token read is scored on the token just sampled
+            _score(logits, tokens, logprobs, index, temperature[index["row"]])
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), runner.device).view(len(seqs), -1)
     return PendingTokens(tokens[out], logprobs[out], plan.num_tokens)
 
 
 def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor) -> None:
     """The hot model's log-prob of the token after each one it read (greedy rows: of the raw logits)."""
-    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    logp = torch.log_softmax(logits.float() / scale[:, None], dim=-1)
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None]
+    scaled = logits.float() / scale
     following = index["next"]
-    logprobs[following] = logp.gather(-1, tokens[following][:, None]).squeeze(-1)
+    chosen = scaled.gather(-1, tokens[following][:, None]).squeeze(-1)
+    logprobs[following] = chosen - torch.logsumexp(scaled, dim=-1)  # log_softmax at one column, one pass fewer
+
+
+def _staged_forwards(slot: ModelSlot, burst: TandemBurst, hot: bool, tables: np.ndarray, first: np.ndarray,
+                     block_size: int):
+    """The slot's forwards of the burst, in order, staged at once: (its f-th forward, input ids) -> hidden."""
+    plans = [_one_step(tables, f.row, first[f.row] + f.token, block_size) for f in burst.forwards if f.hot == hot]
+    return slot.decode_forwards(plans) if plans else None
 
 
 def _one_step(tables: np.ndarray, rows: np.ndarray, positions: np.ndarray, block_size: int) -> DecodePlan:
@@ -68,7 +79,7 @@ def _one_step(tables: np.ndarray, rows: np.ndarray, positions: np.ndarray, block
     blocks = row_tables[np.arange(len(rows)), positions // block_size]
     slots = blocks * block_size + positions % block_size
     return DecodePlan(np.zeros(len(rows), dtype=np.int64), positions[None], slots[None], positions[None] + 1,
-                      row_tables, [1] * len(rows))
+                      row_tables, [1] * len(rows), row_of=rows)
 
 
 def _device_indices(burst: TandemBurst, device: torch.device) -> list[dict[str, Tensor]]:
