@@ -121,17 +121,17 @@ class ModelSlot:
     def decode_forwards(self, plans: list[DecodePlan]) -> Callable[[int, Tensor], Tensor]:
         """(f, input ids [B_f] on the device) -> hidden of one-step plan f: every plan staged now, in one copy
         (CUDA graphs), so the forwards run with no host work but a device copy and a replay each."""
-        graphed = not self.enforce_eager and all(batch_bucket(len(p.ids)) is not None for p in plans)
-        if graphed:
+        graphed = [not self.enforce_eager and batch_bucket(len(p.ids)) is not None for p in plans]
+        nth_staged = np.cumsum(graphed) - 1  # a plan's index among the staged ones
+        if any(graphed):
             graphs = self._decode_graphs()
-            graphs.stage_forwards(plans)
-            run = graphs.run_forward
-        else:
-            run = lambda f, ids: self._eager_steps(plans[f])[0](0, ids)  # noqa: E731
+            graphs.stage_forwards([p for p, g in zip(plans, graphed) if g])
 
         def counted(f: int, input_ids: Tensor) -> Tensor:
             self.forwards += 1
-            return run(f, input_ids)
+            if graphed[f]:
+                return graphs.run_forward(int(nth_staged[f]), input_ids)
+            return self._eager_steps(plans[f])[0](0, input_ids)  # more rows than the largest graph bucket
 
         return counted
 
