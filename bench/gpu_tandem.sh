@@ -2,16 +2,19 @@
 # Issue 11's GPU check in one device call: the engine tests that touch tandem bursts, query-grouped decode attention
 # and verify steps (real CUDA graphs and Triton kernels), then `python -m bench.tandem_step` (Qwen3-0.6B
 # architecture, 8 x 8 x 512, vanilla and tandem p = 0.5, 0.8); the JSON lands in $OUT.
-# The call: run  command "bash bench/gpu_tandem.sh"  carry [".whl"]  (pydantic for the config)
+# The call: run  command "bash bench/gpu_tandem.sh"  carry [".whl"]  (pydantic for the config). Env: TESTS (the test
+# files), TEST_SECONDS, BENCH_SECONDS, BENCH_ARGS (more arguments for bench.tandem_step).
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_tandem}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-timeout "${TEST_SECONDS:-150}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_tandem.py \
-    tests/engine/test_tandem_burst.py tests/engine/test_speculative.py tests/engine/test_model_runner.py \
-    tests/engine/test_paged_attention.py > "$OUT/tests.log" 2>&1
+TESTS=${TESTS:-tests/engine/test_tandem.py tests/engine/test_tandem_burst.py tests/engine/test_speculative.py \
+tests/engine/test_model_runner.py tests/engine/test_paged_attention.py}
+# shellcheck disable=SC2086  # TESTS is a list of paths
+timeout "${TEST_SECONDS:-240}" python3 -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1
 echo "tests exit status $?"; tail -n 4 "$OUT/tests.log"
-timeout "${BENCH_SECONDS:-240}" python3 -m bench.tandem_step --out "$OUT/tandem_step.json" > "$OUT/tandem_step.log" 2>&1
+# shellcheck disable=SC2086
+timeout "${BENCH_SECONDS:-240}" python3 -m bench.tandem_step ${BENCH_ARGS:-} --out "$OUT/tandem_step.json" > "$OUT/tandem_step.log" 2>&1
 echo "bench exit status $?"; tail -n 12 "$OUT/tandem_step.log"

@@ -102,7 +102,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         decode = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
-                                   propose=ngram_proposer(self.speculative), tandem=self.tandem)
+                                   propose=ngram_proposer(self.speculative), tandem=self.tandem,
+                                   paired_tandem=runner.device.type == "cuda")
         # Speculative and tandem steps wait for their tokens: what a step kept decides where the next one starts.
         self._synchronous = not config.async_scheduling or self.speculative.enabled or self.tandem is not None
         self._seq_ids = itertools.count()

@@ -72,6 +72,7 @@ class ModelRunner:
         # One warm-up stream for every capture: each new stream costs a cuBLAS workspace that is never freed
         # (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
         warmup = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.second_stream = warmup  # also where a tandem tick's second forward runs (captures are never beside it)
         self.slots = {name: ModelSlot(name, model, self.device, self.block_size, config.max_model_len,
                                       use_triton=self.use_triton, fused_kernels=self.fused_kernels,
                                       enforce_eager=self.enforce_eager, warmup_stream=warmup)

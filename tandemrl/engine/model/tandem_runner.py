@@ -10,7 +10,8 @@ planned on the host and copied to the device once per burst.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -43,18 +44,49 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
     forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
+    streams = _Streams.of(runner)
     for forward, index in zip(burst.forwards, indices):
         slot = hot if forward.hot else frozen
-        hidden = forward_of[forward.hot](nth[forward.hot], tokens[index["read"]])
+        with streams.beside(forward.beside):
+            hidden = forward_of[forward.hot](nth[forward.hot], tokens[index["read"]])
+            logits = slot.logits(hidden) if forward.hot else None  # the hot model's: one lm_head to sample and score
+            if forward.sample:
+                last = logits[index["last"]] if forward.hot else slot.logits(hidden[index["last"]])
+                tokens[index["write"]], _ = sample(last, index["rows"])
+            if forward.hot:  # after the sample: the last token read is scored on the token just sampled
+                _score(logits, tokens, logprobs, index, temperature[index["row"]])
         nth[forward.hot] += 1
-        logits = slot.logits(hidden) if forward.hot else None  # the hot model's: one lm_head to sample and score
-        if forward.sample:
-            last = logits[index["last"]] if forward.hot else slot.logits(hidden[index["last"]])
-            tokens[index["write"]], _ = sample(last, index["rows"])
-        if forward.hot:  # after the sample: the last token read is scored on the token just sampled
-            _score(logits, tokens, logprobs, index, temperature[index["row"]])
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), runner.device).view(len(seqs), -1)
     return PendingTokens(tokens[out], logprobs[out], plan.num_tokens)
+
+
+class _Streams:
+    """A forward marked ``beside`` runs on a second stream, concurrently with the forward before it (on the main
+    stream, other rows, the other model): it starts once everything before that forward is done, and the main
+    stream waits for it before going on. Off CUDA, everything runs in order."""
+
+    def __init__(self, main: torch.cuda.Stream | None, side: torch.cuda.Stream | None) -> None:
+        self.main, self.side = main, side
+        self.start: torch.cuda.Event | None = None  # recorded before each main-stream forward
+
+    @classmethod
+    def of(cls, runner: ModelRunner) -> _Streams:
+        if runner.device.type != "cuda":
+            return cls(None, None)
+        return cls(torch.cuda.current_stream(runner.device), runner.second_stream)
+
+    @contextlib.contextmanager
+    def beside(self, beside: bool) -> Iterator[None]:
+        if self.main is None:
+            yield
+        elif beside and self.start is not None:
+            self.side.wait_event(self.start)
+            with torch.cuda.stream(self.side):
+                yield
+            self.main.wait_stream(self.side)  # the next forward reads what this one wrote
+        else:
+            self.start = self.main.record_event()
+            yield
 
 
 def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor) -> None:
