@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from tandemrl.backends.engine_backend import EngineBackend
-from tandemrl.engine.model.placement import canonical, move, on_device
-from tandemrl.engine.model.runner import CPU_KV_BUDGET_BYTES
+from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, move, on_device
 from tandemrl.engine.tandem import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
 from tests.engine.test_model_runner import build

@@ -9,6 +9,8 @@
 - ``on_device``: makes a slot's device the current CUDA device while its work is launched: Triton kernels, CUDA
   graph captures and events use the current device, not the tensors'.
 - ``canonical``: ``cuda`` -> ``cuda:<current>``, so devices compare equal when they are the same.
+- ``kv_budget``: the bytes a device gives the KV pools of the slots on it (the runner takes the smallest count of
+  blocks over its devices: every slot holds the same block ids).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ import torch
 from torch import Tensor
 
 from tandemrl.engine.model.pending import copy_to_device
+
+CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
+# Kept free on the GPU beside the cache: the sampler's [rows, vocab] float32 temporaries for a full decode batch
+# (about a dozen of them, sort indices included) plus a fixed slack for prefill activations and graph pools.
+_SAMPLER_ROWS, _SAMPLER_TEMPS, _SLACK_BYTES = 256, 12, 512 * 1024 * 1024
 
 
 def canonical(device: torch.device | str) -> torch.device:
@@ -46,3 +53,14 @@ def on_device(device: torch.device, home: torch.device) -> ContextManager:
     if device == home or device.type != "cuda":
         return contextlib.nullcontext()
     return torch.cuda.device(device)
+
+
+def kv_budget(device: torch.device, gpu_memory_utilization: float, vocab: int) -> float:
+    """Bytes the KV pools may take on ``device``. CUDA: a ``gpu_memory_utilization`` share of its memory, bounded by
+    what is free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB."""
+    if device.type != "cuda":
+        return CPU_KV_BUDGET_BYTES
+    free, total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    reserve = _SAMPLER_ROWS * _SAMPLER_TEMPS * vocab * 4 + _SLACK_BYTES
+    return min(gpu_memory_utilization * total, free - reserve)

@@ -30,7 +30,7 @@ from tandemrl.engine.kernels.triton_attention import triton_decode_available
 from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
 from tandemrl.engine.model.decode_plan import as_one_step, build_decode_plan
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
-from tandemrl.engine.model.placement import canonical, move
+from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget, move  # noqa: F401 (tests)
 from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
 from tandemrl.engine.model.sampler import sample_with_probs
 from tandemrl.engine.model.slot import ModelSlot
@@ -39,11 +39,6 @@ from tandemrl.engine.model.tandem_runner import launch_tandem_burst
 from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
-
-CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
-# Kept free on the GPU beside the cache: the sampler's [rows, vocab] float32 temporaries for a full decode batch
-# (about a dozen of them, sort indices included) plus a fixed slack for prefill activations and graph pools.
-_SAMPLER_ROWS, _SAMPLER_TEMPS, _SLACK_BYTES = 256, 12, 512 * 1024 * 1024
 
 
 class ModelRunner:
@@ -127,16 +122,15 @@ class ModelRunner:
         return sum(slot.bytes_per_block(block_size) for slot in self.slots.values())
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
-        """Blocks the pools may have, on the device with the least room for its slots' pools (every slot holds
-        the same block ids). CUDA: a `gpu_memory_utilization` share of the device's memory, bounded by what is
-        free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB."""
+        """Blocks the pools may have: on each device what its budget (placement.kv_budget) holds of its slots'
+        blocks, the smallest of these (every slot holds the same block ids)."""
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         vocab = max(slot.spec.vocab_size for slot in self.slots.values())
         fits = []
         for device in {slot.device for slot in self.slots.values()}:
             per_block = sum(s.bytes_per_block(block_size) for s in self.slots.values() if s.device == device)
-            fits.append(int(_kv_budget(device, gpu_memory_utilization, vocab) // per_block))
+            fits.append(int(kv_budget(device, gpu_memory_utilization, vocab) // per_block))
         return max(0, min(fits) - 1)  # minus the scratch block
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -396,16 +390,6 @@ class ModelRunner:
 def _packed(drafts: list[int], width: int) -> list[int]:
     """Flat index, in a [B, width] layout, of each row's last token and its proposals, row by row."""
     return [i * width + j for i, d in enumerate(drafts) for j in range(d + 1)]
-
-
-def _kv_budget(device: torch.device, gpu_memory_utilization: float, vocab: int) -> float:
-    """Bytes the KV pools may take on ``device`` (see ``num_blocks_that_fit``)."""
-    if device.type != "cuda":
-        return CPU_KV_BUDGET_BYTES
-    free, total = torch.cuda.mem_get_info(device)
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    reserve = _SAMPLER_ROWS * _SAMPLER_TEMPS * vocab * 4 + _SLACK_BYTES
-    return min(gpu_memory_utilization * total, free - reserve)
 
 
 def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:
