@@ -1,8 +1,9 @@
 """tandem.frozen_device: the frozen model on another device than the hot one (the CPU, or a second GPU) writes the
 same tokens as beside it, and as the naive loop in which both models step once per token (greedy).
 
-The GPU tests run where CUDA is; the same-device wiring (frozen_device = "cpu" on a CPU run) is covered on the CPU
-by tests/train/test_loop.py and tests/config/test_config.py.
+The GPU tests run where CUDA is. On the CPU, "cpu:0" stands in for another device (torch.device compares the index,
+while the tensors stay on the CPU): the frozen slot then takes every cross-device branch of the runner. The wiring
+of tandem.frozen_device is covered by tests/train/test_loop.py and tests/config/test_config.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tandemrl.engine.model.runner as runner_module
+import tandemrl.engine.model.tandem_runner as tandem_runner_module
 from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, move, on_device
 from tandemrl.engine.tandem import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
@@ -47,6 +51,57 @@ def naive(hot, frozen, stream, req: Request) -> tuple[list[int], list[bool], lis
     return ids[len(req.prompt_ids):], writers, logprobs
 
 
+SELECTORS = [("bernoulli", 0.5), ("alternating", 0.5), ("word", 0.5), ("bernoulli", 0.0)]
+
+
+@pytest.mark.parametrize("selector, p", SELECTORS)
+def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p, monkeypatch):
+    """The frozen slot on "cpu:0": its own sampler, indices and prefill inputs, token ids moved to it and back; the
+    greedy rollout equals the naive loop's (and so the single-device one's, tests/engine/test_tandem.py)."""
+    elsewhere = torch.device("cpu", 0)
+    place = ModelRunner._slot
+
+    def placed(self, name, model, config, attention_backend):
+        slot = place(self, name, model, config, attention_backend)
+        slot.device = elsewhere if name == "frozen" else slot.device
+        return slot
+
+    moved = []
+
+    def counted_move(tensor, device):
+        moved.append(device)
+        return move(tensor, device)
+
+    monkeypatch.setattr(ModelRunner, "_slot", placed)
+    for module in (runner_module, tandem_runner_module):
+        monkeypatch.setattr(module, "move", counted_move)
+    hot, frozen = build("qwen2"), build("qwen2", seed=1)
+    tokenizer = WordTokenizer() if selector == "word" else None
+    tandem = TandemConfig(enabled=True, selector=selector, p=p, max_gap_tokens=6, max_run_tokens=3)
+    reqs = requests(count=3, max_tokens=10)
+    backend = EngineBackend(hot, tokenizer, engine_config(), tandem=tandem, frozen_model=frozen)
+    runner = backend.runner
+    assert runner.slots["frozen"].device == elsewhere and runner.sampler_for(runner.slots["frozen"]) is not runner.sampler
+    out = backend.generate(reqs)
+    backend.close()
+    assert torch.device("cpu") in moved  # the frozen slot's tokens came back
+    assert (elsewhere in moved) == (selector != "word")  # a burst's frozen forwards read the buffer on the hot side
+    boundaries = _boundaries(tokenizer, selector)
+    for req, r in zip(reqs, out):
+        ids, writers, logprobs = naive(hot, frozen, owner_stream(tandem, req.request_id, req.params.seed, boundaries),
+                                       req)
+        assert r.completion_ids == ids and r.token_sources == writers, req.request_id
+        assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+
+
+def _boundaries(tokenizer, selector: str):
+    if tokenizer is None:
+        return None
+    from tandemrl.engine.boundaries import boundary_ids
+
+    return boundary_ids(tokenizer, selector)
+
+
 @needs_cuda
 @pytest.mark.parametrize("frozen_device", ELSEWHERE)
 @pytest.mark.parametrize("selector, p", [("bernoulli", 0.5), ("alternating", 0.5), ("word", 0.5), ("bernoulli", 0.0)])
@@ -61,11 +116,7 @@ def test_a_frozen_model_elsewhere_writes_what_it_writes_beside_the_hot_one(froze
     reqs = requests(max_tokens=16)
     together = generate(hot, beside, tandem, reqs, tokenizer)
     apart = generate(hot, elsewhere, tandem, reqs, tokenizer)
-    boundaries = None
-    if selector == "word":
-        from tandemrl.engine.boundaries import boundary_ids
-
-        boundaries = boundary_ids(tokenizer, selector)
+    boundaries = _boundaries(tokenizer, selector)
     for req, a, b in zip(reqs, apart, together):
         assert a.completion_ids == b.completion_ids and a.token_sources == b.token_sources, req.request_id
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4), req.request_id
