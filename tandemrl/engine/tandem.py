@@ -33,8 +33,9 @@ class TandemConfig:
     directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
     weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at most
     (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device;
-    else "cpu", "cuda" or "cuda:N": it computes there and only token ids cross); ``frozen_dtype``: the frozen model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a
-    hot model trained in float32: half the memory and bandwidth, its caches in bfloat16 too)."""
+    else "cpu", "cuda" or "cuda:N": it computes there and only token ids cross); ``frozen_dtype``: the frozen
+    model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a hot model trained in float32: half the memory and
+    bandwidth, its caches in bfloat16 too)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 

@@ -384,7 +384,9 @@ def test_tandem_training_keeps_the_frozen_model_and_weighs_its_tokens(tmp_path, 
     from tandemrl.train.setup import TrainerState, build_run
     from tandemrl.telemetry.progress import TrainDisplay
 
-    placement = [f'model.device="{hot_device}"'] + ([f'tandem.frozen_device="{frozen_device}"'] if frozen_device else [])
+    placement = [f'model.device="{hot_device}"']
+    if frozen_device is not None:
+        placement.append(f'tandem.frozen_device="{frozen_device}"')
     cfg = small_config(tmp_path, "tandem.enabled=true", "tandem.p=0.7", "rollout.max_tokens=6", *placement)
     run = build_run(cfg, tmp_path / "run")
     from tandemrl.engine.model.placement import canonical
