@@ -14,7 +14,7 @@ indices and sampling columns are staged on its own device.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -29,6 +29,8 @@ from tandemrl.engine.tandem_burst import BurstForward, TandemBurst
 if TYPE_CHECKING:
     from tandemrl.engine.model.runner import ModelRunner
     from tandemrl.engine.model.slot import ModelSlot
+
+Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
 
 
 def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
@@ -69,8 +71,8 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
     return PendingTokens(tokens[out], logprobs[out], plan.num_tokens)
 
 
-def _frozen_forward(frozen: ModelSlot, run, nth: int, read: Tensor, index: dict[str, Tensor],
-                    sample) -> Tensor | None:
+def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
+                    index: dict[str, Tensor], sample: Sampler | None) -> Tensor | None:
     """The frozen model's ``nth`` forward over ``read`` (on its device), and, when it samples, each served row's next
     token (on its device too)."""
     hidden = run(nth, read)
