@@ -132,8 +132,8 @@ class ModelSlot:
         (CUDA graphs), so the forwards run with no host work but a device copy and a replay each."""
         graphed = not self.enforce_eager and all(batch_bucket(len(p.ids)) is not None for p in plans)
         if graphed:
-            graphs = self._decode_graphs()
             with self.on_device():
+                graphs = self._decode_graphs()
                 graphs.stage_forwards(plans)
             run = graphs.run_forward
         else:
