@@ -6,6 +6,7 @@ passes each model ran per kept token (batched passes over the step's rows / toke
 (llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem 33.5 s per step (1.8x).
 
 GPU:  python -m bench.tandem_step
+      python -m bench.tandem_step --frozen-device cuda:1   # the frozen model on a second GPU (tandem.frozen_device)
 CPU:  python -m bench.tandem_step --arch tiny-qwen3 --new-tokens 16 --prompt-len 8 --repeats 1
 """
 
@@ -54,19 +55,21 @@ def main() -> None:
     parser.add_argument("--ps", type=float, nargs="+", default=[0.5, 0.8])
     parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
     parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--frozen-device", default=None, help="where the frozen model lives (default: the hot's)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/tandem_step.json"))
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, False)
-    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    frozen = copy.deepcopy(model).to(args.frozen_device or device).eval().requires_grad_(False)
     rows = {"vanilla": measure(model, None, None, args, device)}
     for p in args.ps:
         tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
         rows[f"tandem p={p}"] = measure(model, frozen, tandem, args, device)
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-              "shape": f"{args.prompts}x{args.group}x{args.new_tokens}", "rows": rows}
+              "shape": f"{args.prompts}x{args.group}x{args.new_tokens}",
+              "frozen_device": str(next(frozen.parameters()).device), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     vanilla = rows["vanilla"]["step_s"]

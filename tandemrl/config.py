@@ -180,9 +180,6 @@ class Config(Section):
             raise ValueError(str(err).replace("TandemSelectorConfig.", "tandem.")) from None
         if self.rollout.backend != "engine" or self.rollout.speculative.enabled:
             raise ValueError("tandem.enabled needs rollout.backend = 'engine' and no rollout.speculative")
-        if self.tandem.frozen_device not in (None, self.model.device):
-            raise ValueError(f"tandem.frozen_device = {self.tandem.frozen_device!r}: the frozen model runs on the hot "
-                             f"model's device (model.device = {self.model.device!r}) for now")
         return self
 
     @model_validator(mode="after")

@@ -32,9 +32,10 @@ class TandemConfig:
     """``p``: probability that a position (a chunk for ``chunk``) is the hot model's; ``frozen_model``: hub id or
     directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
     weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at most
-    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device; the
-    only one supported); ``frozen_dtype``: the frozen model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a
-    hot model trained in float32: half the memory and bandwidth, its caches in bfloat16 too)."""
+    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device;
+    else "cpu", "cuda" or "cuda:N": it computes there and only token ids cross); ``frozen_dtype``: the frozen
+    model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a hot model trained in float32: half the memory and
+    bandwidth, its caches in bfloat16 too)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
@@ -63,6 +64,25 @@ class TandemConfig:
             raise ValueError(f"tandem.frozen_token_weight must be >= 0, got {self.frozen_token_weight}")
         if isinstance(self.max_run_tokens, bool) or not isinstance(self.max_run_tokens, int) or self.max_run_tokens < 1:
             raise ValueError(f"tandem.max_run_tokens must be an integer >= 1, got {self.max_run_tokens!r}")
+        if self.frozen_device is not None:
+            check_device(self.frozen_device, "tandem.frozen_device")
+
+
+def check_device(name: str, key: str) -> None:
+    """ValueError naming ``key`` unless ``name`` is "cpu", "cuda" or "cuda:N" of a GPU this machine has."""
+    import torch  # here: the config loads without torch until a device must be checked
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
+        raise ValueError(f"{key} = {name!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"{key} = {name!r}: this machine has {count} CUDA device(s)"
+                             + ("" if count else "; use 'cpu' or leave it unset (the hot model's device)"))
 
 
 def owner_stream(config: TandemConfig, request_id: str, seed: int | None,

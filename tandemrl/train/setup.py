@@ -124,12 +124,15 @@ def load_draft(cfg: Config, device: torch.device) -> nn.Module | None:
 
 
 def load_frozen(cfg: Config, device: torch.device) -> nn.Module | None:
-    """Tandem's frozen model: ``tandem.frozen_model``, or a second copy of the starting model; never trained."""
+    """Tandem's frozen model: ``tandem.frozen_model``, or a second copy of the starting model; never trained. On
+    ``tandem.frozen_device``, or beside the hot model (``device``)."""
     if not cfg.tandem.enabled:
         return None
     name = cfg.tandem.frozen_model or cfg.model.name_or_path
     path = resolve_name_or_path(name, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
     dtype = cfg.tandem.frozen_dtype or cfg.model.dtype
+    if cfg.tandem.frozen_device is not None:
+        device = resolve_device(cfg.tandem.frozen_device)
     frozen = load_model(path, dtype=dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
     return frozen.eval().requires_grad_(False)
 

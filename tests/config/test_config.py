@@ -104,12 +104,18 @@ def test_speculative_config_errors_name_the_key(overrides, message):
 @pytest.mark.parametrize("overrides, message", [
     (["tandem.enabled=true", "tandem.p=1.5"], "tandem.p"),
     (["tandem.enabled=true", "rollout.backend=\"hf\""], "tandem.enabled needs rollout.backend = 'engine'"),
-    (["tandem.enabled=true", "tandem.frozen_device=\"cuda:1\""], "tandem.frozen_device"),
+    (["tandem.enabled=true", "tandem.frozen_device=\"cuda:64\""], "tandem.frozen_device = 'cuda:64': this machine has"),
+    (["tandem.enabled=true", "tandem.frozen_device=\"tpu\""], "tandem.frozen_device = 'tpu': expected 'cpu'"),
+    (["tandem.enabled=true", "tandem.frozen_device=\"cpu:1\""], "tandem.frozen_device = 'cpu:1': expected 'cpu'"),
     (["tandem.enabled=true", "tandem.max_run_tokens=0"], "tandem.max_run_tokens"),
 ])
 def test_tandem_config_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, overrides)
+
+
+def test_a_frozen_device_this_machine_has_is_accepted():
+    assert load_config(None, ["tandem.enabled=true", 'tandem.frozen_device="cpu"']).tandem.frozen_device == "cpu"
 
 
 def test_the_example_configs_load():

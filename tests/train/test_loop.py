@@ -368,17 +368,33 @@ def test_training_with_speculative_decoding_by_a_self_draft(tmp_path):
         assert row["skipped_nonfinite"] == 0
 
 
-def test_tandem_training_keeps_the_frozen_model_and_weighs_its_tokens(tmp_path):
+_NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+_NO_TWO_GPUS = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+
+@pytest.mark.parametrize("hot_device, frozen_device", [
+    ("cpu", None), ("cpu", "cpu"),  # tandem.frozen_device named: the config and wiring path
+    pytest.param("cuda", "cpu", marks=_NO_CUDA), pytest.param("cuda:0", "cuda:1", marks=_NO_TWO_GPUS),
+])
+def test_tandem_training_keeps_the_frozen_model_and_weighs_its_tokens(tmp_path, hot_device, frozen_device):
     """`tandemrl train --set tandem.enabled=true --set tandem.p=0.7` on the CPU default: the frozen model (a second
     copy of the starting model) never changes, its tokens weigh tandem.frozen_token_weight, the metrics say who wrote
-    what."""
+    what. The same with the frozen model on another device (tandem.frozen_device)."""
     from tandemrl.train.loop import train_step
     from tandemrl.train.setup import TrainerState, build_run
     from tandemrl.telemetry.progress import TrainDisplay
 
-    cfg = small_config(tmp_path, "tandem.enabled=true", "tandem.p=0.7", "rollout.max_tokens=6")
+    placement = [f'model.device="{hot_device}"']
+    if frozen_device is not None:
+        placement.append(f'tandem.frozen_device="{frozen_device}"')
+    cfg = small_config(tmp_path, "tandem.enabled=true", "tandem.p=0.7", "rollout.max_tokens=6", *placement)
     run = build_run(cfg, tmp_path / "run")
-    frozen = run.backend.runner.slots["frozen"].model
+    from tandemrl.engine.model.placement import canonical
+
+    slot = run.backend.runner.slots["frozen"]
+    frozen = slot.model
+    assert slot.device == canonical(frozen_device or hot_device) == canonical(next(frozen.parameters()).device)
+    assert run.backend.runner.target.device == canonical(hot_device)
     before = [p.detach().clone() for p in frozen.parameters()]
     assert not any(p.requires_grad for p in frozen.parameters())
     state = TrainerState()

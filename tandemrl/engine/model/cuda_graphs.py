@@ -213,7 +213,9 @@ class DecodeGraphs:
             self.forward(ids, meta)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: CUDA work of other threads (telemetry, data loading) must not abort our capture.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        # thread_local: CUDA work of other threads (telemetry, data loading) must not abort our capture. The side
+        # stream, not torch's default capture stream: that one lives on whichever device first captured, and a
+        # runner's slots may sit on different GPUs (placement.py).
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             out = self.forward(ids, meta)
         return graph, out

@@ -27,9 +27,10 @@ from torch import Tensor, nn
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
-from tandemrl.engine.model.attention import build_prefill_meta
+from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
 from tandemrl.engine.model.decode_plan import as_one_step, build_decode_plan
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
+from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget, move  # noqa: F401 (tests)
 from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
 from tandemrl.engine.model.sampler import sample_with_probs
 from tandemrl.engine.model.slot import ModelSlot
@@ -38,11 +39,6 @@ from tandemrl.engine.model.tandem_runner import launch_tandem_burst
 from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
-
-CPU_KV_BUDGET_BYTES = 256 * 1024 * 1024
-# Kept free on the GPU beside the cache: the sampler's [rows, vocab] float32 temporaries for a full decode batch
-# (about a dozen of them, sort indices included) plus a fixed slack for prefill activations and graph pools.
-_SAMPLER_ROWS, _SAMPLER_TEMPS, _SLACK_BYTES = 256, 12, 512 * 1024 * 1024
 
 
 class ModelRunner:
@@ -63,25 +59,46 @@ class ModelRunner:
         models = dict(models) if isinstance(models, Mapping) else {TARGET: models}
         if TARGET not in models:
             raise ValueError(f"the runner needs a {TARGET!r} slot, got {sorted(models)}")
-        first = next(iter(models.values()))
-        self.device = torch.device(device) if device is not None else next(first.parameters()).device
+        self.device = canonical(device if device is not None else next(models[TARGET].parameters()).device)
         self.block_size = config.block_size
         self.enforce_eager = not config.cuda_graphs or self.device.type != "cuda"
         self.use_triton = _pick_backend(attention_backend, self.device)
         self.fused_kernels = config.fused_kernels and fused_available(self.device)
-        # One warm-up stream for every capture: each new stream costs a cuBLAS workspace that is never freed
-        # (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
-        warmup = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.second_stream = warmup  # also where a tandem tick's second forward runs (captures are never beside it)
-        self.slots = {name: ModelSlot(name, model, self.device, self.block_size, config.max_model_len,
-                                      use_triton=self.use_triton, fused_kernels=self.fused_kernels,
-                                      enforce_eager=self.enforce_eager, warmup_stream=warmup)
-                      for name, model in models.items()}
+        # One warm-up stream per device for every capture: each new stream costs a cuBLAS workspace that is never
+        # freed (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self.slots = {name: self._slot(name, model, config, attention_backend) for name, model in models.items()}
+        # the runner device's stream is also where a tandem tick's second forward runs (never beside a capture)
+        self.second_stream = self._streams.get(self.device)
         self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
         _check_vocabularies(self.slots)
         self.sampler = StepSampler(self.device, self.fused_kernels)
+        # A slot on another device samples there (its rows' sampling columns and generator live there).
+        self._samplers = {self.device: self.sampler}
+        for slot in self.slots.values():
+            self._samplers.setdefault(slot.device, StepSampler(slot.device, slot.fused_kernels))
         self.num_blocks = 0
         self._last: LastSamples | None = None  # the latest launch's tokens: pending ones are fed from here
+
+    def _slot(self, name: str, model: nn.Module, config: EngineConfig, attention_backend: str) -> ModelSlot:
+        """The target on the runner's device; another slot on its model's device (e.g. tandem's frozen model on
+        another GPU or the CPU), with the kernels that device has."""
+        device = self.device if name == TARGET else canonical(next(model.parameters()).device)
+        if device.type == "cuda" and device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        if device == self.device:
+            use_triton, fused, eager = self.use_triton, self.fused_kernels, self.enforce_eager
+        else:
+            use_triton = _pick_backend(attention_backend if device.type == self.device.type else "auto", device)
+            fused = config.fused_kernels and fused_available(device)
+            eager = not config.cuda_graphs or device.type != "cuda"
+        return ModelSlot(name, model, device, self.block_size, config.max_model_len, use_triton=use_triton,
+                         fused_kernels=fused, enforce_eager=eager, warmup_stream=self._streams.get(device),
+                         home=self.device)
+
+    def sampler_for(self, slot: ModelSlot) -> StepSampler:
+        """The sampler of the slot's device (the runner's own ``sampler`` on the runner's device)."""
+        return self._samplers[slot.device]
 
     @property
     def target(self) -> ModelSlot:
@@ -97,7 +114,8 @@ class ModelRunner:
 
     def reset_rng(self) -> None:
         """Forget the seeded generators: the next seeded step starts its stream afresh (call at each new run)."""
-        self.sampler.reset()
+        for sampler in self._samplers.values():
+            sampler.reset()
 
     # ------------------------------------------------------------------ KV pools
 
@@ -106,19 +124,16 @@ class ModelRunner:
         return sum(slot.bytes_per_block(block_size) for slot in self.slots.values())
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
-        """Blocks the pools may have. CUDA: a `gpu_memory_utilization` share of the device's memory, bounded by
-        what is free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB."""
+        """Blocks the pools may have: on each device what its budget (placement.kv_budget) holds of its slots'
+        blocks, the smallest of these (every slot holds the same block ids)."""
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            vocab = max(slot.spec.vocab_size for slot in self.slots.values())
-            reserve = _SAMPLER_ROWS * _SAMPLER_TEMPS * vocab * 4 + _SLACK_BYTES
-            budget = min(gpu_memory_utilization * total, free - reserve)
-        else:
-            budget = CPU_KV_BUDGET_BYTES
-        return max(0, int(budget // self.bytes_per_block(block_size)) - 1)  # minus the scratch block
+        vocab = max(slot.spec.vocab_size for slot in self.slots.values())
+        fits = []
+        for device in {slot.device for slot in self.slots.values()}:
+            per_block = sum(s.bytes_per_block(block_size) for s in self.slots.values() if s.device == device)
+            fits.append(int(kv_budget(device, gpu_memory_utilization, vocab) // per_block))
+        return max(0, min(fits) - 1)  # minus the scratch block
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate every slot's pool: `num_blocks` blocks plus the scratch block each."""
@@ -213,12 +228,17 @@ class ModelRunner:
             ids += seq.token_ids[start:]
             query_lens.append(seq.num_tokens - start)
             context_lens.append(seq.num_tokens)
-        tables = [seq.block_table[:-(-seq.num_tokens // self.block_size)] for seq in seqs]
-        meta = build_prefill_meta(query_lens, context_lens, self._pad_tables(tables), self.block_size, self.device,
-                                  use_triton=self.use_triton)
-        input_ids = copy_to_device(torch.tensor(ids, dtype=torch.long), self.device)
+        tables = self._pad_tables([seq.block_table[:-(-seq.num_tokens // self.block_size)] for seq in seqs])
+        host_ids = torch.tensor(ids, dtype=torch.long)
+        inputs: dict[tuple[torch.device, bool], tuple[Tensor, PrefillMeta]] = {}  # staged once per device
         hidden = {}
         for name, other in self.slots.items():
+            key = (other.device, other.use_triton)
+            if key not in inputs:
+                inputs[key] = (copy_to_device(host_ids, other.device),
+                               build_prefill_meta(query_lens, context_lens, tables, self.block_size, other.device,
+                                                  use_triton=other.use_triton))
+            input_ids, meta = inputs[key]
             with _eval_mode(other.modules):
                 hidden[name] = other.forward(input_ids, meta, rows=meta.last_rows)
         return hidden
@@ -228,8 +248,11 @@ class ModelRunner:
         """A tandem prefill: each row's first token from the model that owns its position (``forced`` 1: the
         proposer), with the target's log-prob of it."""
         proposer = self.slots[plan.proposer]
-        frozen, _ = sample_with_probs(proposer.logits(hidden[plan.proposer]), self.sampler.temperatures(plan.seqs),
-                                      self.sampler.generator(plan.seqs))
+        sampler = self.sampler_for(proposer)  # on the proposer's device: only its tokens cross
+        with proposer.on_device():
+            frozen, _ = sample_with_probs(proposer.logits(hidden[plan.proposer]), sampler.temperatures(plan.seqs),
+                                          sampler.generator(plan.seqs))
+        frozen = move(frozen, self.device)
         return self._keep_forced(slot.logits(hidden[slot.name])[:, None], frozen[:, None], plan.forced, plan.seqs)
 
     def _verify(self, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
@@ -259,7 +282,7 @@ class ModelRunner:
         if plan.forced is not None:
             result, own = self._keep_forced(logits, tokens, plan.forced, seqs)
             return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
-        result = self.accept(logits, probs, tokens, self._index(plan.proposals), seqs)
+        result = self.accept(logits, move(probs, self.device), tokens, self._index(plan.proposals), seqs)
         return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
                              kept=result.num_accepted + 1)
 
@@ -293,7 +316,9 @@ class ModelRunner:
     def _propose(self, seqs: Seq[Sequence], drafts: list[int], proposer: str = DRAFT) -> tuple[Tensor, Tensor]:
         """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V] (columns
         past a row's count are padding). The first forward feeds each row's last token, and before it the one the
-        draft has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals."""
+        draft has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals.
+        The draft computes and samples on its own device; the proposals come back to the runner's, the
+        distributions stay on the draft's (a tandem step does not read them)."""
         draft = self.slots.get(proposer)
         if draft is None:
             raise ValueError(f"a verify step without proposals needs a {proposer!r} model slot")
@@ -302,26 +327,29 @@ class ModelRunner:
         ids = [t for seq, lag in zip(seqs, behind) for t in seq.token_ids[len(seq.token_ids) - 1 - lag:]]
         last_rows = np.cumsum([lag + 1 for lag in behind]) - 1
         width = max(1, max(drafts))
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
-        probs = torch.zeros(len(seqs), width, draft.spec.vocab_size, device=self.device)
+        device = draft.device
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+        probs = torch.zeros(len(seqs), width, draft.spec.vocab_size, device=device)
         with _eval_mode(draft.modules):
             run_step, _ = draft.decode_steps(as_one_step(first, ids, keep=np.array([behind, [1] * len(seqs)], bool)))
-            hidden = run_step(0, None)[self._index(last_rows.tolist())]
+            hidden = run_step(0, None)[self._index(last_rows.tolist(), device)]
             tokens[:, 0], probs[:, 0] = self._draft_sample(draft, hidden, seqs)
             rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
             if rows:
                 rest = build_decode_plan([seqs[i] for i in rows], [drafts[i] - 1 for i in rows], self.block_size,
                                          self.num_blocks, self.max_model_len, back=-1)
                 run_step, _ = draft.decode_steps(rest)
-                index = self._index(rows)
+                index = self._index(rows, device)
                 last = tokens[index, 0]
                 for j in range(rest.num_steps):
                     last, p = self._draft_sample(draft, run_step(j, last), [seqs[i] for i in rows])
                     tokens[index, j + 1], probs[index, j + 1] = last, p
-        return tokens, probs
+        return move(tokens, self.device), probs
 
     def _draft_sample(self, draft: ModelSlot, hidden: Tensor, seqs: Seq[Sequence]) -> tuple[Tensor, Tensor]:
-        return sample_with_probs(draft.logits(hidden), self.sampler.temperatures(seqs), self.sampler.generator(seqs))
+        sampler = self.sampler_for(draft)
+        with draft.on_device():
+            return sample_with_probs(draft.logits(hidden), sampler.temperatures(seqs), sampler.generator(seqs))
 
     def _host_proposals(self, feed: Seq[Seq[int]], vocab: int) -> tuple[Tensor, Tensor]:
         """Proposals known on the host, padded with -1 to at least one column, as tokens [B, width] and the one-hot
@@ -335,9 +363,10 @@ class ModelRunner:
         probs.scatter_(-1, tokens.clamp(min=0).unsqueeze(-1), 1.0)
         return tokens, probs
 
-    def _index(self, values: list[int]) -> Tensor:
-        """Host ints as a long tensor on the device (through pinned memory: no wait for the work in flight)."""
-        return copy_to_device(torch.tensor(values, dtype=torch.long), self.device)
+    def _index(self, values: list[int], device: torch.device | None = None) -> Tensor:
+        """Host ints as a long tensor on the device (the runner's by default; through pinned memory: no wait for the
+        work in flight)."""
+        return copy_to_device(torch.tensor(values, dtype=torch.long), device or self.device)
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
         """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""

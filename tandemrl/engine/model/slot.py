@@ -20,6 +20,7 @@ from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.model.pending import copy_to_device
+from tandemrl.engine.model.placement import on_device
 
 StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or None for the staged ones) -> hidden
 
@@ -30,7 +31,7 @@ class ModelSlot:
     def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int,
                  max_model_len: int | None, *,
                  use_triton: bool, fused_kernels: bool, enforce_eager: bool,
-                 warmup_stream: torch.cuda.Stream | None) -> None:
+                 warmup_stream: torch.cuda.Stream | None, home: torch.device | None = None) -> None:
         self.name = name
         self.model = model
         self.spec: DecoderSpec = inspect_decoder(model)
@@ -41,6 +42,7 @@ class ModelSlot:
         self.fused_kernels = fused_kernels
         self.enforce_eager = enforce_eager
         self.warmup_stream = warmup_stream  # shared by the runner's slots: each stream costs a cuBLAS workspace
+        self.home = home or device  # the runner's device; a slot elsewhere launches its work on its own (placement.py)
         self.modules = list(model.modules())
         self._params = list(model.parameters())
         self._adapter_layers = [m for m in self.modules if hasattr(m, "disable_adapters") and hasattr(m, "merged")]
@@ -100,21 +102,28 @@ class ModelSlot:
     def forward(self, input_ids: Tensor, meta: PrefillMeta, rows: Tensor | None) -> Tensor:
         """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""
         self.forwards += 1
-        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
-                              fused=self.fused_kernels)
+        with self.on_device():
+            return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
+                                  fused=self.fused_kernels)
+
+    def on_device(self):
+        """This slot's device as the current CUDA device, when it is not the runner's (placement.py)."""
+        return on_device(self.device, self.home)
 
     def decode_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
         """(step j's forward, the staged step-0 input ids on the device) for a decode burst."""
-        if not self.enforce_eager and batch_bucket(len(plan.ids)) is not None:
-            graphs = self._decode_graphs()
-            graphs.stage(plan)
-            step, staged = graphs.step, graphs.staged_ids()
-        else:
-            step, staged = self._eager_steps(plan)
+        with self.on_device():
+            if not self.enforce_eager and batch_bucket(len(plan.ids)) is not None:
+                graphs = self._decode_graphs()
+                graphs.stage(plan)
+                step, staged = graphs.step, graphs.staged_ids()
+            else:
+                step, staged = self._eager_steps(plan)
 
         def counted(j: int, input_ids: Tensor | None) -> Tensor:
             self.forwards += 1
-            return step(j, input_ids)
+            with self.on_device():
+                return step(j, input_ids)
 
         return counted, staged
 
@@ -124,14 +133,16 @@ class ModelSlot:
         graphed = [not self.enforce_eager and batch_bucket(len(p.ids)) is not None for p in plans]
         nth_staged = np.cumsum(graphed) - 1  # a plan's index among the staged ones
         if any(graphed):
-            graphs = self._decode_graphs()
-            graphs.stage_forwards([p for p, g in zip(plans, graphed) if g])
+            with self.on_device():
+                graphs = self._decode_graphs()
+                graphs.stage_forwards([p for p, g in zip(plans, graphed) if g])
 
         def counted(f: int, input_ids: Tensor) -> Tensor:
             self.forwards += 1
-            if graphed[f]:
-                return graphs.run_forward(int(nth_staged[f]), input_ids)
-            return self._eager_steps(plans[f])[0](0, input_ids)  # more rows than the largest graph bucket
+            with self.on_device():
+                if graphed[f]:
+                    return graphs.run_forward(int(nth_staged[f]), input_ids)
+                return self._eager_steps(plans[f])[0](0, input_ids)  # more rows than the largest graph bucket
 
         return counted
 

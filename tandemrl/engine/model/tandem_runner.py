@@ -6,12 +6,16 @@ tokens it reads from the buffer, runs its model over them as one decode step of 
 writes it into the buffer. A forward of the hot model also scores every token it reads the successor of: the hot
 model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
 planned on the host and copied to the device once per burst.
+
+The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
+stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
+indices and sampling columns are staged on its own device.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import torch
@@ -19,11 +23,15 @@ from torch import Tensor
 
 from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
 from tandemrl.engine.model.pending import PendingTokens, copy_to_device
+from tandemrl.engine.model.placement import move
 from tandemrl.engine.step import StepPlan
 from tandemrl.engine.tandem_burst import BurstForward, TandemBurst
 
 if TYPE_CHECKING:
     from tandemrl.engine.model.runner import ModelRunner
+    from tandemrl.engine.model.slot import ModelSlot
+
+Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
 
 
 def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
@@ -36,42 +44,62 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
     width = burst.width
     buffer = np.zeros((len(seqs), width), dtype=np.int64)
     buffer[:, 0] = decode.ids
-    tokens = copy_to_device(torch.from_numpy(buffer.reshape(-1)), runner.device)
-    logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=runner.device)
-    indices = _device_indices(burst, runner.device)
-    sample = runner.sampler.for_subsets(seqs)
-    temperature = runner.sampler.temperatures(seqs)
+    tokens = copy_to_device(torch.from_numpy(buffer.reshape(-1)), hot.device)
+    logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=hot.device)
+    indices = _device_indices(burst, hot.device)
+    far = indices if frozen.device == hot.device else _device_indices(burst, frozen.device)  # the frozen's side
+    sample = runner.sampler_for(hot).for_subsets(seqs)
+    frozen_sample = sample if frozen.device == hot.device else runner.sampler_for(frozen).for_subsets(seqs)
+    temperature = runner.sampler_for(hot).temperatures(seqs)
     forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
-    streams = _Streams.of(runner)
-    for forward, index in zip(burst.forwards, indices):
-        slot = hot if forward.hot else frozen
+    streams = _Streams.of(runner, frozen.device == hot.device)
+    for forward, index, far_index in zip(burst.forwards, indices, far):
         with streams.beside(forward.beside):
-            hidden = forward_of[forward.hot](nth[forward.hot], tokens[index["read"]])
-            logits = slot.logits(hidden) if forward.hot else None  # the hot model's: one lm_head to sample and score
+            if not forward.hot:
+                drawn = _frozen_forward(frozen, forward_of[False], nth[False],
+                                        move(tokens[index["read"]], frozen.device), far_index,
+                                        frozen_sample if forward.sample else None)
+                nth[False] += 1
+                if drawn is not None:
+                    tokens[index["write"]] = move(drawn, hot.device)
+                continue
+            hidden = forward_of[True](nth[True], tokens[index["read"]])
+            nth[True] += 1
+            logits = hot.logits(hidden)  # one lm_head to sample and score
             if forward.sample:
-                last = logits[index["last"]] if forward.hot else slot.logits(hidden[index["last"]])
-                tokens[index["write"]], _ = sample(last, index["rows"])
-            if forward.hot:  # after the sample: the last token read is scored on the token just sampled
-                _score(logits, tokens, logprobs, index, temperature[index["row"]])
-        nth[forward.hot] += 1
-    out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), runner.device).view(len(seqs), -1)
+                tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
+            _score(logits, tokens, logprobs, index, temperature[index["row"]])  # after the sample: scores the last
+    out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
     return PendingTokens(tokens[out], logprobs[out], plan.num_tokens)
+
+
+def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
+                    index: dict[str, Tensor], sample: Sampler | None) -> Tensor | None:
+    """The frozen model's ``nth`` forward over ``read`` (on its device), and, when it samples, each served row's next
+    token (on its device too)."""
+    hidden = run(nth, read)
+    if sample is None:
+        return None
+    with frozen.on_device():
+        drawn, _ = sample(frozen.logits(hidden[index["last"]]), index["rows"])
+    return drawn
 
 
 class _Streams:
     """A forward marked ``beside`` runs on a second stream, concurrently with the forward before it (on the main
     stream, other rows, the other model): it starts once everything before that forward is done, and the main
-    stream waits for it before going on. Off CUDA, everything runs in order."""
+    stream waits for it before going on. Off CUDA, or with the models on two devices, everything is issued in order
+    (two devices run concurrently anyway)."""
 
     def __init__(self, main: torch.cuda.Stream | None, side: torch.cuda.Stream | None) -> None:
         self.main, self.side = main, side
         self.start: torch.cuda.Event | None = None  # recorded before each main-stream forward
 
     @classmethod
-    def of(cls, runner: ModelRunner) -> _Streams:
-        if runner.device.type != "cuda":
+    def of(cls, runner: ModelRunner, one_device: bool) -> _Streams:
+        if runner.device.type != "cuda" or not one_device or runner.second_stream is None:
             return cls(None, None)
         return cls(torch.cuda.current_stream(runner.device), runner.second_stream)
 

@@ -1,0 +1,165 @@
+"""tandem.frozen_device: the frozen model on another device than the hot one (the CPU, or a second GPU) writes the
+same tokens as beside it, and as the naive loop in which both models step once per token (greedy).
+
+The GPU tests run where CUDA is. On the CPU, "cpu:0" stands in for another device (torch.device compares the index,
+while the tensors stay on the CPU): the frozen slot then takes every cross-device branch of the runner. The wiring
+of tandem.frozen_device is covered by tests/train/test_loop.py and tests/config/test_config.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tandemrl.engine.model.runner as runner_module
+import tandemrl.engine.model.tandem_runner as tandem_runner_module
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.engine.model.runner import ModelRunner
+from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, move, on_device
+from tandemrl.engine.tandem import TandemConfig, owner_stream
+from tandemrl.types import Request, Rollout
+from tests.engine.test_model_runner import build
+from tests.engine.test_tandem import WordTokenizer, engine_config, requests
+
+CUDA = torch.cuda.is_available()
+ELSEWHERE = ["cpu"] + (["cuda:1"] if CUDA and torch.cuda.device_count() > 1 else [])
+needs_cuda = pytest.mark.skipif(not CUDA, reason="the hot model on a GPU, the frozen one elsewhere")
+
+
+def generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], tokenizer=None) -> list[Rollout]:
+    backend = EngineBackend(hot, tokenizer, engine_config(cuda_graphs=True), tandem=tandem, frozen_model=frozen)
+    assert backend.runner.slots["frozen"].device == canonical(next(frozen.parameters()).device)
+    out = backend.generate(reqs)
+    backend.close()
+    return out
+
+
+@torch.no_grad()
+def naive(hot, frozen, stream, req: Request) -> tuple[list[int], list[bool], list[float]]:
+    """Both models read the whole sequence, each on its own device, at every position; the owner stream says whose
+    argmax is kept; the log-prob is the hot model's."""
+    ids, writers, logprobs = list(req.prompt_ids), [], []
+    for _ in range(req.params.max_tokens):
+        hot_writes = stream.next_segment(1)[0] == 0
+        hot_logits = hot(torch.tensor([ids], device=hot.device)).logits[0, -1].float().cpu()
+        logits = hot_logits if hot_writes else frozen(torch.tensor([ids], device=frozen.device)).logits[0, -1].float()
+        token = int(logits.argmax())
+        ids.append(token)
+        writers.append(hot_writes)
+        logprobs.append(float(torch.log_softmax(hot_logits, -1)[token]))
+        stream.advance([token], [hot_writes])
+    return ids[len(req.prompt_ids):], writers, logprobs
+
+
+SELECTORS = [("bernoulli", 0.5), ("alternating", 0.5), ("word", 0.5), ("bernoulli", 0.0)]
+
+
+@pytest.mark.parametrize("selector, p", SELECTORS)
+def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p, monkeypatch):
+    """The frozen slot on "cpu:0": its own sampler, indices and prefill inputs, token ids moved to it and back; the
+    greedy rollout equals the naive loop's (and so the single-device one's, tests/engine/test_tandem.py)."""
+    elsewhere = torch.device("cpu", 0)
+    place = ModelRunner._slot
+
+    def placed(self, name, model, config, attention_backend):
+        slot = place(self, name, model, config, attention_backend)
+        slot.device = elsewhere if name == "frozen" else slot.device
+        return slot
+
+    moved = []
+
+    def counted_move(tensor, device):
+        moved.append(device)
+        return move(tensor, device)
+
+    monkeypatch.setattr(ModelRunner, "_slot", placed)
+    for module in (runner_module, tandem_runner_module):
+        monkeypatch.setattr(module, "move", counted_move)
+    hot, frozen = build("qwen2"), build("qwen2", seed=1)
+    tokenizer = WordTokenizer() if selector == "word" else None
+    tandem = TandemConfig(enabled=True, selector=selector, p=p, max_gap_tokens=6, max_run_tokens=3)
+    reqs = requests(count=3, max_tokens=10)
+    backend = EngineBackend(hot, tokenizer, engine_config(), tandem=tandem, frozen_model=frozen)
+    runner = backend.runner
+    assert runner.slots["frozen"].device == elsewhere
+    assert runner.sampler_for(runner.slots["frozen"]) is not runner.sampler  # its rows sample on its device
+    out = backend.generate(reqs)
+    backend.close()
+    assert torch.device("cpu") in moved  # the frozen slot's tokens came back
+    assert (elsewhere in moved) == (selector != "word")  # a burst's frozen forwards read the buffer on the hot side
+    boundaries = _boundaries(tokenizer, selector)
+    for req, r in zip(reqs, out):
+        ids, writers, logprobs = naive(hot, frozen, owner_stream(tandem, req.request_id, req.params.seed, boundaries),
+                                       req)
+        assert r.completion_ids == ids and r.token_sources == writers, req.request_id
+        assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+
+
+def _boundaries(tokenizer, selector: str):
+    if tokenizer is None:
+        return None
+    from tandemrl.engine.boundaries import boundary_ids
+
+    return boundary_ids(tokenizer, selector)
+
+
+@needs_cuda
+@pytest.mark.parametrize("frozen_device", ELSEWHERE)
+@pytest.mark.parametrize("selector, p", [("bernoulli", 0.5), ("alternating", 0.5), ("word", 0.5), ("bernoulli", 0.0)])
+def test_a_frozen_model_elsewhere_writes_what_it_writes_beside_the_hot_one(frozen_device, selector, p):
+    """Greedy: the same tokens, writers and (within float tolerance) log-probs as the single-device tandem rollout and
+    the naive loop; bernoulli/alternating run the tandem burst, word the segment path, p = 0 the prefill's first
+    tokens from the frozen model."""
+    hot = build("qwen2", device="cuda")
+    beside, elsewhere = build("qwen2", seed=1, device="cuda"), build("qwen2", seed=1, device=frozen_device)
+    tokenizer = WordTokenizer() if selector == "word" else None
+    tandem = TandemConfig(enabled=True, selector=selector, p=p, max_gap_tokens=6, max_run_tokens=3)
+    reqs = requests(max_tokens=16)
+    together = generate(hot, beside, tandem, reqs, tokenizer)
+    apart = generate(hot, elsewhere, tandem, reqs, tokenizer)
+    boundaries = _boundaries(tokenizer, selector)
+    for req, a, b in zip(reqs, apart, together):
+        assert a.completion_ids == b.completion_ids and a.token_sources == b.token_sources, req.request_id
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4), req.request_id
+        stream = owner_stream(tandem, req.request_id, req.params.seed, boundaries)
+        ids, writers, logprobs = naive(hot, elsewhere, stream, req)
+        assert a.completion_ids == ids and a.token_sources == writers, req.request_id
+        assert a.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+    assert any(not w for r in apart for w in r.token_sources)
+
+
+@needs_cuda
+@pytest.mark.parametrize("frozen_device", ELSEWHERE)
+def test_sampled_rollouts_with_the_frozen_model_elsewhere_repeat_and_follow_p(frozen_device):
+    """The frozen rows sample on the frozen model's device (its own seeded stream): a seeded run repeats, and the
+    frozen fraction follows 1 - p."""
+    hot, frozen = build("qwen2", device="cuda"), build("qwen2", seed=1, device=frozen_device)
+    tandem = TandemConfig(enabled=True, p=0.7)
+    reqs = requests(count=8, max_tokens=40, temperature=1.0)
+    first, again = generate(hot, frozen, tandem, reqs), generate(hot, frozen, tandem, reqs)
+    assert [r.completion_ids for r in first] == [r.completion_ids for r in again]
+    writers = [w for r in first for w in r.token_sources]
+    n = len(writers)
+    assert abs(writers.count(False) / n - 0.3) < 4 * (0.3 * 0.7 / n) ** 0.5
+    assert all(lp <= 0 for r in first for lp in r.logprobs)
+
+
+@needs_cuda
+def test_a_frozen_model_on_the_cpu_bounds_the_blocks_by_the_cpu_budget():
+    """Every slot holds the same block ids: the device with the least room for its pools sets the count."""
+    hot, frozen = build("qwen2", device="cuda"), build("qwen2", seed=1, device="cpu")
+    backend = EngineBackend(hot, None, engine_config(), tandem=TandemConfig(enabled=True), frozen_model=frozen)
+    runner = backend.runner
+    per_block = runner.slots["frozen"].bytes_per_block(16)
+    assert runner.num_blocks_that_fit(16, 0.5) == CPU_KV_BUDGET_BYTES // per_block - 1
+    backend.close()
+
+
+def test_moves_stay_put_on_the_same_device_and_guard_nothing_off_the_gpu():
+    ids = torch.arange(4)
+    assert move(ids, torch.device("cpu")) is ids
+    with on_device(torch.device("cpu"), torch.device("cpu")):
+        assert move(ids * 2, canonical("cpu")).tolist() == [0, 2, 4, 6]
+    if CUDA:
+        there = move(ids, canonical("cuda"))
+        assert there.device == canonical("cuda") and move(there, torch.device("cpu")).tolist() == [0, 1, 2, 3]
