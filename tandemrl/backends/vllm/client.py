@@ -43,7 +43,8 @@ class ServerClient:
         try:
             version = self.get("/version")["version"]
         except VLLMServerError as exc:
-            raise VLLMBackendError(f"no vLLM server answers at {self.url} ({exc.__cause__ or exc}); "
+            cause = exc.__cause__ or exc
+            raise VLLMBackendError(f"no vLLM server answers at {self.url} ({type(cause).__name__}: {cause}); "
                                    f"{LAUNCH_HINT}") from exc
         models = self.get("/v1/models")["data"]
         if not models:
