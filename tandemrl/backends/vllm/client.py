@@ -86,7 +86,7 @@ class ServerClient:
                 response = self._http.request(method, path, json=body, params=params)
                 break
             except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
-                if attempt == 1:  # after a failed request vLLM may drop the kept-alive connection: a fresh one
+                if attempt == 1:  # vLLM 0.32 drops the kept-alive connection after a failed request (_compat)
                     continue
                 raise VLLMServerError(f"the vLLM server at {self.url} did not answer {method} {path} "
                                       f"({type(exc).__name__}: {exc})") from exc

@@ -55,7 +55,7 @@ def engine_backend(trainer_model, tokenizer):
 @pytest.fixture(scope="session")
 def vllm_server(tiny64_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A vLLM OpenAI server on 127.0.0.1 serving the tiny model (server mode's tests), started once: its URL."""
-    from tests.backends.vllm.server_process import start_server
+    from tandemrl.backends.vllm.launch import start_server
 
     with start_server(tiny64_dir, tmp_path_factory.mktemp("vllm-server") / "server.log") as url:
         yield url

@@ -20,7 +20,7 @@ from tandemrl.backends.vllm.server import VLLMServerBackend
 from tandemrl.backends.vllm.transfer import WEIGHTS_FILE, encode_weights, plain_tensors, write_weights
 from tandemrl.config import ConfigError, VLLMConfig, load_config
 from tandemrl.types import Request, RequestStats, SamplingParams
-from tests.backends.vllm.server_process import free_port
+from tandemrl.backends.vllm.launch import free_port
 
 URL = "http://127.0.0.1:8000"  # the fake transport answers; nothing listens here
 MODELS = {"object": "list", "data": [{"id": "/models/tiny", "object": "model", "max_model_len": 512}]}
