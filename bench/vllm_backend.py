@@ -7,9 +7,10 @@ in one process. Our engine runs first: vLLM's CPU worker pins torch to its own t
 - weight update: our engine decodes with the trainer's tensors (nothing to send: 0); vLLM: the trainer's weights
   through collective_rpc into the worker ("load"), then the probe check ("probe"); median of --updates.
 - server mode (rollout.vllm.mode = "server"; skip with --no-server): a vLLM OpenAI server started here as the README
-  says ("launch s": to /health), driven over HTTP by a second backend per weight transfer (disk: a safetensors file
-  vLLM reloads; http: the bytes inside the request). Its start-up is the handshake plus the first generate (first
-  push + probe); its "load" is pause + push + prefix-cache reset + resume, over HTTP.
+  says ("import s" is its launch to /health; vLLM's engine-core process on a GPU, in-process on a CPU), driven over
+  HTTP by one backend per weight transfer (disk: a safetensors file vLLM reloads; http: the bytes inside the
+  request). Start-up: the handshake plus the first generate (first push + probe); "load": pause + push +
+  prefix-cache reset + resume, over HTTP.
 - tokens/s: generated tokens / wall time of one generate call over --batch prompts, temperature 1; median of
   --repeats after a warm-up. Greedy match: rows whose greedy tokens are identical in both backends.
 
@@ -129,7 +130,8 @@ def bench_server(model, tokenizer, path, prompts, args, device, log_dir: Path) -
         extra += ["--gpu-memory-utilization", str(args.memory)]
     started = time.perf_counter()
     rows = []
-    with start_server(path, log_dir / "vllm-server.log", dtype=dtype, extra=extra, python=args.server_python,
+    with start_server(path, log_dir / "vllm-server.log", multiprocessing=device.type == "cuda", dtype=dtype,
+                      extra=extra, python=args.server_python,
                       max_model_len=args.prompt_len + args.new_tokens + 16) as url:
         launch = time.perf_counter() - started
         for transfer in ("disk", "http"):

@@ -11,9 +11,13 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from tandemrl.backends.vllm.errors import VLLMBackendError, VLLMServerError
+
+try:
+    import httpx
+except ImportError as exc:  # a clear error where the trainer's environment lacks the client
+    raise VLLMBackendError(f"rollout.vllm.mode = 'server' needs httpx ({exc}): "
+                           "pip install 'tandemrl[vllm-server]'") from exc
 
 LAUNCH_HINT = ("start it with `VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model MODEL "
                "--logprobs-mode processed_logprobs --worker-extension-cls "

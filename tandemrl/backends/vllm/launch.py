@@ -40,13 +40,13 @@ def server_command(model_dir: Path, port: int, dtype: str = "float32", max_model
 
 
 @contextlib.contextmanager
-def start_server(model_dir: Path, log_path: Path, **command: Any) -> Iterator[str]:
+def start_server(model_dir: Path, log_path: Path, multiprocessing: bool = False, **command: Any) -> Iterator[str]:
     """The server's URL once /health answers; the server is stopped on exit. ``command``: server_command's
-    options. The engine core runs in the API server's process (VLLM_ENABLE_V1_MULTIPROCESSING=0: starts faster
-    on two cores; the environment may override it), with a 1 GiB KV cache on a CPU."""
+    options. ``multiprocessing`` False: the engine core in the API server's process (starts faster on two cores);
+    True: vLLM's default, its own process. A 1 GiB KV cache on a CPU unless the environment sets one."""
     port = free_port()
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
-           **os.environ, "VLLM_SERVER_DEV_MODE": "1",
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", **os.environ, "VLLM_SERVER_DEV_MODE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(server_command(model_dir, port, **command), stdout=log,

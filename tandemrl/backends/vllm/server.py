@@ -51,14 +51,15 @@ class VLLMServerBackend:
         self.startup_s = time.perf_counter() - started
         self.model, self.tokenizer = model, tokenizer
         vocab = min(model.get_input_embeddings().num_embeddings, len(tokenizer))
-        max_len = settings.max_model_len or self.info.max_model_len
-        self.limits = Limits(vocab, int(max_len or getattr(model.config, "max_position_embeddings", 0)))
+        lengths = [n for n in (settings.max_model_len, self.info.max_model_len) if n]  # the server's may be smaller
+        self.limits = Limits(vocab, min(lengths) if lengths else int(model.config.max_position_embeddings))
         dtype = next(model.parameters()).dtype
         self.probe = Probe.build(vocab, settings.probe_tokens, dtype, settings.probe_tolerance)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self._own_dir = settings.weight_transfer == "disk" and settings.weights_dir is None
-        self.weights_dir = Path(tempfile.mkdtemp(prefix="tandemrl-vllm-weights-") if self._own_dir
-                                else settings.weights_dir or ".").resolve()
+        self.weights_dir: Path | None = None  # disk: where the pushed weights go (the server reads them there)
+        if settings.weight_transfer == "disk":
+            self.weights_dir = Path(settings.weights_dir or tempfile.mkdtemp(prefix="tandemrl-vllm-weights-")).resolve()
         self.synced_version: int | None = None  # None: the server holds whatever it started with, never checked
         self.last_update_s = self.last_load_s = self.last_probe_s = 0.0
         self.last_probe_diff = float("nan")
@@ -105,7 +106,7 @@ class VLLMServerBackend:
             return
         self._closed = True
         self.client.close()
-        if self._own_dir:
+        if self._own_dir and self.weights_dir is not None:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
         self.model = None  # type: ignore[assignment]  # the trainer owns the model
 
@@ -133,6 +134,7 @@ class VLLMServerBackend:
         if self.settings.weight_transfer == "http":
             self.client.collective_rpc("tandemrl_load_encoded_weights", args=[encode_weights(state)])
         else:
+            assert self.weights_dir is not None
             write_weights(state, self.weights_dir)
             self.client.collective_rpc("reload_weights", kwargs={"weights_path": str(self.weights_dir)})
 
@@ -140,8 +142,13 @@ class VLLMServerBackend:
         """The server's raw log-probs of the probe against the trainer's; raises WeightSyncError past the tolerance."""
         body = {"model": self.info.model, "prompt": self.probe.token_ids, "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": 0}
-        steps = self.client.post("/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
-        got = [float(step[str(token)]["logprob"]) for step, token in zip(steps, self.probe.token_ids[1:])]
+        choice = self.client.post("/v1/completions", body)["choices"][0]
+        try:
+            steps = choice["prompt_logprobs"][1:]
+            got = [float(step[str(token)]["logprob"]) for step, token in zip(steps, self.probe.token_ids[1:])]
+        except (KeyError, TypeError) as exc:
+            raise WeightSyncError(f"the vLLM server at {self.client.url} returned no prompt log-probs for the weight "
+                                  f"probe ({type(exc).__name__}: {exc}); the update cannot be checked") from exc
         return self.probe.check(self.probe.trainer_logprobs(self.model), got, policy_version)
 
     # ------------------------------------------------------------------ helpers
@@ -155,7 +162,8 @@ class VLLMServerBackend:
         if choice is None:
             return Rollout(req.request_id, list(req.prompt_ids), [], [], "error", policy_version=policy_version,
                            error=f"the vLLM server's response has no choice {j}")
-        return choice_to_rollout(req, choice, self._decode, policy_version, RequestStats(arrival, arrival, None, finished))
+        stats = RequestStats(arrival, arrival, None, finished)
+        return choice_to_rollout(req, choice, self._decode, policy_version, stats)
 
     def _check_version_tag(self, policy_version: int) -> None:
         held = self.client.get("/weight_info").get("weight_version")

@@ -94,7 +94,8 @@ def test_an_old_vllm_server_names_the_supported_version(model, tokenizer):
 def test_a_server_without_the_worker_extension_is_named(model, tokenizer):
     backend = VLLMServerBackend(model, tokenizer, server_settings(weight_transfer="http"),
                                 transport=fake_vllm(extension=False))
-    with pytest.raises(VLLMBackendError, match="no worker method 'tandemrl_load_encoded_weights'.*--worker-extension-cls"):
+    with pytest.raises(VLLMBackendError,
+                       match="no worker method 'tandemrl_load_encoded_weights'.*--worker-extension-cls"):
         backend.update_weights(1)
     backend.close()
 
@@ -141,7 +142,8 @@ def test_a_choice_becomes_a_rollout():
     choice = {"index": 0, "text": "x", "token_ids": [0, 2, 3], "finish_reason": "length",
               "logprobs": {"token_logprobs": [-0.1, -0.2, -0.3], "tokens": ["a", "c", "d"]}}
     rollout = choice_to_rollout(req, choice, decode, 5, RequestStats())
-    assert (rollout.completion_ids, rollout.logprobs, rollout.finish_reason) == ([0, 2, 3], [-0.1, -0.2, -0.3], "length")
+    assert (rollout.completion_ids, rollout.logprobs) == ([0, 2, 3], [-0.1, -0.2, -0.3])
+    assert rollout.finish_reason == "length"
     assert rollout.text == "acd" and rollout.policy_version == 5 and rollout.stats.generated_tokens == 3
     short = choice_to_rollout(req, {**choice, "logprobs": None}, decode, 5, RequestStats())
     assert short.finish_reason == "error" and "0 log-probs for 3 tokens" in short.error
