@@ -202,7 +202,8 @@ def main() -> None:
         print(f"{r['backend']:11} {r['import_s']:8.2f} {r['startup_s']:10.2f} {r['update_s']:9.3f} {r['load_s']:7.3f}"
               f" {r['probe_s']:7.3f} {r['tokens_per_s']:9.0f}")
     print("import s: importing vllm (colocated), launching the server to /health (server-*)")
-    print(f"greedy tokens identical (16 tokens): {vllm_row['greedy_match']} rows; last probe |diff| "
+    print(f"greedy tokens identical, colocated vLLM vs engine (16 tokens): {vllm_row['greedy_match']} rows; "
+          "last probe |diff| "
           + ", ".join(f"{r['backend']} {r['probe_diff']:.2e}" for r in rows[1:]))
     result = {"date": date.today().isoformat(), "device": torch.cuda.get_device_name() if device.type == "cuda"
               else platform.processor() or platform.machine(), "args": {k: str(v) for k, v in vars(args).items()},
