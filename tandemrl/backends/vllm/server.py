@@ -79,7 +79,7 @@ class VLLMServerBackend:
             if error is not None:
                 results[i] = Rollout(req.request_id, list(req.prompt_ids), [], [], "error",
                                      policy_version=policy_version, error=error)
-            elif groups and _same(requests[groups[-1][0]], req) and groups[-1][-1] == i - 1:
+            elif groups and groups[-1][-1] == i - 1 and _same(requests[groups[-1][0]], req):
                 groups[-1].append(i)  # a GRPO group: one HTTP request with n samples
             else:
                 groups.append([i])
@@ -182,4 +182,5 @@ def version_tag(policy_version: int) -> str:
 
 
 def _same(a: Request, b: Request) -> bool:
-    return list(a.prompt_ids) == list(b.prompt_ids) and a.params == b.params
+    """Samples of one group; vLLM refuses n > 1 with greedy sampling, so greedy requests go alone."""
+    return a.params.temperature > 0 and list(a.prompt_ids) == list(b.prompt_ids) and a.params == b.params
