@@ -20,8 +20,9 @@ Server mode (``server.py``, ``client.py``; HTTP only, no vLLM import):
   weight-transfer routes too, whose engines are NCCL / CUDA IPC only, so not usable on a CPU). Remove the
   requirement in the version that serves weight updates without it.
 - A tied LM head needs ``lm_head.weight`` in the reloaded checkpoint: vLLM 0.32.0's in-place reload from a path
-  leaves it at the old embedding otherwise, and answers 200. ``transfer.py`` writes every ``state_dict`` entry;
-  the probe would catch the difference. Harmless after the version that re-ties the head on reload.
+  leaves it at the old embedding otherwise, and answers 200 (its docs list tied parameters among the layerwise
+  reload's limitations). ``transfer.py`` writes every ``state_dict`` entry; the probe would catch the difference.
+  Harmless after the version that re-ties the head on reload.
 - After a request that raised inside vLLM (e.g. an unknown ``collective_rpc`` method) vLLM 0.32.0's server drops
   the kept-alive connection; ``client.py`` retries a request once on a fresh connection for that. Remove in the
   version whose server keeps the connection.

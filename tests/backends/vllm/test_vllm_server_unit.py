@@ -147,3 +147,13 @@ def test_a_choice_becomes_a_rollout():
     assert rollout.text == "acd" and rollout.policy_version == 5 and rollout.stats.generated_tokens == 3
     short = choice_to_rollout(req, {**choice, "logprobs": None}, decode, 5, RequestStats())
     assert short.finish_reason == "error" and "0 log-probs for 3 tokens" in short.error
+
+
+def test_server_mode_never_imports_vllm():
+    """The trainer's environment need not have vLLM (its wheel pins another torch): server mode is HTTP only."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import tandemrl.backends.vllm.server, tandemrl.backends.factory; "
+            "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
