@@ -59,7 +59,8 @@ def server_host(url: str) -> str:
 
     parts = urlsplit(url)
     try:
-        port_ok = parts.port is not None or parts.scheme in ("http", "https")  # .port raises on a bad port
+        parts.port  # noqa: B018  # raises ValueError on a port that is not a number
+        port_ok = True
     except ValueError:
         port_ok = False
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
