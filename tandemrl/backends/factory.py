@@ -15,6 +15,10 @@ from tandemrl.config import Config
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device,
                  draft_model: nn.Module | None = None, frozen_model: nn.Module | None = None) -> RolloutBackend:
     speculative = cfg.rollout.speculative
+    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.mode == "server":  # HTTP only: no vLLM import here
+        from tandemrl.backends.vllm.server import VLLMServerBackend
+
+        return VLLMServerBackend(model, tokenizer, cfg.rollout.vllm)
     if cfg.rollout.backend == "vllm":  # the config already refused tandem, speculative and LoRA with it
         from tandemrl.backends.vllm.backend import VLLMBackend
         from tandemrl.models.load import resolve_name_or_path

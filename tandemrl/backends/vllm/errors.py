@@ -9,3 +9,7 @@ class VLLMBackendError(ValueError):
 
 class WeightSyncError(RuntimeError):
     """vLLM does not hold the trainer's weights after an update: the run must stop (its rollouts would be stale)."""
+
+
+class VLLMServerError(ConnectionError):
+    """The vLLM server stopped answering, or failed a request, during the run; the message names the server."""

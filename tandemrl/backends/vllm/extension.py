@@ -1,10 +1,12 @@
-"""Methods that vLLM mixes into its worker (``LLM(worker_extension_cls=...)``), called through ``collective_rpc``.
+"""Methods that vLLM mixes into its worker (``LLM(worker_extension_cls=...)`` or the server's
+``--worker-extension-cls``), called through ``collective_rpc``.
 
 This module must not import vLLM or tandemrl's heavy modules: vLLM imports it by name inside its worker.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Iterable
 
 import torch
@@ -26,3 +28,9 @@ class TandemrlWorkerExtension:
         weights = list(named_tensors)
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)  # type: ignore[attr-defined]
         return len(weights)
+
+    def tandemrl_load_encoded_weights(self, payload: str) -> int:
+        """Server mode over HTTP: the weights as base64 safetensors bytes (``transfer.encode_weights``)."""
+        from safetensors.torch import load
+
+        return self.tandemrl_load_weights(load(base64.b64decode(payload)).items())

@@ -8,6 +8,7 @@ head dims 32, 64, 80, 96, ..., and 64 is the size most real models use. One vLLM
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -49,3 +50,12 @@ def engine_backend(trainer_model, tokenizer):
     backend = EngineBackend(trainer_model, tokenizer)
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny64_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A vLLM OpenAI server on 127.0.0.1 serving the tiny model (server mode's tests), started once: its URL."""
+    from tandemrl.backends.vllm.launch import start_server
+
+    with start_server(tiny64_dir, tmp_path_factory.mktemp("vllm-server") / "server.log") as url:
+        yield url

@@ -1,4 +1,5 @@
-"""A short GRPO run on the tiny model gives the same metrics with rollout.backend = "vllm" as with our engine.
+"""A short GRPO run on the tiny model gives the same metrics with rollout.backend = "vllm" (colocated, and a vLLM
+server in server mode) as with our engine.
 
 The two backends draw from different random streams, so sampled rollouts differ: what must agree is what does not
 depend on the draws (the greedy evaluation before training, the trainer-vs-rollout log-prob gap) and, within a
@@ -21,10 +22,10 @@ pytestmark = pytest.mark.vllm
 STEPS = 60
 
 
-def run(backend: str, model_dir: Path, out: Path) -> tuple[dict, list[dict]]:
+def run(backend: str, model_dir: Path, out: Path, *overrides: str) -> tuple[dict, list[dict]]:
     cfg = load_config(None, [f'model.name_or_path="{model_dir}"', "model.device=cpu", "log.tensorboard=false",
                              f"train.max_steps={STEPS}", "eval.limit=64", "eval.pass_k=0",
-                             "checkpoint.every_steps=0", f'rollout.backend="{backend}"'])
+                             "checkpoint.every_steps=0", f'rollout.backend="{backend}"', *overrides])
     summary = train(cfg, out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, [r for r in rows if "loss" in r]
@@ -34,9 +35,13 @@ def mean(rows: list[dict], key: str) -> float:
     return statistics.mean(r[key] for r in rows)
 
 
-def test_a_short_run_matches_our_engine(tiny64_dir, tmp_path):
-    engine_summary, engine = run("engine", tiny64_dir, tmp_path / "engine")
-    vllm_summary, vllm = run("vllm", tiny64_dir, tmp_path / "vllm")
+@pytest.fixture(scope="module")
+def engine_run(tiny64_dir, tmp_path_factory) -> tuple[dict, list[dict]]:
+    return run("engine", tiny64_dir, tmp_path_factory.mktemp("engine-run"))
+
+
+def assert_matches_engine(run_: tuple[dict, list[dict]], engine_run_: tuple[dict, list[dict]]) -> None:
+    (vllm_summary, vllm), (engine_summary, engine) = run_, engine_run_
     assert len(vllm) == len(engine) == STEPS
     assert [r["policy_version"] for r in vllm] == list(range(1, STEPS + 1))
     # greedy evaluation before any update: the same tokens, so the same scores
@@ -51,6 +56,17 @@ def test_a_short_run_matches_our_engine(tiny64_dir, tmp_path):
     assert abs(mean(vllm[30:], "accuracy") - mean(engine[30:], "accuracy")) < 0.08
     assert abs(mean(vllm[-10:], "entropy") - mean(engine[-10:], "entropy")) < 0.6
     assert abs(mean(vllm, "response_length/mean") - mean(engine, "response_length/mean")) < 0.3
+
+
+def test_a_short_run_matches_our_engine(tiny64_dir, tmp_path, engine_run):
+    assert_matches_engine(run("vllm", tiny64_dir, tmp_path / "vllm"), engine_run)
+
+
+def test_a_short_run_in_server_mode_matches_our_engine(tiny64_dir, vllm_server, tmp_path, engine_run):
+    """The same with rollout.vllm.mode = "server": a vLLM OpenAI server, weights pushed over HTTP (disk)."""
+    server = run("vllm", tiny64_dir, tmp_path / "server", 'rollout.vllm.mode="server"',
+                 f'rollout.vllm.url="{vllm_server}"')
+    assert_matches_engine(server, engine_run)
 
 
 def test_an_update_that_does_not_land_stops_the_run(tiny64_dir, tmp_path, monkeypatch, capsys):
