@@ -60,9 +60,9 @@ def test_ipc_one_copy_and_in_place_updates(tiny_dir):
         model = running.state.weights.model
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         assert owned_weight_bytes(model) == weight_bytes
+        own_weights_ids = greedy_ids(running.url)  # first: the engine's own allocations (graphs, workspaces) are made
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        own_weights_ids = greedy_ids(running.url)
         child = subprocess.Popen([sys.executable, "-c", TRAINER, str(tiny_dir), running.url], env=child_env(),
                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = child.stdout.readline()
