@@ -150,12 +150,15 @@ def test_boundary_selectors_cut_frozen_runs_like_the_naive_loop(selector):
 
 @torch.no_grad()
 def naive_with(stream, hot, frozen, req: Request) -> tuple[list[int], list[bool], list[float]]:
+    """Both models read the whole sequence, each on its own device, at every position; the owner stream says whose
+    argmax is kept; the log-prob is the hot model's."""
     ids, writers, logprobs = list(req.prompt_ids), [], []
     for _ in range(req.params.max_tokens):
         hot_writes = stream.next_segment(1)[0] == 0
-        x = torch.tensor([ids], device=DEVICE)
-        hot_logits = hot(x).logits[0, -1].float()
-        logits = hot_logits if hot_writes else frozen(x).logits[0, -1].float()
+        hot_logits = hot(torch.tensor([ids], device=hot.device)).logits[0, -1].float().cpu()
+        logits = hot_logits
+        if not hot_writes:
+            logits = frozen(torch.tensor([ids], device=frozen.device)).logits[0, -1].float().cpu()
         token = int(logits.argmax())
         ids.append(token)
         writers.append(hot_writes)

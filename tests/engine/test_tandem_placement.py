@@ -19,7 +19,7 @@ from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, move
 from tandemrl.engine.tandem import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
 from tests.engine.test_model_runner import build
-from tests.engine.test_tandem import WordTokenizer, engine_config, requests
+from tests.engine.test_tandem import WordTokenizer, engine_config, naive_with, requests
 
 CUDA = torch.cuda.is_available()
 ELSEWHERE = ["cpu"] + (["cuda:1"] if CUDA and torch.cuda.device_count() > 1 else [])
@@ -34,21 +34,8 @@ def generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], tokenizer=N
     return out
 
 
-@torch.no_grad()
 def naive(hot, frozen, stream, req: Request) -> tuple[list[int], list[bool], list[float]]:
-    """Both models read the whole sequence, each on its own device, at every position; the owner stream says whose
-    argmax is kept; the log-prob is the hot model's."""
-    ids, writers, logprobs = list(req.prompt_ids), [], []
-    for _ in range(req.params.max_tokens):
-        hot_writes = stream.next_segment(1)[0] == 0
-        hot_logits = hot(torch.tensor([ids], device=hot.device)).logits[0, -1].float().cpu()
-        logits = hot_logits if hot_writes else frozen(torch.tensor([ids], device=frozen.device)).logits[0, -1].float()
-        token = int(logits.argmax())
-        ids.append(token)
-        writers.append(hot_writes)
-        logprobs.append(float(torch.log_softmax(hot_logits, -1)[token]))
-        stream.advance([token], [hot_writes])
-    return ids[len(req.prompt_ids):], writers, logprobs
+    return naive_with(stream, hot, frozen, req)  # each model on its own device
 
 
 SELECTORS = [("bernoulli", 0.5), ("alternating", 0.5), ("word", 0.5), ("bernoulli", 0.0)]
