@@ -106,20 +106,26 @@ def bench_vllm(model, tokenizer, path, prompts, args, device) -> tuple[dict, lis
     generate(backend, prompts[:1], 2, 0.0, 0)  # includes the first weight sync and probe
     startup = time.perf_counter() - started
     greedy = generate(backend, prompts, 16, 0.0, 0)
-    loads, probes = [], []
-    for version in range(1, args.updates + 1):
-        with torch.no_grad():  # a stand-in for an optimizer step, so every update carries new values
-            for p in model.parameters():
-                p.mul_(1.0 + 1e-3)
-        backend.update_weights(version)
-        loads.append(backend.last_load_s)
-        probes.append(backend.last_probe_s)
-    load, probe = statistics.median(loads), statistics.median(probes)
+    load, probe = time_updates(backend, model, args.updates)
     row = {"backend": "vllm", "import_s": import_s, "startup_s": startup, "update_s": load + probe, "load_s": load, "probe_s": probe,
            "tokens_per_s": measure(backend, prompts, args, device, args.updates),
            "vllm_version": backend._vllm.__version__, "probe_diff": backend.last_probe_diff}
     backend.close()
     return row, greedy
+
+
+def time_updates(backend, model, updates: int) -> tuple[float, float]:
+    """Median seconds of loading and of probing over ``updates`` weight updates, each after a stand-in for an
+    optimizer step (so every update carries new values)."""
+    loads, probes = [], []
+    for version in range(1, updates + 1):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.0 + 1e-3)
+        backend.update_weights(version)
+        loads.append(backend.last_load_s)
+        probes.append(backend.last_probe_s)
+    return statistics.median(loads), statistics.median(probes)
 
 
 def bench_server(model, tokenizer, path, prompts, args, device, log_dir: Path) -> list[dict]:
@@ -145,15 +151,7 @@ def bench_one_server(model, tokenizer, settings: VLLMConfig, prompts, args, devi
     backend = VLLMServerBackend(model, tokenizer, settings)
     generate(backend, prompts[:1], 2, 0.0, 0)  # the first push and probe
     startup = time.perf_counter() - started
-    loads, probes = [], []
-    for version in range(1, args.updates + 1):
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1.0 + 1e-3)
-        backend.update_weights(version)
-        loads.append(backend.last_load_s)
-        probes.append(backend.last_probe_s)
-    load, probe = statistics.median(loads), statistics.median(probes)
+    load, probe = time_updates(backend, model, args.updates)
     row = {"backend": f"server-{settings.weight_transfer}", "import_s": launch, "startup_s": startup,
            "update_s": load + probe, "load_s": load, "probe_s": probe,
            "tokens_per_s": measure(backend, prompts, args, device, args.updates),
