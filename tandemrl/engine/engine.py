@@ -103,7 +103,7 @@ class LLMEngine:
         decode = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
                                    propose=ngram_proposer(self.speculative), tandem=self.tandem,
-                                   paired_tandem=runner.device.type == "cuda")
+                                   paired_tandem=self.tandem is not None and runner.device.type == "cuda")
         # Speculative and tandem steps wait for their tokens: what a step kept decides where the next one starts.
         self._synchronous = not config.async_scheduling or self.speculative.enabled or self.tandem is not None
         self._seq_ids = itertools.count()
