@@ -7,9 +7,9 @@ returns before the device is done (pending.py):
 - DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
   burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
   a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns, as planned on the host;
-- VERIFY: each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same launch), then the
-  target over the row's last token and its proposals in one decode step of a row per token (CUDA graphs apply),
-  then rejection sampling (rejection.py); nothing waits for the device.
+- VERIFY (verify_runner.py): each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same
+  launch), then the target over the row's last token and its proposals in one decode step of a row per token (CUDA
+  graphs apply), then rejection sampling (rejection.py); nothing waits for the device.
 ``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
 
 Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
@@ -17,10 +17,8 @@ Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; th
 
 from __future__ import annotations
 
-import contextlib
-from typing import Hashable, Iterator, Mapping, Sequence as Seq
+from typing import Hashable, Mapping, Sequence as Seq
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -28,16 +26,16 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
 from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
-from tandemrl.engine.model.decode_plan import as_one_step, build_decode_plan
+from tandemrl.engine.model.decode_plan import build_decode_plan
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget, move  # noqa: F401 (tests)
 from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
 from tandemrl.engine.model.sampler import sample_with_probs
-from tandemrl.engine.model.slot import ModelSlot
+from tandemrl.engine.model.slot import ModelSlot, eval_mode
 from tandemrl.engine.model.step_sampler import StepSampler
 from tandemrl.engine.model.tandem_runner import launch_tandem_burst
+from tandemrl.engine.model.verify_runner import keep_forced, launch_verify
 from tandemrl.engine.sequence import Sequence
-from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
 
 
@@ -165,13 +163,13 @@ class ModelRunner:
         slot = self.slots.get(plan.slot)
         if slot is None:
             raise ValueError(f"no model slot {plan.slot!r}; the runner has {sorted(self.slots)}")
-        with _eval_mode(slot.modules), torch.inference_mode():
+        with eval_mode(slot.modules), torch.inference_mode():
             if plan.tandem is not None:
                 self._last = None  # synchronous: nothing is fed from a tandem burst's tokens on the device
-                with _eval_mode(self.slots[plan.proposer].modules):
+                with eval_mode(self.slots[plan.proposer].modules):
                     return launch_tandem_burst(self, plan)
             if plan.kind is StepKind.VERIFY:
-                pending = self._verify(slot, plan)
+                pending = launch_verify(self, slot, plan)
                 self._last = None  # how many tokens a row keeps is known on the device only
                 return pending
             if plan.kind is StepKind.PREFILL:
@@ -239,7 +237,7 @@ class ModelRunner:
                                build_prefill_meta(query_lens, context_lens, tables, self.block_size, other.device,
                                                   use_triton=other.use_triton))
             input_ids, meta = inputs[key]
-            with _eval_mode(other.modules):
+            with eval_mode(other.modules):
                 hidden[name] = other.forward(input_ids, meta, rows=meta.last_rows)
         return hidden
 
@@ -253,58 +251,7 @@ class ModelRunner:
             frozen, _ = sample_with_probs(proposer.logits(hidden[plan.proposer]), sampler.temperatures(plan.seqs),
                                           sampler.generator(plan.seqs))
         frozen = move(frozen, self.device)
-        return self._keep_forced(slot.logits(hidden[slot.name])[:, None], frozen[:, None], plan.forced, plan.seqs)
-
-    def _verify(self, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
-        """Each row's proposals (the plan's feed, or the proposer slot's), the target's logits at its last token and
-        at its proposals in one forward (one decode step over a row per token: CUDA graphs apply), then rejection
-        sampling (rejection.py), or, for a tandem step, the forced runs and the target's own token after them."""
-        seqs, planned = plan.seqs, plan.num_tokens
-        if any(seq.num_pending for seq in seqs):
-            raise RuntimeError("a verify step needs every token of its sequences on the host")
-        burst = build_decode_plan(seqs, planned, self.block_size, self.num_blocks, self.max_model_len)
-        fed = [n - 1 for n in planned]  # proposals the target reads (after each row's last token)
-        if plan.feed is None:
-            tokens, probs = self._propose(seqs, plan.proposals, plan.proposer)
-            rows = torch.cat((self._index([seq.token_ids[-1] for seq in seqs])[:, None], tokens), dim=1)
-            ids = rows.reshape(-1)[self._index(_packed(fed, tokens.shape[1] + 1))]
-            run_step, _ = slot.decode_steps(as_one_step(burst, [0] * sum(planned)))
-            hidden = run_step(0, ids)
-        else:
-            tokens, probs = self._host_proposals(plan.feed, slot.spec.vocab_size)
-            inputs = [t for seq, f in zip(seqs, plan.feed) for t in [seq.token_ids[-1], *f]]
-            run_step, _ = slot.decode_steps(as_one_step(burst, inputs))
-            hidden = run_step(0, None)
-        width = tokens.shape[1] + 1
-        padded = np.zeros(len(seqs) * width, dtype=np.int64)  # row of each (sequence, position); 0 past the feed
-        padded[_packed(fed, width)] = np.arange(sum(planned))
-        logits = slot.logits(hidden)[self._index(padded.tolist())].view(len(seqs), width, -1)
-        if plan.forced is not None:
-            result, own = self._keep_forced(logits, tokens, plan.forced, seqs)
-            return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
-        result = self.accept(logits, move(probs, self.device), tokens, self._index(plan.proposals), seqs)
-        return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
-                             kept=result.num_accepted + 1)
-
-    def _keep_forced(self, logits: Tensor, tokens: Tensor, forced: list[int],
-                     seqs: Seq[Sequence]) -> tuple[RejectionResult, tuple[Tensor, Tensor]]:
-        """Tandem: each row keeps its ``forced[i]`` proposals, then the target's own sample at the next position (the
-        engine keeps it only where the plan gives the row a target token). Log-probs are the target's, for every
-        token, whoever wrote it: the loss needs the trained model's log-prob of each kept token. Also the target's
-        own sample at every position, with its log-prob, for a run the selector cuts short."""
-        batch, width, vocab = logits.shape
-        temperature = self.sampler.temperatures(seqs)
-        scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))  # greedy rows: raw log-probs
-        logp = torch.log_softmax(logits.float() / scale[:, None, None], dim=-1)
-        own, _ = sample_with_probs(logits.reshape(-1, vocab), temperature.repeat_interleave(width),
-                                   self.sampler.generator(seqs))
-        own = own.view(batch, width)
-        kept = self._index(forced)
-        position = torch.arange(width, device=logits.device)
-        proposals = torch.cat((tokens, tokens[:, :1]), dim=1)[:, :width]  # one column more: where ``own`` goes
-        out = torch.where(position < kept[:, None], proposals, own)
-        own_logp = logp.gather(-1, own[..., None]).squeeze(-1)
-        return RejectionResult(out, logp.gather(-1, out[..., None]).squeeze(-1), kept), (own, own_logp)
+        return keep_forced(self, slot.logits(hidden[slot.name])[:, None], frozen[:, None], plan.forced, plan.seqs)
 
     def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor,
                seqs: Seq[Sequence]) -> RejectionResult:
@@ -312,61 +259,6 @@ class ModelRunner:
         overrides it to fix the acceptance rate; nothing else may.)"""
         return rejection_sample(logits, probs, tokens, num_draft, self.sampler.temperatures(seqs),
                                 self.sampler.generator(seqs))
-
-    def _propose(self, seqs: Seq[Sequence], drafts: list[int], proposer: str = DRAFT) -> tuple[Tensor, Tensor]:
-        """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V] (columns
-        past a row's count are padding). The first forward feeds each row's last token, and before it the one the
-        draft has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals.
-        The draft computes and samples on its own device; the proposals come back to the runner's, the
-        distributions stay on the draft's (a tandem step does not read them)."""
-        draft = self.slots.get(proposer)
-        if draft is None:
-            raise ValueError(f"a verify step without proposals needs a {proposer!r} model slot")
-        behind = [seq.draft_behind for seq in seqs]
-        first = build_decode_plan(seqs, [2] * len(seqs), self.block_size, self.num_blocks, self.max_model_len, back=1)
-        ids = [t for seq, lag in zip(seqs, behind) for t in seq.token_ids[len(seq.token_ids) - 1 - lag:]]
-        last_rows = np.cumsum([lag + 1 for lag in behind]) - 1
-        width = max(1, max(drafts))
-        device = draft.device
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
-        probs = torch.zeros(len(seqs), width, draft.spec.vocab_size, device=device)
-        with _eval_mode(draft.modules):
-            run_step, _ = draft.decode_steps(as_one_step(first, ids, keep=np.array([behind, [1] * len(seqs)], bool)))
-            hidden = run_step(0, None)[self._index(last_rows.tolist(), device)]
-            tokens[:, 0], probs[:, 0] = self._draft_sample(draft, hidden, seqs)
-            rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
-            if rows:
-                rest = build_decode_plan([seqs[i] for i in rows], [drafts[i] - 1 for i in rows], self.block_size,
-                                         self.num_blocks, self.max_model_len, back=-1)
-                run_step, _ = draft.decode_steps(rest)
-                index = self._index(rows, device)
-                last = tokens[index, 0]
-                for j in range(rest.num_steps):
-                    last, p = self._draft_sample(draft, run_step(j, last), [seqs[i] for i in rows])
-                    tokens[index, j + 1], probs[index, j + 1] = last, p
-        return move(tokens, self.device), probs
-
-    def _draft_sample(self, draft: ModelSlot, hidden: Tensor, seqs: Seq[Sequence]) -> tuple[Tensor, Tensor]:
-        sampler = self.sampler_for(draft)
-        with draft.on_device():
-            return sample_with_probs(draft.logits(hidden), sampler.temperatures(seqs), sampler.generator(seqs))
-
-    def _host_proposals(self, feed: Seq[Seq[int]], vocab: int) -> tuple[Tensor, Tensor]:
-        """Proposals known on the host, padded with -1 to at least one column, as tokens [B, width] and the one-hot
-        distributions [B, width, V] a deterministic proposer draws from."""
-        width = max(1, max(len(f) for f in feed))
-        host = torch.full((len(feed), width), -1, dtype=torch.long)
-        for i, f in enumerate(feed):
-            host[i, :len(f)] = torch.tensor(list(f), dtype=torch.long)
-        tokens = copy_to_device(host, self.device)
-        probs = torch.zeros(len(feed), width, vocab, device=self.device)
-        probs.scatter_(-1, tokens.clamp(min=0).unsqueeze(-1), 1.0)
-        return tokens, probs
-
-    def _index(self, values: list[int], device: torch.device | None = None) -> Tensor:
-        """Host ints as a long tensor on the device (the runner's by default; through pinned memory: no wait for the
-        work in flight)."""
-        return copy_to_device(torch.tensor(values, dtype=torch.long), device or self.device)
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
         """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""
@@ -389,11 +281,6 @@ class ModelRunner:
             raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {self.num_blocks}): {seq.block_table}")
 
 
-def _packed(drafts: list[int], width: int) -> list[int]:
-    """Flat index, in a [B, width] layout, of each row's last token and its proposals, row by row."""
-    return [i * width + j for i, d in enumerate(drafts) for j in range(d + 1)]
-
-
 def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:
     """Slots exchange token ids: their vocabularies must be the same size."""
     sizes = {name: slot.spec.vocab_size for name, slot in slots.items()}
@@ -412,16 +299,3 @@ def _pick_backend(name: str, device: torch.device) -> bool:
     if name == "sdpa":
         return False
     raise ValueError(f"attention_backend must be 'auto', 'triton' or 'sdpa', got {name!r}")
-
-
-@contextlib.contextmanager
-def _eval_mode(modules: list[nn.Module]) -> Iterator[None]:
-    """Eval mode (dropout off, e.g. LoRA dropout) for the step; modules that were training get it back after."""
-    training = [m for m in modules if m.training]
-    for m in training:
-        m.training = False
-    try:
-        yield
-    finally:
-        for m in training:
-            m.training = True

@@ -8,7 +8,8 @@ the dead steps of a burst write there. Forwards read the model's parameter tenso
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+import contextlib
+from typing import Callable, Hashable, Iterator
 
 import numpy as np
 import torch
@@ -181,3 +182,16 @@ class ModelSlot:
     def query_capacity(self) -> int:
         """Rows of one sequence the Triton decode attention serves in one program (see ``query_groups``)."""
         return decode_query_capacity(self.spec.num_heads, self.spec.num_kv_heads)
+
+
+@contextlib.contextmanager
+def eval_mode(modules: list[nn.Module]) -> Iterator[None]:
+    """Eval mode (dropout off, e.g. LoRA dropout) for a step; modules that were training get it back after."""
+    training = [m for m in modules if m.training]
+    for m in training:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True
