@@ -127,12 +127,16 @@ def test_stop_strings_and_eos_match_our_engine(vllm_backend, engine_backend, tok
 
 
 def test_bad_requests_fail_alone(vllm_backend, tokenizer, versions):
-    version = next(versions)
+    assert_bad_requests_fail_alone(vllm_backend, tokenizer, next(versions))
+
+
+def assert_bad_requests_fail_alone(backend, tokenizer, version: int) -> None:
+    """An empty prompt, one past max_model_len and one out of the vocabulary each fail alone; the good one runs."""
     ok = Request("ok", tokenizer.encode("1+1="), SamplingParams(max_tokens=4, temperature=0.0))
     empty = Request("empty", [], SamplingParams(max_tokens=4))
     too_long = Request("long", tokenizer.encode("1+1="), SamplingParams(max_tokens=10_000))
     out_of_vocab = Request("oov", [5, 10_000], SamplingParams(max_tokens=4))
-    got = {r.request_id: r for r in vllm_backend.generate([empty, ok, too_long, out_of_vocab], version)}
+    got = {r.request_id: r for r in backend.generate([empty, ok, too_long, out_of_vocab], version)}
     assert got["ok"].error is None and len(got["ok"].completion_ids) > 0
     assert got["empty"].error == "empty prompt"
     assert "exceeds vLLM's max_model_len (512)" in got["long"].error

@@ -17,8 +17,13 @@ import torch
 from tandemrl.backends.vllm.errors import WeightSyncError
 from tandemrl.backends.vllm.server import VLLMServerBackend
 from tandemrl.config import VLLMConfig
-from tandemrl.types import Request, SamplingParams
-from tests.backends.vllm.test_vllm_backend import assert_same_rollouts, perturbed, requests
+from tandemrl.types import SamplingParams
+from tests.backends.vllm.test_vllm_backend import (
+    assert_bad_requests_fail_alone,
+    assert_same_rollouts,
+    perturbed,
+    requests,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -129,16 +134,7 @@ def test_another_client_changing_the_weights_version_is_caught(server_backend, v
 
 
 def test_bad_requests_fail_alone(server_backend, tokenizer, versions):
-    version = next(versions)
-    ok = Request("ok", tokenizer.encode("1+1="), SamplingParams(max_tokens=4, temperature=0.0))
-    empty = Request("empty", [], SamplingParams(max_tokens=4))
-    too_long = Request("long", tokenizer.encode("1+1="), SamplingParams(max_tokens=10_000))
-    out_of_vocab = Request("oov", [5, 10_000], SamplingParams(max_tokens=4))
-    got = {r.request_id: r for r in server_backend.generate([empty, ok, too_long, out_of_vocab], version)}
-    assert got["ok"].error is None and len(got["ok"].completion_ids) > 0
-    assert got["empty"].error == "empty prompt"
-    assert "exceeds vLLM's max_model_len (512)" in got["long"].error
-    assert "out of range" in got["oov"].error
+    assert_bad_requests_fail_alone(server_backend, tokenizer, next(versions))
 
 
 def test_an_update_that_does_not_land_stops_the_run(tiny64_dir, vllm_server, tmp_path, monkeypatch, capsys):
