@@ -22,12 +22,15 @@ import platform
 import time
 from datetime import date
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from bench.engine_throughput import random_prompts, timed
 from bench.grpo_step import ARCHITECTURES, build_model
+from bench.host_timeline import SPECULATIVE, HostTimeline
+from bench.profile_engine import print_idle_gaps
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.model.rejection import RejectionResult
@@ -79,6 +82,20 @@ def stats_seconds_per_step(batch: int, k: int, repeats: int = 200) -> float:
     return (time.perf_counter() - start) / repeats
 
 
+def profile_run(engine: LLMEngine, once) -> None:
+    """Where a speculative run's time goes: the engine's host functions (timed one by one) and the device's idle
+    gaps (torch.profiler)."""
+    steps = engine.stats()["steps"]
+    with HostTimeline(SPECULATIVE) as timeline:
+        once()
+    timeline.print(engine.stats()["steps"] - steps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        once()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    print_idle_gaps(prof)
+
+
 def make_engine(models: dict, num_blocks: int, device: torch.device, spec: SpeculativeConfig | None,
                 rate: float = 1.0) -> LLMEngine:
     runner = FixedAcceptanceRunner(models, EngineConfig(num_blocks=num_blocks), device)
@@ -87,11 +104,27 @@ def make_engine(models: dict, num_blocks: int, device: torch.device, spec: Specu
     return LLMEngine(runner, None, config, eos_ids=[], speculative=spec)
 
 
+def graphs_captured(engine: LLMEngine) -> int:
+    """CUDA graphs the engine's model slots hold."""
+    return sum(len(slot.graphs.graphs) for slot in engine.runner.slots.values() if slot.graphs is not None)
+
+
+def warm_up(engine: LLMEngine, once: Callable[[int], float], tries: int = 6) -> None:
+    """Runs (prompt seeds 100, 101, ...) until one captures no new CUDA graph: the batch buckets a speculative run
+    meets depend on its acceptance draws, and a capture inside a timed run costs more than the run."""
+    for seed in range(100, 100 + tries):
+        before = graphs_captured(engine)
+        once(seed)
+        if graphs_captured(engine) == before:
+            return
+
+
 def decode_step_s(model, batch: int, args, device: torch.device) -> float:
     """Per-token decode time of a plain engine over ``model`` (prefill excluded)."""
     engine = make_engine({TARGET: model}, args.num_blocks, device, None)
     vocab = model.config.vocab_size
-    run(engine, random_prompts(batch, args.prompt_len, vocab, 1), args.new_tokens, device)  # warm-up, graphs
+    warm_up(engine, lambda seed: run(engine, random_prompts(batch, args.prompt_len, vocab, seed), args.new_tokens,
+                                     device))
     total = run(engine, random_prompts(batch, args.prompt_len, vocab, 2), args.new_tokens, device)
     prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
     return (total - prefill) / (args.new_tokens - 1)
@@ -108,6 +141,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("bench/out/speculative.json"))
+    parser.add_argument("--profile", action="store_true",
+                        help="after each row, profile one more run: host (cProfile) and device idle gaps")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -123,21 +158,27 @@ def main() -> None:
                 torch.manual_seed(k)  # the fixed-acceptance draws
                 engine = make_engine({TARGET: target, DRAFT: draft}, args.num_blocks, device,
                                      SpeculativeConfig(method="draft", num_tokens=k), rate)
-                run(engine, random_prompts(batch, args.prompt_len, vocab, 1), args.new_tokens, device)  # warm-up
-                steps = engine.stats()["steps"]
+                warm_up(engine, lambda seed: run(engine, random_prompts(batch, args.prompt_len, vocab, seed),
+                                                 args.new_tokens, device))
+                steps, graphs = engine.stats()["steps"], graphs_captured(engine)
                 total = run(engine, random_prompts(batch, args.prompt_len, vocab, 2), args.new_tokens, device)
                 steps = engine.stats()["steps"] - steps - 1  # the verify steps (one prefill)
+                captures = graphs_captured(engine) - graphs
                 prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
                 spec = (total - prefill) / (args.new_tokens - 1)
                 telemetry = stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
                 predicted = (k + 1) / (k * c + 1) if rate >= 1 else (1 - rate ** (k + 1)) / ((1 - rate) * (k * c + 1))
                 rows.append({"batch": batch, "k": k, "a": rate, "c": c, "plain_ms": plain * 1e3, "spec_ms": spec * 1e3,
                              "predicted": predicted, "achieved": plain / spec, "of_predicted": plain / spec / predicted,
-                             "telemetry_overhead": telemetry})
+                             "telemetry_overhead": telemetry, "captures_in_timed_run": captures})
                 r = rows[-1]
+                if args.profile:
+                    profile_run(engine, lambda: run(engine, random_prompts(batch, args.prompt_len, vocab, 2),
+                                                    args.new_tokens, device))
                 print(f"batch {batch} k {k} a {rate:.1f} c {c:.3f}: plain {r['plain_ms']:.2f} ms/token, spec "
                       f"{r['spec_ms']:.2f}; predicted {predicted:.2f}x, achieved {r['achieved']:.2f}x "
-                      f"({r['of_predicted']:.0%}), telemetry {telemetry:.2%} of a step", flush=True)
+                      f"({r['of_predicted']:.0%}), telemetry {telemetry:.2%} of a step, {captures} graph captures while timed",
+                      flush=True)
     result = {"date": date.today().isoformat(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "target": args.target, "draft": args.draft, "prompt_len": args.prompt_len,

@@ -142,6 +142,11 @@ def test_greedy_rows_reproduce_plain_greedy_decoding():
         j = int(wrong_at[b])
         assert out.tokens[b, : j + 1].tolist() == argmax[b, : j + 1].tolist()  # greedy decoding's own tokens
         assert bool((out.tokens[b, j + 1:] == PAD_TOKEN).all())
+    # the greedy-only path (no draws, draft_probs never read) gives the same result
+    fast = rejection_sample(draft_tokens=drafts, greedy_only=True,
+                            **{**common, "draft_probs": torch.zeros(()).expand(batch_size, k, vocab)})
+    for name in ("tokens", "logprobs", "num_accepted"):
+        assert torch.equal(getattr(fast, name), getattr(out, name)), name
 
 
 def test_short_drafts_and_mixed_greedy_and_sampled_rows():

@@ -61,6 +61,7 @@ def rejection_sample(
     num_draft: Tensor,
     temperature: Tensor,
     generator: torch.Generator | None = None,
+    greedy_only: bool = False,
 ) -> RejectionResult:
     """Verify each row's drafted tokens against the target; see the module docstring for the rule.
 
@@ -74,6 +75,8 @@ def rejection_sample(
         need a host sync).
     temperature: [B] float, the target's sampling temperature; ``<= 0`` means greedy.
     generator: optional, on the tensors' device.
+    greedy_only: every row is greedy (the caller knows it on the host): the same result without the random draws,
+        the residual and ``draft_probs`` (which may then be anything of its shape, e.g. an expanded zero).
 
     Temperature only: top-k / top-p are out of scope (the residual of a truncated ``p`` would need both
     distributions truncated the same way). ``q(x) == 0`` for a proposed token can only come from rounding or a
@@ -100,12 +103,20 @@ def rejection_sample(
     drafted = torch.arange(k, device=device)[None, :] < n[:, None]  # [B, k]
     x = torch.where(drafted, draft_tokens, torch.zeros_like(draft_tokens))  # gather-safe ids
     draft_logp = logp[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k] log p(x_i)
-    accept = _accept_mask(draft_logp, draft_probs, x, target_argmax[:, :k], greedy, generator) & drafted
+    if greedy_only:
+        accept = (x == target_argmax[:, :k]) & drafted
+    else:
+        accept = _accept_mask(draft_logp, draft_probs, x, target_argmax[:, :k], greedy, generator) & drafted
     num_accepted = accept.long().cumprod(dim=1).sum(dim=1)  # [B] length of the accepted prefix
 
-    last_token, last_logp = _final_token(
-        logp, draft_probs, target_argmax, num_accepted, num_accepted < n, greedy, generator
-    )
+    if greedy_only:
+        last_token = target_argmax.gather(1, num_accepted[:, None])
+        last_logp = logp.gather(1, num_accepted[:, None, None].expand(batch, 1, vocab)).squeeze(1)
+        last_token, last_logp = last_token.squeeze(1), last_logp.gather(-1, last_token).squeeze(-1)
+    else:
+        last_token, last_logp = _final_token(
+            logp, draft_probs, target_argmax, num_accepted, num_accepted < n, greedy, generator
+        )
     tokens, logprobs = _assemble(x, draft_logp, last_token, last_logp, num_accepted)
     return RejectionResult(tokens=tokens, logprobs=logprobs, num_accepted=num_accepted)
 

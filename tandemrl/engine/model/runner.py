@@ -258,7 +258,7 @@ class ModelRunner:
         """Which proposals a verify step keeps: the standard rejection rule (rejection.py). (bench/speculative.py
         overrides it to fix the acceptance rate; nothing else may.)"""
         return rejection_sample(logits, probs, tokens, num_draft, self.sampler.temperatures(seqs),
-                                self.sampler.generator(seqs))
+                                self.sampler.generator(seqs), greedy_only=self.sampler.all_greedy(seqs))
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
         """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""

@@ -42,13 +42,16 @@ class StepSampler:
         sample = self.for_subsets(seqs)
         return lambda logits: sample(logits, slice(None))
 
-    def for_subsets(self, seqs: Seq[Sequence]) -> Callable[[Tensor, Tensor | slice], tuple[Tensor, Tensor]]:
+    def for_subsets(self, seqs: Seq[Sequence], temperature_only: bool = False
+                    ) -> Callable[[Tensor, Tensor | slice], tuple[Tensor, Tensor]]:
         """(logits [R, vocab], rows [R] on the device: which of ``seqs`` each logits row is, or ``slice(None)``: all)
-        -> (tokens, log-probs), for steps that each serve a subset of one batch (tandem bursts). The fused Triton
-        sampler (one read of the logits) when no row filters with top-k/top-p on CUDA."""
+        -> (tokens, log-probs), for steps that each serve a subset of one batch (tandem bursts, a draft's
+        proposals). The fused Triton sampler (one read of the logits) when no row filters with top-k/top-p on CUDA.
+        ``temperature_only``: top-k/top-p ignored, every row draws from ``softmax(logits / T)`` (a speculative
+        draft: the rejection rule reads that distribution)."""
         params = [seq.params for seq in seqs]
         temperature, top_p, top_k = self._columns(params)
-        filters = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
+        filters = not temperature_only and any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
         if self.fused_kernels and not filters and fused_sample_available(self.device):
             next_seed = self._seed_source(params)  # one read of the logits instead of a dozen passes
             return lambda logits, rows: fused_sample(logits, temperature[rows], next_seed())
@@ -59,6 +62,11 @@ class StepSampler:
     def temperatures(self, seqs: Seq[Sequence]) -> Tensor:
         """[B] float32 on the device."""
         return self._columns([seq.params for seq in seqs])[0]
+
+    @staticmethod
+    def all_greedy(seqs: Seq[Sequence]) -> bool:
+        """Whether every row decodes greedily (known on the host: such a step needs no random draws)."""
+        return all(seq.params.temperature <= 0 for seq in seqs)
 
     def generator(self, seqs: Seq[Sequence]) -> torch.Generator | None:
         """The torch generator of these rows (seeded by the first seeded one), for samplers beside ``for_rows``."""

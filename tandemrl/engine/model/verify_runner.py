@@ -37,25 +37,28 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
     device = runner.device
     burst = build_decode_plan(seqs, planned, runner.block_size, runner.num_blocks, runner.max_model_len)
     fed = [n - 1 for n in planned]  # proposals the target reads (after each row's last token)
+    width = max(1, max(len(f) for f in plan.feed) if plan.feed is not None else max(plan.proposals)) + 1
+    padded = np.zeros(len(seqs) * width, dtype=np.int64)  # row of each (sequence, position); 0 past the feed
+    padded[_packed(fed, width)] = np.arange(sum(planned))
     if plan.feed is None:
-        tokens, probs = _propose(runner, seqs, plan.proposals, plan.proposer)
-        rows = torch.cat((_index([seq.token_ids[-1] for seq in seqs], device)[:, None], tokens), dim=1)
-        ids = rows.reshape(-1)[_index(_packed(fed, tokens.shape[1] + 1), device)]
+        last_ids, ids_index, rows, num_draft = _to_device(
+            device, [seq.token_ids[-1] for seq in seqs], _packed(fed, width), padded, plan.proposals)
+        tokens, draft_logits = _propose(runner, seqs, plan.proposals, plan.proposer)
+        ids = torch.cat((last_ids[:, None], tokens), dim=1).reshape(-1)[ids_index]
         run_step, _ = slot.decode_steps(as_one_step(burst, [0] * sum(planned)))
         hidden = run_step(0, ids)
     else:
-        tokens, probs = _host_proposals(plan.feed, slot.spec.vocab_size, device)
+        rows, num_draft = _to_device(device, padded, plan.proposals)
+        tokens, draft_logits = _host_proposals(plan.feed, width - 1, device), None
         inputs = [t for seq, f in zip(seqs, plan.feed) for t in [seq.token_ids[-1], *f]]
         run_step, _ = slot.decode_steps(as_one_step(burst, inputs))
         hidden = run_step(0, None)
-    width = tokens.shape[1] + 1
-    padded = np.zeros(len(seqs) * width, dtype=np.int64)  # row of each (sequence, position); 0 past the feed
-    padded[_packed(fed, width)] = np.arange(sum(planned))
-    logits = slot.logits(hidden)[_index(padded.tolist(), device)].view(len(seqs), width, -1)
+    logits = slot.logits(hidden[rows]).view(len(seqs), width, -1)  # the hidden states gathered: fewer bytes
     if plan.forced is not None:
         result, own = keep_forced(runner, logits, tokens, plan.forced, seqs)
         return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
-    result = runner.accept(logits, move(probs, device), tokens, _index(plan.proposals, device), seqs)
+    probs = _distributions(runner, seqs, draft_logits, tokens, plan.proposer)
+    result = runner.accept(logits, move(probs, device), tokens, num_draft, seqs)
     return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
                          kept=result.num_accepted + 1)
 
@@ -83,11 +86,11 @@ def keep_forced(runner: ModelRunner, logits: Tensor, tokens: Tensor, forced: lis
 
 def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
              proposer: str = DRAFT) -> tuple[Tensor, Tensor]:
-    """The draft slot's proposals [B, width] and the distributions they were drawn from [B, width, V] (columns
-    past a row's count are padding). The first forward feeds each row's last token, and before it the one the
-    draft has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals.
-    The draft computes and samples on its own device; the proposals come back to the runner's, the
-    distributions stay on the draft's (a tandem step does not read them)."""
+    """The proposer slot's proposals [B, width] (on the runner's device) and the logits they were drawn from
+    [B, width, V] (on the proposer's; columns past a row's count are padding, uninitialised logits included). The
+    first forward feeds each row's last token, and before it the one the draft has not computed yet where it is
+    behind (sequence.py); then a burst draws the remaining proposals, each from ``softmax(logits / T)`` (top-k and
+    top-p ignored: that is the distribution the rejection rule reads)."""
     draft = runner.slots.get(proposer)
     if draft is None:
         raise ValueError(f"a verify step without proposals needs a {proposer!r} model slot")
@@ -95,46 +98,62 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
     first = build_decode_plan(seqs, [2] * len(seqs), runner.block_size, runner.num_blocks, runner.max_model_len,
                               back=1)
     ids = [t for seq, lag in zip(seqs, behind) for t in seq.token_ids[len(seq.token_ids) - 1 - lag:]]
-    last_rows = np.cumsum([lag + 1 for lag in behind]) - 1
-    width = max(1, max(drafts))
+    rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
     device = draft.device
+    last_rows, index = _to_device(device, np.cumsum([lag + 1 for lag in behind]) - 1, rows)
+    width = max(1, max(drafts))
+    sample = runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
-    probs = torch.zeros(len(seqs), width, draft.spec.vocab_size, device=device)
     with eval_mode(draft.modules):
         run_step, _ = draft.decode_steps(as_one_step(first, ids, keep=np.array([behind, [1] * len(seqs)], bool)))
-        hidden = run_step(0, None)[_index(last_rows.tolist(), device)]
-        tokens[:, 0], probs[:, 0] = _draft_sample(runner, draft, hidden, seqs)
-        rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
+        hidden = run_step(0, None)[last_rows]
+        with draft.on_device():
+            step_logits = draft.logits(hidden)
+            logits = step_logits.new_empty(len(seqs), width, step_logits.shape[-1])
+            logits[:, 0] = step_logits
+            tokens[:, 0], _ = sample(step_logits, slice(None))
         if rows:
             rest = build_decode_plan([seqs[i] for i in rows], [drafts[i] - 1 for i in rows], runner.block_size,
                                      runner.num_blocks, runner.max_model_len, back=-1)
             run_step, _ = draft.decode_steps(rest)
-            index = _index(rows, device)
             last = tokens[index, 0]
             for j in range(rest.num_steps):
-                last, p = _draft_sample(runner, draft, run_step(j, last), [seqs[i] for i in rows])
-                tokens[index, j + 1], probs[index, j + 1] = last, p
-    return move(tokens, runner.device), probs
+                hidden = run_step(j, last)
+                with draft.on_device():
+                    step_logits = draft.logits(hidden)
+                    last, _ = sample(step_logits, index)
+                tokens[index, j + 1], logits[index, j + 1] = last, step_logits
+    return move(tokens, runner.device), logits
 
 
-def _draft_sample(runner: ModelRunner, draft: ModelSlot, hidden: Tensor,
-                  seqs: Seq[Sequence]) -> tuple[Tensor, Tensor]:
-    sampler = runner.sampler_for(draft)
-    with draft.on_device():
-        return sample_with_probs(draft.logits(hidden), sampler.temperatures(seqs), sampler.generator(seqs))
+def _distributions(runner: ModelRunner, seqs: Seq[Sequence], logits: Tensor | None, tokens: Tensor,
+                   proposer: str) -> Tensor:
+    """[B, width, V] float32: the distribution each proposal was drawn from, for the rejection rule: the draft's
+    ``softmax(logits / T)``, or, for proposals known on the host (``logits`` None), one-hots. Greedy rows read
+    none of it: a batch of greedy rows gets an expanded zero (no memory, no work)."""
+    shape = (*tokens.shape, runner.target.spec.vocab_size)
+    if runner.sampler.all_greedy(seqs):
+        return torch.zeros((), device=tokens.device).expand(shape)
+    if logits is None:
+        return torch.zeros(shape, device=tokens.device).scatter_(-1, tokens.clamp(min=0).unsqueeze(-1), 1.0)
+    temperature = runner.sampler_for(runner.slots[proposer]).temperatures(seqs)
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return (logits.float() / scale[:, None, None]).softmax(dim=-1)
 
 
-def _host_proposals(feed: Seq[Seq[int]], vocab: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Proposals known on the host, padded with -1 to at least one column, as tokens [B, width] and the one-hot
-    distributions [B, width, V] a deterministic proposer draws from."""
-    width = max(1, max(len(f) for f in feed))
+def _host_proposals(feed: Seq[Seq[int]], width: int, device: torch.device) -> Tensor:
+    """Proposals known on the host as tokens [B, width] on the device, padded with -1."""
     host = torch.full((len(feed), width), -1, dtype=torch.long)
     for i, f in enumerate(feed):
         host[i, :len(f)] = torch.tensor(list(f), dtype=torch.long)
-    tokens = copy_to_device(host, device)
-    probs = torch.zeros(len(feed), width, vocab, device=device)
-    probs.scatter_(-1, tokens.clamp(min=0).unsqueeze(-1), 1.0)
-    return tokens, probs
+    return copy_to_device(host, device)
+
+
+def _to_device(device: torch.device, *arrays: Seq[int] | np.ndarray) -> list[Tensor]:
+    """Host int arrays as long tensors on the device, in one copy through pinned memory (no wait for the work in
+    flight)."""
+    host = np.concatenate([np.asarray(a, dtype=np.int64) for a in arrays])
+    return list(copy_to_device(torch.from_numpy(host), device).split([len(a) for a in arrays]))
 
 
 def _index(values: list[int], device: torch.device) -> Tensor:
