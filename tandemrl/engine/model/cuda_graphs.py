@@ -41,6 +41,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _COLUMNS = 5  # ids, positions, slots, context_lens, query groups: one [bucket] column each, then the block table
 
 DecodeForward = Callable[[Tensor, DecodeMeta], Tensor]  # (input_ids [B], meta) -> hidden [B, hidden]
+# (hidden [B, hidden], temperature [B] float32, seed [1] int64) -> (tokens [B], logits [B, V]): a sampled burst's head
+SampleHead = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -90,6 +92,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # shared by captures
         self._burst = _Staged(0, 0, 0, False, 0, 0)
+        self._staged_size = 0
         self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
 
     def width_for(self, blocks: int) -> int:
@@ -100,10 +103,14 @@ class DecodeGraphs:
             return self.max_width
         return min(self.max_width, 1 << max(0, blocks - 1).bit_length())
 
-    def stage(self, plan: DecodePlan) -> None:
-        """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order."""
-        staged = self._layout(plan, 0)
+    def stage(self, plan: DecodePlan, sampling: tuple[np.ndarray, list[int]] | None = None) -> None:
+        """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order, or, with
+        ``sampling`` (the rows' temperatures and a seed per step), ``sampled_burst`` runs them all."""
+        # a sampled burst's graph reads the later steps at a fixed offset: its part holds the table's every column
+        staged = self._layout(plan, 0, every_column=sampling is not None)
         size = staged.head + 3 * staged.bucket * (plan.num_steps - 1)
+        extra = _sampling_words(staged.bucket, *sampling) if sampling is not None else np.empty(0, np.int64)
+        size += len(extra)
         if size > self.host.numel():  # a longer burst than any before: grow both buffers
             self.host = torch.empty(size, dtype=torch.long, pin_memory=self.host.is_pinned())
             self.static = torch.cat((self.static, self.static.new_empty(size - self.static.numel())))
@@ -112,13 +119,17 @@ class DecodeGraphs:
             self._copied.synchronize()  # the previous burst's copy may still read the buffer
         host = self.host[:size].numpy()
         self._write_head(host, plan, staged)
-        later = host[staged.head:].reshape(plan.num_steps - 1, 3, staged.bucket)
+        later = host[staged.head:size - len(extra)].reshape(plan.num_steps - 1, 3, staged.bucket)
         for c, values in enumerate((plan.positions, plan.slots, plan.context_lens)):
             later[:, c, :staged.rows], later[:, c, staged.rows:] = values[1:], self._pad[c + 1]
-        self.static[:size].copy_(self.host[:size], non_blocking=True)
+        host[size - len(extra):] = extra
+        self._burst, self._staged_size = staged, size
+        self._copy_staged()
+
+    def _copy_staged(self) -> None:
+        self.static[:self._staged_size].copy_(self.host[:self._staged_size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        self._burst = staged
 
     def staged_ids(self) -> Tensor:
         """The staged burst's step-0 input ids [B] on the device."""
@@ -132,6 +143,20 @@ class DecodeGraphs:
             start, bucket = staged.head + 3 * staged.bucket * (j - 1), staged.bucket
             self.static[bucket:4 * bucket].copy_(self.static[start:start + 3 * bucket])
         return self._replay(staged, input_ids)
+
+    def sampled_burst(self, input_ids: Tensor, steps: int, head: SampleHead) -> tuple[Tensor, Tensor]:
+        """Every step of the burst staged with ``sampling``, in one replay: each step's ``head`` samples the next
+        step's input in the graph. ``input_ids`` [B]: step 0's. Returns ([B, steps] tokens, [B, steps, V] logits),
+        views of the graph's outputs (valid until its next replay)."""
+        staged = self._burst
+        key = (staged.bucket, staged.width, False, steps)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture_sampled(staged.bucket, staged.width, steps, head)
+            self._copy_staged()  # the warm-up ran the steps: step 0's columns are back in place
+        self.static[:staged.rows].copy_(input_ids)
+        graph, (tokens, logits) = self.graphs[key]
+        graph.replay()
+        return tokens[:staged.rows], logits[:staged.rows]
 
     def stage_forwards(self, plans: list[DecodePlan]) -> None:
         """Copy the inputs of several one-step plans (a tandem burst's forwards of this model) to the device in one
@@ -163,14 +188,15 @@ class DecodeGraphs:
         graph.replay()
         return out[:staged.rows]
 
-    def _layout(self, plan: DecodePlan, offset: int) -> _Staged:
+    def _layout(self, plan: DecodePlan, offset: int, every_column: bool = False) -> _Staged:
         """Where a plan's step-0 inputs go: its rows, graph bucket and width, and the size of that part."""
         rows = len(plan.ids)
         bucket = batch_bucket(rows)
         if bucket is None:
             raise ValueError(f"batch {rows} is larger than the largest CUDA graph bucket {BATCH_BUCKETS[-1]}")
         w = plan.tables.shape[1]
-        cols = w if self.fixed_width else self.width_for(w)  # SDPA gathers every column of its width: copy them all
+        # SDPA gathers every column of its width: copy them all
+        cols = self.width_for(w) if every_column or not self.fixed_width else w
         grouped = plan.row_of is not None and self.query_capacity > 1
         return _Staged(rows, bucket, self.width_for(w), grouped, offset, (_COLUMNS + cols) * bucket)
 
@@ -203,19 +229,54 @@ class DecodeGraphs:
 
     def _capture(self, bucket: int, width: int, grouped: bool) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         ids, meta = self.static_inputs(bucket, width, grouped)
-        # Warm up outside the capture (Triton compiles, cuBLAS picks its workspace). It runs the
-        # real step: the K/V it writes are the same values the replay below writes again.
+        return self._captured(lambda: self.forward(ids, meta))
+
+    def _capture_sampled(self, bucket: int, width: int, steps: int, head: SampleHead):
+        """A graph of a whole sampled burst: before step j > 0 its columns move into place, and each step's tokens
+        become the next step's input ids."""
+        ids, meta = self.static_inputs(bucket, width)
+        later = (_COLUMNS + width) * bucket  # the staged head of this key (staged with every column)
+        seeds_at = later + 3 * bucket * (steps - 1)
+        seeds = self.static[seeds_at:seeds_at + steps]
+        temperature = self.static[seeds_at + steps:seeds_at + steps + (bucket + 1) // 2].view(torch.float32)[:bucket]
+
+        def burst() -> tuple[Tensor, Tensor]:
+            tokens, logits = [], []
+            for j in range(steps):
+                if j:
+                    start = later + 3 * bucket * (j - 1)
+                    self.static[bucket:4 * bucket].copy_(self.static[start:start + 3 * bucket])
+                sampled, step_logits = head(self.forward(ids, meta), temperature, seeds[j:j + 1])
+                ids.copy_(sampled)
+                tokens.append(sampled)
+                logits.append(step_logits)
+            return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+        return self._captured(burst)
+
+    def _captured(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+        """``body`` captured, after one warm-up run outside the capture (Triton compiles, cuBLAS picks its
+        workspace). The warm-up runs the real step: the K/V it writes are the values the replays write again."""
         if self.warmup_stream is None:
             self.warmup_stream = torch.cuda.Stream(self.device)
         side = self.warmup_stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self.forward(ids, meta)
+            body()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of other threads (telemetry, data loading) must not abort our capture. The side
         # stream, not torch's default capture stream: that one lives on whichever device first captured, and a
         # runner's slots may sit on different GPUs (placement.py).
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            out = self.forward(ids, meta)
+            out = body()
         return graph, out
+
+
+def _sampling_words(bucket: int, temperatures: np.ndarray, seeds: list[int]) -> np.ndarray:
+    """A sampled burst's extra staging: a seed per step, then the rows' temperatures (float32, padding rows greedy)
+    packed two to an int64 word."""
+    words = np.zeros(len(seeds) + (bucket + 1) // 2, dtype=np.int64)
+    words[:len(seeds)] = seeds
+    words[len(seeds):].view(np.float32)[:len(temperatures)] = temperatures
+    return words

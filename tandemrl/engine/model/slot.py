@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from tandemrl.engine.kernels.triton_attention import decode_query_capacity
+from tandemrl.engine.kernels.triton_sampler import fused_sample
 from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta, query_groups
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
@@ -127,6 +128,30 @@ class ModelSlot:
                 return step(j, input_ids)
 
         return counted, staged
+
+    def sampled_burst(self, plan: DecodePlan, input_ids: Tensor,
+                      sampling: Callable[[], tuple[np.ndarray, list[int]] | None]) -> tuple[Tensor, Tensor] | None:
+        """A burst whose every step samples the next step's input with the fused sampler (temperature only), all in
+        one CUDA graph replay: ([B, K] tokens, [B, K, V] logits), views valid until the next replay. ``input_ids``
+        [B]: step 0's, on the device; ``sampling()``: the rows' temperatures and a seed per step (StepSampler.
+        graph_sampling; called only when a graph serves the burst, so an eager burst draws its seeds alone). None
+        where no graph serves it (eager slots, large batches, no fused sampler): the caller steps the burst."""
+        if self.enforce_eager or batch_bucket(len(plan.ids)) is None:
+            return None
+        drawn = sampling()
+        if drawn is None:
+            return None
+        spec = self.spec
+
+        def head(hidden: Tensor, temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
+            logits = compute_logits(spec, hidden)
+            return fused_sample(logits, temperature, seed)[0], logits
+
+        self.forwards += plan.num_steps
+        with self.on_device():
+            graphs = self._decode_graphs()
+            graphs.stage(plan, drawn)
+            return graphs.sampled_burst(input_ids, plan.num_steps, head)
 
     def decode_forwards(self, plans: list[DecodePlan]) -> Callable[[int, Tensor], Tensor]:
         """(f, input ids [B_f] on the device) -> hidden of one-step plan f: every plan staged now, in one copy

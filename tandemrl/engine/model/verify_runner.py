@@ -35,6 +35,8 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
     if any(seq.num_pending for seq in seqs):
         raise RuntimeError("a verify step needs every token of its sequences on the host")
     device = runner.device
+    if plan.feed is None:  # the draft's first forward goes first: the device starts while the host plans the rest
+        tokens, draft_logits = _propose(runner, seqs, plan.proposals, plan.proposer)
     burst = build_decode_plan(seqs, planned, runner.block_size, runner.num_blocks, runner.max_model_len)
     fed = [n - 1 for n in planned]  # proposals the target reads (after each row's last token)
     width = max(1, max(len(f) for f in plan.feed) if plan.feed is not None else max(plan.proposals)) + 1
@@ -43,7 +45,6 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
     if plan.feed is None:
         last_ids, ids_index, rows, num_draft = _to_device(
             device, [seq.token_ids[-1] for seq in seqs], _packed(fed, width), padded, plan.proposals)
-        tokens, draft_logits = _propose(runner, seqs, plan.proposals, plan.proposer)
         ids = torch.cat((last_ids[:, None], tokens), dim=1).reshape(-1)[ids_index]
         run_step, _ = slot.decode_steps(as_one_step(burst, [0] * sum(planned)))
         hidden = run_step(0, ids)
@@ -98,31 +99,38 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
     first = build_decode_plan(seqs, [2] * len(seqs), runner.block_size, runner.num_blocks, runner.max_model_len,
                               back=1)
     ids = [t for seq, lag in zip(seqs, behind) for t in seq.token_ids[len(seq.token_ids) - 1 - lag:]]
-    rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
-    device = draft.device
-    last_rows, index = _to_device(device, np.cumsum([lag + 1 for lag in behind]) - 1, rows)
-    width = max(1, max(drafts))
-    sample = runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
-    tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
     with eval_mode(draft.modules):
         run_step, _ = draft.decode_steps(as_one_step(first, ids, keep=np.array([behind, [1] * len(seqs)], bool)))
-        hidden = run_step(0, None)[last_rows]
+        hidden = run_step(0, None)
+        rows = [i for i, d in enumerate(drafts) if d > 1]  # rows with more to propose
+        device = draft.device
+        last_rows, index = _to_device(device, np.cumsum([lag + 1 for lag in behind]) - 1, rows)
+        hidden = hidden[last_rows]
+        width = max(1, max(drafts))
+        sample = runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
         with draft.on_device():
             step_logits = draft.logits(hidden)
             logits = step_logits.new_empty(len(seqs), width, step_logits.shape[-1])
             logits[:, 0] = step_logits
             tokens[:, 0], _ = sample(step_logits, slice(None))
         if rows:
-            rest = build_decode_plan([seqs[i] for i in rows], [drafts[i] - 1 for i in rows], runner.block_size,
-                                     runner.num_blocks, runner.max_model_len, back=-1)
-            run_step, _ = draft.decode_steps(rest)
+            subset = [seqs[i] for i in rows]
+            rest = build_decode_plan(subset, [drafts[i] - 1 for i in rows], runner.block_size, runner.num_blocks,
+                                     runner.max_model_len, back=-1)
             last = tokens[index, 0]
-            for j in range(rest.num_steps):
-                hidden = run_step(j, last)
-                with draft.on_device():
-                    step_logits = draft.logits(hidden)
-                    last, _ = sample(step_logits, index)
-                tokens[index, j + 1], logits[index, j + 1] = last, step_logits
+            sampler = runner.sampler_for(draft)
+            burst = draft.sampled_burst(rest, last, lambda: sampler.graph_sampling(subset, rest.num_steps))
+            if burst is not None:  # every step in one graph replay
+                tokens[index, 1:], logits[index, 1:] = burst
+            else:
+                run_step, _ = draft.decode_steps(rest)
+                for j in range(rest.num_steps):
+                    hidden = run_step(j, last)
+                    with draft.on_device():
+                        step_logits = draft.logits(hidden)
+                        last, _ = sample(step_logits, index)
+                    tokens[index, j + 1], logits[index, j + 1] = last, step_logits
     return move(tokens, runner.device), logits
 
 
