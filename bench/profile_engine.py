@@ -2,6 +2,7 @@
 
 python -m bench.profile_engine --arch qwen2.5-0.5b --batch 64
 python -m bench.profile_engine --arch qwen3-0.6b --batch 64 --tandem 0.5   # a tandem rollout (frozen: a copy)
+python -m bench.profile_engine --arch qwen3-0.6b --batch 64 --tandem 0.5 --sync   # the same, async scheduling off
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ def main() -> None:
                         help="new prompts for every run, so the prefix cache never serves them (profiles prefill)")
     parser.add_argument("--tandem", type=float, default=None, metavar="P",
                         help="profile a tandem rollout (Bernoulli p = P; the frozen model a copy of the hot one)")
+    parser.add_argument("--sync", action="store_true", help="engine.async_scheduling off (the A/B of the GPU gaps)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()
     tandem = TandemConfig(enabled=True, p=args.tandem) if args.tandem is not None else None
     frozen = copy.deepcopy(model) if tandem is not None else None
-    backend = EngineBackend(model, None, EngineConfig(num_blocks=4096), device=device, tandem=tandem,
-                            frozen_model=frozen)
+    config = EngineConfig(num_blocks=4096, async_scheduling=not args.sync)
+    backend = EngineBackend(model, None, config, device=device, tandem=tandem, frozen_model=frozen)
     runs = iter(range(1 << 30))
 
     def prompts() -> list[list[int]]:

@@ -6,8 +6,9 @@ passes each model ran per kept token (batched passes over the step's rows / toke
 (llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem 33.5 s per step (1.8x).
 
 GPU:  python -m bench.tandem_step
+      python -m bench.tandem_step --sync-too              # each tandem setting also with async scheduling off (A/B)
       python -m bench.tandem_step --frozen-device cuda:1   # the frozen model on a second GPU (tandem.frozen_device)
-CPU:  python -m bench.tandem_step --arch tiny-qwen3 --new-tokens 16 --prompt-len 8 --repeats 1
+CPU:  python -m bench.tandem_step --arch tiny-qwen3 --new-tokens 16 --prompt-len 8 --repeats 1 --sync-too
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from tandemrl.engine.step import TARGET
 from tandemrl.train.optim import build_optimizer, build_scheduler
 
 
-def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device) -> dict:
-    config = EngineConfig(num_blocks=args.num_blocks)
+def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device,
+            async_scheduling: bool = True) -> dict:
+    config = EngineConfig(num_blocks=args.num_blocks, async_scheduling=async_scheduling)
     backend = EngineBackend(model, None, config, device=device, tandem=tandem,
                             frozen_model=frozen if tandem is not None else None)
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
@@ -56,6 +58,8 @@ def main() -> None:
     parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--frozen-device", default=None, help="where the frozen model lives (default: the hot's)")
+    parser.add_argument("--sync-too", action="store_true",
+                        help="also time each tandem setting with engine.async_scheduling off (rows 'tandem p=P sync')")
     parser.add_argument("--out", type=Path, default=Path("bench/out/tandem_step.json"))
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -66,6 +70,8 @@ def main() -> None:
     for p in args.ps:
         tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
         rows[f"tandem p={p}"] = measure(model, frozen, tandem, args, device)
+        if args.sync_too:
+            rows[f"tandem p={p} sync"] = measure(model, frozen, tandem, args, device, async_scheduling=False)
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "shape": f"{args.prompts}x{args.group}x{args.new_tokens}",

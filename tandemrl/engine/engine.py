@@ -5,7 +5,9 @@ batch BEFORE it reads back the tokens of the batch launched by the step before, 
 staging and postprocessing run while the device computes instead of between its steps. The scheduler counts
 those tokens as pending placeholders (sequence.py); the runner feeds each one to the next batch on the device. A
 sequence that the read-back tokens finish (EOS, a stop string) may have computed one batch more than it needed;
-those tokens are dropped. Off: each step reads its own tokens back before returning.
+those tokens are dropped. Off: each step reads its own tokens back before returning. Tandem bursts with writers
+drawn ahead (bernoulli, chunk, alternating) are scheduled so too; speculative steps and tandem segments (sentence,
+word selectors), whose rows keep a number of tokens known only once they are read, stay synchronous.
 
 Invalid requests never raise: each becomes a finished Rollout with ``finish_reason="error"`` and ``error``
 set, returned by the next ``step()`` (or in place by ``generate``), so one bad request cannot stop a batch.
@@ -104,8 +106,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
                                    propose=ngram_proposer(self.speculative), tandem=self.tandem,
                                    paired_tandem=self.tandem is not None and runner.device.type == "cuda")
-        # Speculative and tandem steps wait for their tokens: what a step kept decides where the next one starts.
-        self._synchronous = not config.async_scheduling or self.speculative.enabled or self.tandem is not None
+        # Speculative steps and tandem segments (boundary selectors) wait for their tokens: what a step kept decides
+        # where the next one starts. Tandem bursts with writers drawn ahead return what they planned: no need.
+        segments = self.tandem is not None and not self.tandem.drawn_ahead
+        self._synchronous = not config.async_scheduling or self.speculative.enabled or segments
         self._seq_ids = itertools.count()
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ready: list[tuple[int, Rollout]] = []  # (seq_id, rollout) not yet returned by a step

@@ -8,7 +8,9 @@ its length, so a long prompt is never starved by the budget.
 
 With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
 device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (a row
-may return fewer or more tokens than planned: step.py).
+may return fewer or more tokens than planned: step.py). A tandem burst with writers drawn ahead is scheduled so
+too: its writers are those after the pending positions, and postprocess moves the owner stream step by step, in
+launch order.
 
 Preemption is by recomputation: when a decode step cannot give a sequence its next block, the most recently
 added running sequence gives all its blocks back and returns to the FRONT of the waiting queue, keeping its
@@ -311,9 +313,12 @@ class Scheduler:
 
 
 def _writers(seq: Sequence, n: int) -> list[bool]:
-    """The writers of the sequence's next ``n`` positions (True = hot); a request outside tandem is the hot model's
-    alone."""
-    return seq.owners.peek(n) if seq.owners is not None else [True] * n
+    """The writers of the ``n`` positions after the sequence's last one, pending placeholders included (True = hot); a
+    request outside tandem is the hot model's alone. The owner stream moves only in ``postprocess``, so with a
+    step in flight its next positions are the pending ones: peek past them."""
+    if seq.owners is None:
+        return [True] * n
+    return seq.owners.peek(seq.num_pending + n)[seq.num_pending:]
 
 
 def _next_segment(seq: Sequence, limit: int) -> tuple[int, bool]:

@@ -3,7 +3,8 @@
 A plan names its kind, the model slot that runs it and, per row, how many tokens the row is planned to produce:
 - PREFILL: the row's uncached tokens are computed; one token is sampled after the last (``num_tokens`` 1);
 - DECODE: a burst of ``num_tokens[i]`` steps, each feeding the token sampled at the one before, on the device; with
-  ``tandem``, two models take turns writing the rows, each position by the model the plan names;
+  ``tandem``, two models take turns writing the rows, each position by the model the plan names (a row returns
+  exactly its ``num_tokens[i]``, so a later step may be in flight);
 - VERIFY: the row's last token and its proposed tokens are computed in one forward, the proposals kept up to the
   first one the model rejects (rejection sampling: the output follows the model's distribution; a greedy row keeps
   the proposals its argmax agrees with), ending with the model's own token there (or after the last proposal).

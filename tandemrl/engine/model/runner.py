@@ -6,7 +6,8 @@ returns before the device is done (pending.py):
   sampled token per row;
 - DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
   burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
-  a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns, as planned on the host;
+  a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns, as planned on the host, its first
+  input fed from the previous launch like a plain burst's;
 - VERIFY (verify_runner.py): each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same
   launch), then the target over the row's last token and its proposals in one decode step of a row per token (CUDA
   graphs apply), then rejection sampling (rejection.py); nothing waits for the device.
@@ -164,10 +165,6 @@ class ModelRunner:
         if slot is None:
             raise ValueError(f"no model slot {plan.slot!r}; the runner has {sorted(self.slots)}")
         with eval_mode(slot.modules), torch.inference_mode():
-            if plan.tandem is not None:
-                self._last = None  # synchronous: nothing is fed from a tandem burst's tokens on the device
-                with eval_mode(self.slots[plan.proposer].modules):
-                    return launch_tandem_burst(self, plan)
             if plan.kind is StepKind.VERIFY:
                 pending = launch_verify(self, slot, plan)
                 self._last = None  # how many tokens a row keeps is known on the device only
@@ -176,10 +173,15 @@ class ModelRunner:
                 hidden = self._prefill(slot, plan.seqs)
                 if plan.forced is not None:  # tandem: some rows' first token is the frozen model's
                     result, own = self._first_tokens(slot, plan, hidden)
+                    # one token per row, whoever wrote it: the next burst may be launched before it is read back
+                    self._last = LastSamples.of(plan.seqs, plan.num_tokens, result.tokens)
                     return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted,
                                          own=own)
                 tokens, logprobs = self.sampler.for_rows(plan.seqs)(slot.logits(hidden[slot.name]))
                 tokens, logprobs = tokens[:, None], logprobs[:, None]
+            elif plan.tandem is not None:  # a row returns exactly its planned tokens: the next launch may feed on them
+                with eval_mode(self.slots[plan.proposer].modules):
+                    tokens, logprobs = launch_tandem_burst(self, plan, self._last)
             else:
                 tokens, logprobs = self._decode_burst(slot, plan.seqs, plan.num_tokens)
             self._last = LastSamples.of(plan.seqs, plan.num_tokens, tokens)

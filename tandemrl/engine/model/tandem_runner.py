@@ -7,6 +7,11 @@ writes it into the buffer. A forward of the hot model also scores every token it
 model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
 planned on the host and copied to the device once per burst.
 
+Asynchronous scheduling (engine.py): a burst may be launched before the previous launch's tokens are read back. A
+burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
+that last token (buffer column 0), which may still be pending: it is fed on the device from the previous launch's
+tokens (pending.py's ``link_pending`` / ``resolve_pending``), like the first step of a plain decode burst.
+
 The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
 stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
 indices and sampling columns are staged on its own device.
@@ -22,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
-from tandemrl.engine.model.pending import PendingTokens, copy_to_device
+from tandemrl.engine.model.pending import LastSamples, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import move
 from tandemrl.engine.step import StepPlan
 from tandemrl.engine.tandem_burst import BurstForward, TandemBurst
@@ -34,17 +39,22 @@ if TYPE_CHECKING:
 Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
 
 
-def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
-    """Run ``plan.tandem`` for ``plan.seqs`` on the runner's target (hot) and ``plan.proposer`` (frozen) slots."""
+def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples | None) -> tuple[Tensor, Tensor]:
+    """Run ``plan.tandem`` for ``plan.seqs`` on the runner's target (hot) and ``plan.proposer`` (frozen) slots; each
+    row's last token, if pending, is fed from ``last`` (the previous launch's tokens) on the device. Returns the
+    [B, K] tokens and log-probs, left on the hot model's device (no host sync)."""
     burst: TandemBurst = plan.tandem
     seqs = plan.seqs
     hot, frozen = runner.slots[plan.slot], runner.slots[plan.proposer]
     decode = build_decode_plan(seqs, plan.num_tokens, runner.block_size, runner.num_blocks, runner.max_model_len)
     first = np.array([seq.num_tokens for seq in seqs], dtype=np.int64)  # position of token 0
     width = burst.width
+    linked = link_pending(decode.ids, seqs, last)  # a pending last token: a reference into ``last``
     buffer = np.zeros((len(seqs), width), dtype=np.int64)
     buffer[:, 0] = decode.ids
     tokens = copy_to_device(torch.from_numpy(buffer.reshape(-1)), hot.device)
+    if linked:
+        tokens = resolve_pending(tokens, last)  # only column 0 holds references; the rest is >= 0
     logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=hot.device)
     indices = _device_indices(burst, hot.device)
     far = indices if frozen.device == hot.device else _device_indices(burst, frozen.device)  # the frozen's side
@@ -72,7 +82,7 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan) -> PendingTokens:
                 tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
             _score(logits, tokens, logprobs, index, temperature[index["row"]])  # after the sample: scores the last
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
-    return PendingTokens(tokens[out], logprobs[out], plan.num_tokens)
+    return tokens[out], logprobs[out]
 
 
 def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
