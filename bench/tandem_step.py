@@ -67,11 +67,14 @@ def main() -> None:
     model = build_model(args.arch, device, dtype, False)
     frozen = copy.deepcopy(model).to(args.frozen_device or device).eval().requires_grad_(False)
     rows = {"vanilla": measure(model, None, None, args, device)}
+    print(f"vanilla: {rows['vanilla']}", flush=True)  # as each row is measured: a timeout keeps what was done
     for p in args.ps:
         tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
-        rows[f"tandem p={p}"] = measure(model, frozen, tandem, args, device)
-        if args.sync_too:
-            rows[f"tandem p={p} sync"] = measure(model, frozen, tandem, args, device, async_scheduling=False)
+        settings = [(f"tandem p={p}", True)] + ([(f"tandem p={p} sync", False)] if args.sync_too else [])
+        for name, async_scheduling in settings:
+            rows[name] = measure(model, frozen, tandem, args, device, async_scheduling=async_scheduling)
+            print(f"{name}: step / vanilla {rows[name]['step_s'] / rows['vanilla']['step_s']:.2f}, {rows[name]}",
+                  flush=True)
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "shape": f"{args.prompts}x{args.group}x{args.new_tokens}",
