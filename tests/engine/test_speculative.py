@@ -12,9 +12,13 @@ from scipy.stats import chisquare
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.speculative import SpeculativeConfig
+from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.model.cuda_graphs import DecodeGraphs
+from tandemrl.engine.model.runner import ModelRunner
+from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.step import TARGET
 from tandemrl.types import Request, Rollout, SamplingParams
-from tests.engine.test_model_runner import build
+from tests.engine.test_model_runner import _EagerBody, _EagerGraph, _seeded_sample, build
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -142,3 +146,33 @@ def test_speculative_configuration_errors_are_clear():
     other_vocab.resize_token_embeddings(96)
     with pytest.raises(ValueError, match="share a vocabulary"):
         EngineBackend(target, None, config(), speculative=SpeculativeConfig(method="draft"), draft_model=other_vocab)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="stands the CUDA graphs in on the CPU (the GPU runs the real ones above)")
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_draft_graph_burst_equals_eager_stepping(monkeypatch, temperature):
+    """The draft's proposals after the first, drawn in one graph replay (ModelSlot.sampled_burst, the graphs and the
+    fused sampler stood in on the CPU), give the rollouts of stepping the draft eagerly with the same seeds."""
+    monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _EagerBody(body)), g.out))
+    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
+    monkeypatch.setattr("tandemrl.engine.model.slot.fused_sample", _seeded_sample)
+    monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample", _seeded_sample)
+    monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample_available", lambda device: True)
+    target, draft = build("qwen2"), build("qwen2", seed=1)
+    params = SamplingParams(max_tokens=20, temperature=temperature, ignore_eos=True, seed=7)
+    requests = [Request(r.request_id, r.prompt_ids, params) for r in greedy_requests(count=5)]
+
+    def rollouts(graphed: bool) -> list[list[int]]:
+        runner = ModelRunner({TARGET: target, DRAFT: draft}, config(), "cpu")
+        for slot in runner.slots.values():
+            slot.enforce_eager = not graphed
+        for sampler in runner._samplers.values():
+            sampler.fused_kernels = True
+        engine = LLMEngine(runner, None, config(), eos_ids=[],
+                           speculative=SpeculativeConfig(method="draft", num_tokens=4))
+        return [r.completion_ids for r in engine.generate(requests)]
+
+    graphed = rollouts(True)
+    assert graphed == rollouts(False)
+    if temperature == 0.0:
+        assert graphed == [r.completion_ids for r in generate(requests, target=target)]

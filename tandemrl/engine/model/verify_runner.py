@@ -107,7 +107,8 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
         last_rows, index = _to_device(device, np.cumsum([lag + 1 for lag in behind]) - 1, rows)
         hidden = hidden[last_rows]
         width = max(1, max(drafts))
-        sample = runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
+        sampler = runner.sampler_for(draft)
+        sample = sampler.for_subsets(seqs, temperature_only=True)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
         with draft.on_device():
             step_logits = draft.logits(hidden)
@@ -119,7 +120,6 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
             rest = build_decode_plan(subset, [drafts[i] - 1 for i in rows], runner.block_size, runner.num_blocks,
                                      runner.max_model_len, back=-1)
             last = tokens[index, 0]
-            sampler = runner.sampler_for(draft)
             burst = draft.sampled_burst(rest, last, lambda: sampler.graph_sampling(subset, rest.num_steps))
             if burst is not None:  # every step in one graph replay
                 tokens[index, 1:], logits[index, 1:] = burst
