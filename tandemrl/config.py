@@ -89,6 +89,9 @@ class RolloutConfig(Section):
                              "(a hub id or a local directory)")
         if spec.enabled and self.backend != "engine":
             raise ValueError("rollout.speculative needs rollout.backend = 'engine'")
+        if spec.enabled and self.temperature > 0 and (self.top_p < 1 or self.top_k > 0):
+            raise ValueError("rollout.speculative samples with temperature only (the rejection rule): unset "
+                             "rollout.top_p and rollout.top_k")
         return self
 
 

@@ -130,6 +130,10 @@ class LLMEngine:
     def _add(self, request: Request, policy_version: int) -> tuple[int, str | None]:
         seq_id = next(self._seq_ids)
         error, prompt, params = _check_request(request)
+        if error is None and self.speculative.enabled and params.temperature > 0 and (params.top_k > 0
+                                                                                     or params.top_p < 1):
+            error = ("speculative decoding samples with temperature only (the rejection rule): top_k and top_p are "
+                     "not supported; unset them or turn rollout.speculative off")
         stats = RequestStats(arrival_time=self._clock(), prompt_tokens=len(prompt), kv_block_bytes=self._block_bytes)
         if error is None:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,

@@ -93,6 +93,7 @@ def test_resolved_toml_is_parseable_and_complete():
     (["rollout.speculative.method=\"ngram\"", "rollout.speculative.num_tokens=0"],
      "rollout.speculative.num_tokens must be an integer >= 1"),
     (["rollout.speculative.method=\"ngram\"", "rollout.backend=\"hf\""], "needs rollout.backend = 'engine'"),
+    (["rollout.speculative.method=\"ngram\"", "rollout.top_p=0.9"], "unset rollout.top_p and rollout.top_k"),
     (["rollout.speculative.method=\"medusa\""], "rollout.speculative.method"),
     (["rollout.speculative.draft=\"x\""], "unknown config key 'rollout.speculative.draft'"),
 ])

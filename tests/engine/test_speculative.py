@@ -146,6 +146,9 @@ def test_speculative_configuration_errors_are_clear():
     other_vocab.resize_token_embeddings(96)
     with pytest.raises(ValueError, match="share a vocabulary"):
         EngineBackend(target, None, config(), speculative=SpeculativeConfig(method="draft"), draft_model=other_vocab)
+    filtered = SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9)
+    out = generate([Request("p", [5, 6, 7], filtered)], method="ngram", target=target)
+    assert out[0].finish_reason == "error" and "top_k and top_p are not supported" in out[0].error
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="stands the CUDA graphs in on the CPU (the GPU runs the real ones above)")
