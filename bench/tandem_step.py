@@ -39,10 +39,16 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
-    one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=1000)  # warm-up at full shape
+    def timed_step(seed: int):  # each step's times as it ends: a slow setting shows where before any timeout
+        timing = one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=seed)
+        print(f"  step (seed {seed}, tandem {tandem is not None}, async {async_scheduling}): rollout "
+              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s", flush=True)
+        return timing
+
+    timed_step(1000)  # warm-up at full shape
     slots = backend.runner.slots
     before = {name: slot.forwards for name, slot in slots.items()}
-    runs = [one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=s) for s in range(args.repeats)]
+    runs = [timed_step(s) for s in range(args.repeats)]
     passes = {name: (slots[name].forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
     backend.close()
     median = sorted(runs, key=lambda t: t.rollout_s + t.train_s)[len(runs) // 2]
