@@ -21,7 +21,10 @@ all at once by ``stage_forwards`` into a device buffer of their own; ``run_forwa
 place (one device copy) and replays its graph.
 
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
-graph's private output stays small and the sampler's generator is never captured.
+graph's private output stays small and the sampler's generator is never captured. The exception is a *sampled
+burst* (``sampled_burst``: a speculative draft's proposals): one graph holds every step of the burst with its lm_head
+and the fused sampler, which reads each step's seed from the staged buffer (staged after the burst's later steps,
+with the rows' temperatures; the table is then staged whole, so those offsets are fixed per graph).
 """
 
 from __future__ import annotations
