@@ -128,7 +128,7 @@ class BlockManager:
     def register_finished(self, seq: Sequence) -> None:
         """Register the full blocks a finished ``seq`` computed since its last decode schedule (before it frees
         them), so a prompt that continues it (the next turn of a conversation) hits all of them."""
-        if self.enable_prefix_caching and seq.block_table and seq.num_known_tokens > self.block_size:
+        if self.enable_prefix_caching and seq.block_table and _cacheable_tokens(seq) >= self.block_size:
             self._register_computed_blocks(seq)
 
     def deallocate(self, seq: Sequence) -> None:
@@ -178,7 +178,7 @@ class BlockManager:
 
     def _append(self, seq: Sequence, missing: int) -> None:
         table = seq.block_table
-        computed = (seq.num_known_tokens - 1) // self.block_size  # a pending placeholder cannot be hashed
+        computed = _cacheable_tokens(seq) // self.block_size  # a pending placeholder cannot be hashed
         # Most steps complete no block: the newest computed one is registered already, nothing to do.
         if self.enable_prefix_caching and computed and (
                 computed > len(table) or self._digest[table[computed - 1]] is None):
@@ -199,7 +199,7 @@ class BlockManager:
         """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
         first back to the last registered one: O(1) per step in steady state."""
         table, bs = seq.block_table, self.block_size
-        computed = min((seq.num_known_tokens - 1) // bs, len(table))
+        computed = min(_cacheable_tokens(seq) // bs, len(table))
         first = computed
         while first > 0 and self._digest[table[first - 1]] is None:
             first -= 1
@@ -282,3 +282,10 @@ def _note_blocks(seq: Sequence) -> None:
     stats.kv_blocks = held = len(seq.block_table)
     if held > stats.peak_kv_blocks:
         stats.peak_kv_blocks = held
+
+
+def _cacheable_tokens(seq: Sequence) -> int:
+    """Leading tokens whose K/V is computed in every model slot: all but the last known one (a pending
+    placeholder cannot be hashed), and none past ``seq.kv_complete_tokens``."""
+    computed = seq.num_known_tokens - 1
+    return computed if seq.kv_complete_tokens is None else min(computed, seq.kv_complete_tokens)

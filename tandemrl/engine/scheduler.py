@@ -125,6 +125,7 @@ class Scheduler:
                 break
             bm.allocate(seq)
             seq.draft_behind = 0  # a prefill fills every model slot's cache
+            seq.kv_complete_tokens = None
             computed += seq.num_tokens - seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             self.waiting.popleft()
@@ -138,8 +139,10 @@ class Scheduler:
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
             return StepPlan.idle()
-        if self.tandem is not None and any(s.owners is not None for s in running):  # else: the hot model alone
-            return self._schedule_tandem(running, in_flight)
+        if self.tandem is not None:
+            if any(s.owners is not None for s in running):
+                return self._schedule_tandem(running, in_flight)
+            _hot_alone(running)  # the plain decode below: the frozen model's cache stops at these rows' last token
         if self.speculative.enabled:
             return self._schedule_verify(running, in_flight)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
@@ -310,6 +313,15 @@ class Scheduler:
         del seq.token_ids[seq.num_prompt_tokens + keep:]
         del seq.logprobs[keep:]
         return True
+
+
+def _hot_alone(seqs: list[Sequence]) -> None:
+    """Rows about to decode with the hot model alone in a tandem engine (requests outside tandem): the frozen model
+    will not hold their K/V from their last token on, so the prefix cache must not offer those blocks to a tandem
+    prompt (sequence.py's ``kv_complete_tokens``; a prefill fills every slot again)."""
+    for seq in seqs:
+        if seq.kv_complete_tokens is None:
+            seq.kv_complete_tokens = seq.num_tokens - 1
 
 
 def _writers(seq: Sequence, n: int) -> list[bool]:

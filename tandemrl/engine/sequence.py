@@ -45,6 +45,9 @@ class Sequence:
     # verify step that kept every proposal, the draft never fed the last one); its next proposal feeds it first.
     draft_behind: int = 0
     owners: Any = None  # tandem: the request's owner stream (selectors.py), else None
+    # Tokens whose K/V every model slot holds (None: all). A tandem engine's request outside tandem, decoded by the
+    # hot model alone, stops it where that began: the prefix cache registers no block past it.
+    kv_complete_tokens: int | None = None
     sources: list[bool] = field(default_factory=list)  # tandem: per completion token, True if the hot model wrote it
     stats: RequestStats = field(default_factory=RequestStats)
 

@@ -181,3 +181,21 @@ def test_requests_outside_tandem_are_the_hot_models_alone():
         if not req.tandem:
             assert r.completion_ids == v.completion_ids and r.token_sources == [True] * len(v.completion_ids)
     assert any(not w for req, r in zip(mixed, out) if req.tandem for w in r.token_sources)
+
+
+def test_blocks_decoded_by_the_hot_model_alone_never_serve_a_tandem_prompt():
+    """A batch of requests outside tandem decodes with the hot model alone, so the frozen model's cache misses those
+    positions: a later tandem prompt that continues such a completion must not reuse its blocks (prefix cache)."""
+    hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    tandem = TandemConfig(enabled=True, p=0.3)
+    first = requests(count=1, max_tokens=24)[0]
+    first.tandem = False
+    backend = EngineBackend(hot, None, engine_config(), tandem=tandem, frozen_model=frozen)
+    completion = backend.generate([first])[0].completion_ids
+    follow = Request("t-next", first.prompt_ids + completion,
+                     SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, seed=3))
+    reused = backend.generate([follow])[0]
+    backend.close()
+    fresh = tandem_generate(hot, frozen, tandem, [follow])[0]
+    assert reused.completion_ids == fresh.completion_ids
+    assert reused.token_sources == fresh.token_sources
