@@ -64,10 +64,13 @@ def test_greedy_tokens_and_logprobs_equal_our_engine(vllm_backend, engine_backen
 
 
 def test_sampled_logprobs_are_the_trainers_at_the_temperature(vllm_backend, trainer_model, tokenizer, versions):
-    """Each sampled token's log-prob is log softmax(logits / T) of the trainer's model at that token."""
+    assert_logprobs_are_the_trainers(vllm_backend, trainer_model, tokenizer, next(versions))
+
+
+def assert_logprobs_are_the_trainers(backend, trainer_model, tokenizer, version: int) -> None:
+    """Sampled at T = 0.7, each token's log-prob is the trainer's log softmax(logits / T) at it."""
     params = SamplingParams(max_tokens=16, temperature=0.7, ignore_eos=True, seed=3)
-    rollouts = vllm_backend.generate(requests(tokenizer, params), next(versions))
-    for r in rollouts:
+    for r in backend.generate(requests(tokenizer, params), version):
         ids = torch.tensor([r.prompt_ids + r.completion_ids])
         with torch.no_grad():
             logits = trainer_model(input_ids=ids).logits[0, len(r.prompt_ids) - 1:-1] / 0.7
@@ -76,22 +79,33 @@ def test_sampled_logprobs_are_the_trainers_at_the_temperature(vllm_backend, trai
 
 
 def test_a_seeded_group_has_distinct_samples_and_repeats_exactly(vllm_backend, tokenizer, versions):
-    version = next(versions)
+    assert_seeded_group_differs_and_repeats(vllm_backend, tokenizer, next(versions))
+
+
+def assert_seeded_group_differs_and_repeats(backend, tokenizer, version: int) -> None:
+    """A group of one prompt with one seed: distinct samples (one seed for all would give GRPO identical ones), and
+    the same group again repeats them exactly."""
     params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True, seed=7)
     group = requests(tokenizer, params, prompts=["3+4="] * 6)
-    first = [r.completion_ids for r in vllm_backend.generate(group, version)]
-    assert len({tuple(ids) for ids in first}) > 1  # one seed for all would give GRPO identical samples
-    assert [r.completion_ids for r in vllm_backend.generate(group, version)] == first
+    first = [r.completion_ids for r in backend.generate(group, version)]
+    assert len({tuple(ids) for ids in first}) > 1
+    assert [r.completion_ids for r in backend.generate(group, version)] == first
 
 
 def test_weight_update_lands_and_the_prefix_cache_is_not_reused(vllm_backend, engine_backend, trainer_model,
                                                                 tokenizer, versions):
+    assert_weight_update_lands(vllm_backend, engine_backend, trainer_model, tokenizer, versions)
+
+
+def assert_weight_update_lands(backend, engine_backend, trainer_model, tokenizer, versions: Iterator[int]) -> None:
+    """After the trainer's weights change, the backend's rollouts are our engine's with the new weights (the prefix
+    cache filled before the change is not reused) and differ from before."""
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    before = vllm_backend.generate(requests(tokenizer, params), next(versions))  # fills vLLM's prefix cache
+    before = backend.generate(requests(tokenizer, params), next(versions))  # fills the prefix cache
     with perturbed(trainer_model, 0.05, seed=1):
         version = next(versions)
-        got = vllm_backend.generate(requests(tokenizer, params), version)
-        assert vllm_backend.synced_version == version and vllm_backend.last_update_s > 0
+        got = backend.generate(requests(tokenizer, params), version)
+        assert backend.synced_version == version and backend.last_update_s > 0
         assert_same_rollouts(got, engine_backend.generate(requests(tokenizer, params), version))
         assert [r.completion_ids for r in got] != [r.completion_ids for r in before]  # the change is visible
 

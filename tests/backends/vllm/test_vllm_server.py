@@ -12,7 +12,6 @@ from typing import Iterator
 
 import httpx
 import pytest
-import torch
 
 from tandemrl.backends.vllm.errors import WeightSyncError
 from tandemrl.backends.vllm.server import VLLMServerBackend
@@ -20,7 +19,10 @@ from tandemrl.config import VLLMConfig
 from tandemrl.types import SamplingParams
 from tests.backends.vllm.test_vllm_backend import (
     assert_bad_requests_fail_alone,
+    assert_logprobs_are_the_trainers,
     assert_same_rollouts,
+    assert_seeded_group_differs_and_repeats,
+    assert_weight_update_lands,
     perturbed,
     requests,
 )
@@ -53,22 +55,12 @@ def test_greedy_tokens_and_logprobs_equal_our_engine(server_backend, engine_back
 
 def test_sampled_logprobs_are_the_trainers_at_the_temperature(server_backend, trainer_model, tokenizer, versions):
     """Needs the server's --logprobs-mode processed_logprobs (README): log softmax(logits / T) at each token."""
-    params = SamplingParams(max_tokens=16, temperature=0.7, ignore_eos=True, seed=3)
-    for r in server_backend.generate(requests(tokenizer, params), next(versions)):
-        ids = torch.tensor([r.prompt_ids + r.completion_ids])
-        with torch.no_grad():
-            logits = trainer_model(input_ids=ids).logits[0, len(r.prompt_ids) - 1:-1] / 0.7
-        want = logits.log_softmax(-1).gather(-1, torch.tensor(r.completion_ids).unsqueeze(-1)).squeeze(-1)
-        assert torch.allclose(torch.tensor(r.logprobs), want, atol=1e-4), r.request_id
+    assert_logprobs_are_the_trainers(server_backend, trainer_model, tokenizer, next(versions))
 
 
 def test_a_seeded_group_has_distinct_samples_and_repeats_exactly(server_backend, tokenizer, versions):
     version = next(versions)
-    params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True, seed=7)
-    group = requests(tokenizer, params, prompts=["3+4="] * 6)  # one HTTP request with n = 6
-    first = [r.completion_ids for r in server_backend.generate(group, version)]
-    assert len({tuple(ids) for ids in first}) > 1
-    assert [r.completion_ids for r in server_backend.generate(group, version)] == first
+    assert_seeded_group_differs_and_repeats(server_backend, tokenizer, version)  # one HTTP request with n = 6
     greedy = requests(tokenizer, SamplingParams(max_tokens=4, temperature=0.0), prompts=["3+4="] * 3)
     rollouts = server_backend.generate(greedy, version)  # vLLM refuses n > 1 at temperature 0: sent one by one
     assert all(r.error is None for r in rollouts) and len({tuple(r.completion_ids) for r in rollouts}) == 1
@@ -76,14 +68,7 @@ def test_a_seeded_group_has_distinct_samples_and_repeats_exactly(server_backend,
 
 def test_weight_update_lands_and_the_prefix_cache_is_not_reused(server_backend, engine_backend, trainer_model,
                                                                 tokenizer, versions):
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    before = server_backend.generate(requests(tokenizer, params), next(versions))  # fills the prefix cache
-    with perturbed(trainer_model, 0.05, seed=1):
-        version = next(versions)
-        got = server_backend.generate(requests(tokenizer, params), version)
-        assert server_backend.synced_version == version and server_backend.last_update_s > 0
-        assert_same_rollouts(got, engine_backend.generate(requests(tokenizer, params), version))
-        assert [r.completion_ids for r in got] != [r.completion_ids for r in before]  # the change is visible
+    assert_weight_update_lands(server_backend, engine_backend, trainer_model, tokenizer, versions)
 
 
 def test_stale_weights_are_caught(server_backend, trainer_model, versions):
