@@ -26,9 +26,28 @@ from bench.grpo_step import add_step_shape_args, build_model, one_step
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.config import TrainConfig
 from tandemrl.engine.config import EngineConfig
+from tandemrl.engine.model.cuda_graphs import DecodeGraphs
 from tandemrl.engine.tandem import FROZEN, TandemConfig
 from tandemrl.engine.step import TARGET
 from tandemrl.train.optim import build_optimizer, build_scheduler
+
+
+class _CaptureCounter:
+    """Counts the engine's CUDA graph captures (after the warm-up step a rollout should capture none: the graphs
+    parked over the update's sleep serve again)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        capture = DecodeGraphs._captured
+
+        def counted(graphs: DecodeGraphs, body):
+            self.count += 1
+            return capture(graphs, body)
+
+        DecodeGraphs._captured = counted
+
+
+CAPTURES = _CaptureCounter()
 
 
 def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device,
@@ -36,16 +55,21 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     config = EngineConfig(num_blocks=args.num_blocks, async_scheduling=async_scheduling)
     backend = EngineBackend(model, None, config, device=device, tandem=tandem,
                             frozen_model=frozen if tandem is not None else None)
-    cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
+    cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 2)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
     def timed_step(seed: int):  # each step's times as it ends: a slow setting shows where before any timeout
+        before = CAPTURES.count
         timing = one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=seed)
         print(f"  step (seed {seed}, tandem {tandem is not None}, async {async_scheduling}): rollout "
-              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s", flush=True)
+              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s, {CAPTURES.count - before} graph captures",
+              flush=True)
         return timing
 
-    timed_step(1000)  # warm-up at full shape
+    # two warm-up steps at full shape: the first update allocates the optimizer state, maybe where the KV pools were,
+    # so the second rollout may capture its graphs again; from the third on they serve from one update to the next
+    timed_step(1000)
+    timed_step(1001)
     slots = backend.runner.slots
     before = {name: slot.forwards for name, slot in slots.items()}
     runs = [timed_step(s) for s in range(args.repeats)]
@@ -59,7 +83,7 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_step_shape_args(parser, arch="qwen3-0.6b")
+    add_step_shape_args(parser, arch="qwen3-0.6b", repeats=3)
     parser.add_argument("--ps", type=float, nargs="+", default=[0.5, 0.8])
     parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
     parser.add_argument("--num-blocks", type=int, default=4096)

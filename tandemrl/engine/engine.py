@@ -51,7 +51,7 @@ class ModelRunnerProtocol(Protocol):
 
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
 
-    def free_kv_cache(self) -> None: ...
+    def free_kv_cache(self, keep_graphs: bool = False) -> None: ...
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int: ...
 
@@ -104,8 +104,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         decode = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
-                                   propose=ngram_proposer(self.speculative), tandem=self.tandem,
-                                   paired_tandem=self.tandem is not None and runner.device.type == "cuda")
+                                   propose=ngram_proposer(self.speculative), tandem=self.tandem)
         # Speculative steps and tandem segments (boundary selectors) wait for their tokens: what a step kept decides
         # where the next one starts. Tandem bursts with writers drawn ahead return what they planned: no need.
         segments = self.tandem is not None and not self.tandem.drawn_ahead
@@ -312,7 +311,7 @@ class LLMEngine:
             return
         self._drain(self._ready)
         self.scheduler.preempt_all()
-        self.runner.free_kv_cache()
+        self.runner.free_kv_cache(keep_graphs=True)
         self.block_manager.reset()
         self._asleep = True
 

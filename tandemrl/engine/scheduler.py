@@ -38,11 +38,9 @@ Propose = Callable[[Sequence, int], list[int]]  # (a sequence, at most k) -> tok
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: Iterable[int],
                  decode: Decode | None = None, speculative: SpeculativeConfig | None = None,
-                 propose: Propose | None = None, tandem: TandemConfig | None = None,
-                 paired_tandem: bool = False) -> None:
+                 propose: Propose | None = None, tandem: TandemConfig | None = None) -> None:
         self.config = config
         self.tandem = tandem if tandem is not None and tandem.enabled else None
-        self.paired_tandem = paired_tandem  # tandem bursts in ticks of both models (two streams on a GPU)
         self.speculative = speculative or SpeculativeConfig()
         self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes
         self.block_manager = block_manager
@@ -177,7 +175,7 @@ class Scheduler:
         (tandem_burst.py); if the free blocks cannot cover it, one token each, which may preempt."""
         forwards = 2 * self.config.decode_steps
         burst = plan_tandem_burst([_writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
-                                   for s in running], forwards, paired=self.paired_tandem)
+                                   for s in running], forwards)
         planned = burst.num_tokens.tolist()
         if self.block_manager.try_append_all(running, planned):
             return StepPlan(StepKind.DECODE, running, planned, proposer=FROZEN, tandem=burst)

@@ -39,7 +39,6 @@ class BurstForward:
     row: np.ndarray  # [N]
     token: np.ndarray  # [N]
     sample: bool = True
-    beside: bool = False  # may run beside the forward before it (the other model's, over other rows): two streams
 
     @property
     def last(self) -> np.ndarray:
@@ -63,11 +62,10 @@ class TandemBurst:
         return rows * self.width + tokens + 1
 
 
-def plan_tandem_burst(owners: list[list[bool]], max_forwards: int, paired: bool = False) -> TandemBurst:
+def plan_tandem_burst(owners: list[list[bool]], max_forwards: int) -> TandemBurst:
     """The burst for rows whose next positions belong to ``owners[i]`` (True = hot; a row moves at most that many
     positions): at most ``max_forwards`` forwards, one more of a model for rows that have not moved, then the
-    catch-ups. ``paired``: in ticks instead, each a forward of both models, over the rows each owns next: every
-    row moves once per tick, and the two forwards of a tick may run at once (on two streams; ``beside``)."""
+    catch-ups."""
     if not owners or any(not o for o in owners):
         raise ValueError("a tandem burst needs at least one position per row")
     rows_n = len(owners)
@@ -81,26 +79,18 @@ def plan_tandem_burst(owners: list[list[bool]], max_forwards: int, paired: bool 
     everyone = np.arange(rows_n)
     forwards: list[BurstForward] = []
 
-    def run(hot: bool, served: np.ndarray, beside: bool = False) -> None:
+    def run(hot: bool, served: np.ndarray) -> None:
         forwards.append(_reading(hot, served, read[hot][served], position[served]))
-        forwards[-1].beside = beside
         read[hot][served] = position[served]
         position[served] += 1
         waited[:] += 1
         waited[served] = 0
 
-    for _ in range(max_forwards // 2 if paired else max_forwards):
+    for _ in range(max_forwards):
         active = position < limit
         if not active.any():
             break
         next_hot = table[everyone, position]
-        if paired:
-            hot_rows, frozen_rows = np.flatnonzero(active & next_hot), np.flatnonzero(active & ~next_hot)
-            if len(hot_rows):
-                run(HOT, hot_rows)
-            if len(frozen_rows):
-                run(FROZEN, frozen_rows, beside=bool(len(hot_rows)))
-            continue
         weight = (1 + waited) * active  # a row that waits gains weight: no row starves behind the majority
         hot = bool(weight[next_hot].sum() >= weight[~next_hot].sum())
         run(hot, np.flatnonzero(active & (next_hot == hot)))

@@ -151,7 +151,7 @@ class _NullRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
 
-    def free_kv_cache(self) -> None:
+    def free_kv_cache(self, keep_graphs: bool = False) -> None:
         pass
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:

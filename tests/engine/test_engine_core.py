@@ -66,7 +66,7 @@ class FakeRunner:
         assert self.kv is None, "allocate_kv_cache twice"
         self.kv = [None] * (num_blocks * BS)
 
-    def free_kv_cache(self) -> None:
+    def free_kv_cache(self, keep_graphs: bool = False) -> None:
         self.kv = None
 
     def bytes_per_block(self) -> int:

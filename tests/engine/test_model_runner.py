@@ -420,6 +420,46 @@ def test_recapture_after_cache_reallocation_leaves_no_memory_behind():
     assert allocated[1] == allocated[2] == allocated[3], allocated
 
 
+@needs_cuda
+def test_graphs_parked_over_a_sleep_serve_again_only_where_nothing_they_read_moved():
+    """A sleep parks the graphs: after a wake with the pool back at its address they replay (no new capture) and
+    decode what an eager runner decodes, an in-place update included; a replaced parameter tensor, or a pool at
+    another address, drops them."""
+    torch.manual_seed(0)
+    model = build("qwen2", device="cuda")
+    runner = ModelRunner(model, EngineConfig(block_size=BLOCK), "cuda")
+    eager = ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=False), "cuda")
+    eager.allocate_kv_cache(32)
+    prompt = prompts_of([10])[0]
+
+    def decode_both(seq_id: int) -> None:
+        graphed, reference = make_seq(seq_id, prompt, [0, 1]), make_seq(seq_id, prompt, [0, 1])
+        generate(runner, [graphed], 6)
+        generate(eager, [reference], 6)
+        assert graphed.completion_ids == reference.completion_ids
+
+    runner.allocate_kv_cache(32)
+    decode_both(0)
+    graphs = runner.target.graphs
+    runner.free_kv_cache(keep_graphs=True)
+    runner.allocate_kv_cache(32)
+    assert runner.target.graphs is graphs  # same pool address: parked graphs serve again
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # in place, as an optimizer step: the graphs read the same tensor
+    decode_both(1)
+    assert runner.target.graphs is graphs
+    runner.free_kv_cache(keep_graphs=True)
+    layer = model.model.layers[0].mlp.down_proj
+    layer.weight = torch.nn.Parameter(layer.weight.detach().clone())  # a replaced tensor: a new address
+    runner.allocate_kv_cache(32)
+    assert runner.target.graphs is None
+    decode_both(2)
+    runner.free_kv_cache(keep_graphs=True)
+    runner.allocate_kv_cache(48)  # another pool
+    assert runner.target.graphs is None
+    decode_both(3)
+
+
 class _EagerBody:
     """Stands in for a captured sampled burst on the CPU: replay re-runs its steps over the same static buffers."""
 

@@ -6,7 +6,8 @@ buffers the graph reads; a batch is padded up to its bucket with rows that write
 (owned by no sequence) and attend to one token of it. The graph reads the model's parameter tensors by address:
 an in-place optimizer update is seen by the next replay; replacing a parameter tensor (``p.data = ...``) is not,
 so call ``free_kv_cache()`` on the runner (which drops the graphs) after doing that. For the same reason, toggling
-peft adapters (merge, disable) needs the graphs dropped too.
+peft adapters (merge, disable) needs the graphs dropped too. The engine's sleep parks the graphs instead
+(slot.py): they serve again after the wake if the pool and every parameter are back at the addresses they read.
 
 Staging is one host-to-device copy per decode burst (see decode_plan.py): the host writes the burst's inputs
 into one pinned buffer laid out as ``[ids | positions | slots | context_lens | groups | table | later steps]``
@@ -270,9 +271,19 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of other threads (telemetry, data loading) must not abort our capture. The side
         # stream, not torch's default capture stream: that one lives on whichever device first captured, and a
-        # runner's slots may sit on different GPUs (placement.py).
-        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            out = body()
+        # runner's slots may sit on different GPUs (placement.py). capture_begin/end, not torch.cuda.graph: that one
+        # also empties PyTorch's device cache, which the trainer's next update then refills from the device. Its
+        # other two steps stay: pending work done, and no pinned block whose event a capture would query.
+        torch.cuda.synchronize(self.device)
+        empty_pinned_cache = getattr(torch._C, "_host_emptyCache", None)
+        if empty_pinned_cache is not None:
+            empty_pinned_cache()
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                out = body()
+            finally:
+                graph.capture_end()
         return graph, out
 
 

@@ -67,8 +67,6 @@ class ModelRunner:
         # freed (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self.slots = {name: self._slot(name, model, config, attention_backend) for name, model in models.items()}
-        # the runner device's stream is also where a tandem tick's second forward runs (never beside a capture)
-        self.second_stream = self._streams.get(self.device)
         self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
         _check_vocabularies(self.slots)
         self.sampler = StepSampler(self.device, self.fused_kernels)
@@ -138,17 +136,19 @@ class ModelRunner:
         """Allocate every slot's pool: `num_blocks` blocks plus the scratch block each."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.free_kv_cache()
-        for slot in self.slots.values():
+        self._last = None
+        for slot in sorted(self.slots.values(), key=lambda slot: slot.parked_pool_address):
             slot.allocate(num_blocks)
         self.num_blocks = num_blocks
 
-    def free_kv_cache(self) -> None:
+    def free_kv_cache(self, keep_graphs: bool = False) -> None:
         """Drop the pools and the CUDA graphs (their buffers and pool). The memory goes back to PyTorch's caching
         allocator, where the trainer of this process reuses it; emptying that cache on every sleep would make the
-        next update allocate from the device again (0.37 s of a 1.98 s GRPO step on an H100, 2026-11-22)."""
+        next update allocate from the device again (0.37 s of a 1.98 s GRPO step on an H100, 2026-11-22).
+        ``keep_graphs`` (the engine's sleep): the graphs are parked and come back with the next
+        ``allocate_kv_cache`` if the pools land at the same addresses and no parameter moved (slot.py)."""
         for slot in self.slots.values():
-            slot.free()
+            slot.free(keep_graphs)
         self._last = None
         self.num_blocks = 0
 

@@ -9,6 +9,7 @@ the dead steps of a burst write there. Forwards read the model's parameter tenso
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator
 
 import numpy as np
@@ -25,6 +26,14 @@ from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.placement import on_device
 
 StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or None for the staged ones) -> hidden
+
+
+@dataclass
+class _Parked:
+    """Graphs kept over a sleep, and the addresses they read (``ModelSlot._captured_addresses``)."""
+
+    graphs: DecodeGraphs
+    addresses: tuple
 
 
 class ModelSlot:
@@ -53,6 +62,7 @@ class ModelSlot:
         self.k_caches: list[Tensor] = []
         self.v_caches: list[Tensor] = []
         self.graphs: DecodeGraphs | None = None
+        self._parked: _Parked | None = None  # graphs kept over a sleep
         self.forwards = 0  # batched forward passes run (benches report them per token)
 
     # ------------------------------------------------------------------ weights
@@ -82,7 +92,9 @@ class ModelSlot:
         return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * elem
 
     def allocate(self, num_blocks: int) -> None:
-        """Allocate (zeroed, so masked-out slots are finite) K/V for ``num_blocks`` blocks plus the scratch block."""
+        """Allocate (zeroed, so masked-out slots are finite) K/V for ``num_blocks`` blocks plus the scratch block;
+        the graphs parked by ``free(keep_graphs=True)`` come back if every address they captured is the same."""
+        parked = self._parked
         self.free()
         s = self.spec
         shape = (2, s.num_layers, num_blocks + 1, self.block_size, s.num_kv_heads, s.head_dim)
@@ -90,11 +102,31 @@ class ModelSlot:
         self.k_caches = list(kv[0].unbind(0))
         self.v_caches = list(kv[1].unbind(0))
         self.num_blocks = num_blocks
+        if parked is not None and parked.addresses == self._captured_addresses():
+            self.graphs = parked.graphs
 
-    def free(self) -> None:
+    def free(self, keep_graphs: bool = False) -> None:
+        """Drop the pool and the graphs. ``keep_graphs`` (a sleep between rollouts): park the graphs with the
+        addresses they read (pool, parameters, buffers) instead: the trainer's update usually frees what it
+        allocated in the pool's memory, the next ``allocate`` then gets the same address and skips the captures."""
+        keep = keep_graphs and self.graphs is not None and bool(self.k_caches)
+        self._parked = _Parked(self.graphs, self._captured_addresses()) if keep else None
         self.graphs = None
         self.k_caches, self.v_caches = [], []
         self.num_blocks = 0
+
+    @property
+    def parked_pool_address(self) -> int:
+        """Where the pool of the parked graphs was (0: none parked): the runner allocates the pools in this order,
+        as PyTorch's allocator hands out the lowest-addressed of equally sized free blocks."""
+        return self._parked.addresses[1] if self._parked is not None else 0
+
+    def _captured_addresses(self) -> tuple:
+        """What a captured graph reads by address: the pool, every parameter and buffer (a tensor replaced by the
+        trainer, or a peft adapter toggled, must not be read through a stale address)."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return (self.num_blocks, self.k_caches[0].data_ptr(), tuple(t.data_ptr() for t in tensors),
+                self._adapter_state())
 
     # ------------------------------------------------------------------ forwards
 
@@ -195,9 +227,10 @@ class ModelSlot:
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self.graphs is None:
-            spec, fused, k_caches, v_caches = self.spec, self.fused_kernels, self.k_caches, self.v_caches
+            # the pool is read at each capture, not held: parked graphs must not keep a freed pool alive
             self.graphs = DecodeGraphs(
-                lambda ids, meta: forward_hidden(spec, ids, meta, k_caches, v_caches, fused=fused), self.device,
+                lambda ids, meta: forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches,
+                                                 fused=self.fused_kernels), self.device,
                 scratch_block=self.num_blocks, block_size=self.block_size,
                 max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
                 use_triton=self.use_triton, warmup_stream=self.warmup_stream, query_capacity=self.query_capacity)

@@ -19,8 +19,7 @@ indices and sampling columns are staged on its own device.
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -64,23 +63,20 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples |
     forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
-    streams = _Streams.of(runner, frozen.device == hot.device)
     for forward, index, far_index in zip(burst.forwards, indices, far):
-        with streams.beside(forward.beside):
-            if not forward.hot:
-                drawn = _frozen_forward(frozen, forward_of[False], nth[False],
-                                        move(tokens[index["read"]], frozen.device), far_index,
-                                        frozen_sample if forward.sample else None)
-                nth[False] += 1
-                if drawn is not None:
-                    tokens[index["write"]] = move(drawn, hot.device)
-                continue
-            hidden = forward_of[True](nth[True], tokens[index["read"]])
-            nth[True] += 1
-            logits = hot.logits(hidden)  # one lm_head to sample and score
-            if forward.sample:
-                tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
-            _score(logits, tokens, logprobs, index, temperature[index["row"]])  # after the sample: scores the last
+        if not forward.hot:
+            drawn = _frozen_forward(frozen, forward_of[False], nth[False], move(tokens[index["read"]], frozen.device),
+                                    far_index, frozen_sample if forward.sample else None)
+            nth[False] += 1
+            if drawn is not None:
+                tokens[index["write"]] = move(drawn, hot.device)
+            continue
+        hidden = forward_of[True](nth[True], tokens[index["read"]])
+        nth[True] += 1
+        logits = hot.logits(hidden)  # one lm_head to sample and score
+        if forward.sample:
+            tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
+        _score(logits, tokens, logprobs, index, temperature[index["row"]])  # after the sample: scores the last
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
     return tokens[out], logprobs[out]
 
@@ -95,36 +91,6 @@ def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth
     with frozen.on_device():
         drawn, _ = sample(frozen.logits(hidden[index["last"]]), index["rows"])
     return drawn
-
-
-class _Streams:
-    """A forward marked ``beside`` runs on a second stream, concurrently with the forward before it (on the main
-    stream, other rows, the other model): it starts once everything before that forward is done, and the main
-    stream waits for it before going on. Off CUDA, or with the models on two devices, everything is issued in order
-    (two devices run concurrently anyway)."""
-
-    def __init__(self, main: torch.cuda.Stream | None, side: torch.cuda.Stream | None) -> None:
-        self.main, self.side = main, side
-        self.start: torch.cuda.Event | None = None  # recorded before each main-stream forward
-
-    @classmethod
-    def of(cls, runner: ModelRunner, one_device: bool) -> _Streams:
-        if runner.device.type != "cuda" or not one_device or runner.second_stream is None:
-            return cls(None, None)
-        return cls(torch.cuda.current_stream(runner.device), runner.second_stream)
-
-    @contextlib.contextmanager
-    def beside(self, beside: bool) -> Iterator[None]:
-        if self.main is None:
-            yield
-        elif beside and self.start is not None:
-            self.side.wait_event(self.start)
-            with torch.cuda.stream(self.side):
-                yield
-            self.main.wait_stream(self.side)  # the next forward reads what this one wrote
-        else:
-            self.start = self.main.record_event()
-            yield
 
 
 def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor) -> None:
