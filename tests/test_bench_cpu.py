@@ -10,8 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_bench(module: str, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, check=True, capture_output=True, timeout=300)
+def run_bench(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, check=True, capture_output=True,
+                          timeout=300, text=True)
 
 
 def test_engine_throughput_prints_engine_and_hf_numbers(tmp_path):
@@ -108,8 +109,9 @@ def test_curriculum_overhead_runs_on_the_cpu(tmp_path):
 def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
     """The FSDP worker (replica, gather, tandem per rank) under torchrun on the CPU; timings are not asserted."""
     out = tmp_path / "multi_gpu.json"
-    run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--out", str(out))
+    done = run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--out", str(out))
     row = json.loads(out.read_text())["rows"]["2 gpu tandem"]
+    assert "error" not in row, f"{row['error']}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert row["processes"] == 2 and row["global_samples"] == 2 * 2 * 2
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
 

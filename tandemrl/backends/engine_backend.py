@@ -72,7 +72,8 @@ class EngineBackend:
             yield self.engine
 
     def sleep(self) -> None:
-        """Free the KV cache and CUDA graphs so the trainer can use the memory (it stays in PyTorch's allocator)."""
+        """Free the KV cache so the trainer can use the memory (it stays in PyTorch's allocator); the CUDA graphs
+        are parked and serve again after ``wake()`` if nothing they read has moved."""
         if not self._closed:
             self.engine.sleep()
 
