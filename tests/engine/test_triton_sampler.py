@@ -94,6 +94,36 @@ def test_greedy_rows_are_argmax_with_log_softmax(rows, vocab, splits):
 
 
 @needs_kernels
+@pytest.mark.parametrize("small_chunks", [False, True])
+@pytest.mark.parametrize("rows,vocab", SHAPES)
+def test_token_logprobs_are_log_softmax_at_the_given_tokens(rows, vocab, small_chunks, monkeypatch):
+    """fused_token_logprobs (tandem's scores of tokens another model wrote): greedy and sampled rows, masked
+    columns, every token of a row's chunks."""
+    if small_chunks:
+        _small_chunks(monkeypatch)
+    logits = _logits(rows, vocab, 7 * rows + vocab)
+    if vocab > 4:
+        logits[-1, : vocab // 2] = float("-inf")  # a masked half: the merge must skip it
+    temperature = torch.tensor([0.0, 0.7, 1.3][:rows], device=DEVICE)
+    g = torch.Generator().manual_seed(vocab)
+    low = vocab // 2 if vocab > 4 else 0
+    tokens = torch.randint(low, vocab, (rows,), generator=g).to(DEVICE)
+    _poison_allocator()
+    got = ts.fused_token_logprobs(logits, tokens, temperature)
+    assert got.shape == (rows,) and got.dtype == torch.float32
+    torch.testing.assert_close(got, _ref_logprobs(logits, temperature, tokens), **TOL)
+
+
+@needs_kernels
+def test_token_logprobs_name_a_bad_tokens_tensor():
+    logits, temperature = _logits(2, 16, 0), torch.ones(2, device=DEVICE)
+    with pytest.raises(ValueError, match="fused_token_logprobs: tokens must be int64 of shape"):
+        ts.fused_token_logprobs(logits, torch.zeros(2, dtype=torch.int32, device=DEVICE), temperature)
+    with pytest.raises(ValueError, match="fused_token_logprobs: temperature must be"):
+        ts.fused_token_logprobs(logits, torch.zeros(2, dtype=torch.int64, device=DEVICE), temperature[:1])
+
+
+@needs_kernels
 @pytest.mark.parametrize("splits", [1, 3])
 def test_greedy_ties_across_blocks_of_partials(splits, monkeypatch):
     _small_chunks(monkeypatch)  # 64-column chunks, partials merged 2 at a time: 7 chunks, 4 blocks

@@ -90,14 +90,8 @@ def _run_kernels(
     logprobs = torch.empty(batch, dtype=torch.float32, device=device)
     if batch == 0:
         return tokens, logprobs
-    chunk = _chunk_size(vocab)
-    n_chunks = triton.cdiv(vocab, chunk)
-    per_program = triton.cdiv(n_chunks, _pick_splits(batch, n_chunks, device, splits))
-    n_programs = triton.cdiv(n_chunks, per_program)  # no empty program
-    partials = torch.empty((batch, n_chunks, _PARTIAL_WORDS), dtype=torch.int32, device=device)
-    _partials_kernel[(batch, n_programs)](
-        logits, temperature, partials, logits.stride(0), vocab, n_chunks, per_program,
-        CHUNK=chunk, num_warps=_partials_warps(chunk), **pdl.launch_options(device))
+    partials, chunk = _first_pass(logits, temperature, splits)
+    n_chunks = partials.shape[1]
     seed_from_ptr = isinstance(seed, Tensor)
     if seed_from_ptr:
         seed_ptr, seed_lo, seed_hi = seed, 0, 0
@@ -113,34 +107,69 @@ def _run_kernels(
     return tokens, logprobs
 
 
-def _check_inputs(logits: Tensor, temperature: Tensor, seed: int | Tensor) -> None:
+def fused_token_logprobs(logits: Tensor, tokens: Tensor, temperature: Tensor) -> Tensor:
+    """``log_softmax(logits / T)`` at ``tokens`` [N] (int64 ids in [0, V), on the logits' device), per row of
+    ``logits`` [N, V]; rows with ``T <= 0`` score the raw logits. Returns [N] float32. The sampler's first pass (one
+    read of the logits) and a merge of its partials, instead of materialising the float32 scaled logits: the hot
+    model's score of every token of a tandem burst, whoever wrote it."""
+    _check_inputs(logits, temperature, 0, "fused_token_logprobs")
+    if not isinstance(tokens, Tensor) or tokens.shape != (logits.shape[0],) or tokens.dtype != torch.int64 \
+            or tokens.device != logits.device:
+        raise ValueError(f"fused_token_logprobs: tokens must be int64 of shape ({logits.shape[0]},) on "
+                         f"{logits.device}, got {_describe(tokens)}")
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    if logits.shape[0] == 0:
+        return out
+    partials, _ = _first_pass(logits, temperature, None)
+    n_chunks = partials.shape[1]
+    _score_kernel[(logits.shape[0],)](
+        logits, temperature, partials, tokens, out, logits.stride(0), n_chunks,
+        BLOCK_P=min(_PARTIALS_BLOCK, triton.next_power_of_2(n_chunks)), num_warps=1, **pdl.launch_options(out.device))
+    return out
+
+
+def _first_pass(logits: Tensor, temperature: Tensor, splits: int | None) -> tuple[Tensor, int]:
+    """The chunk partials [B, n_chunks, 3] (int32 words) of every row, and the chunk size."""
+    batch, vocab = logits.shape
+    chunk = _chunk_size(vocab)
+    n_chunks = triton.cdiv(vocab, chunk)
+    per_program = triton.cdiv(n_chunks, _pick_splits(batch, n_chunks, logits.device, splits))
+    n_programs = triton.cdiv(n_chunks, per_program)  # no empty program
+    partials = torch.empty((batch, n_chunks, _PARTIAL_WORDS), dtype=torch.int32, device=logits.device)
+    _partials_kernel[(batch, n_programs)](
+        logits, temperature, partials, logits.stride(0), vocab, n_chunks, per_program,
+        CHUNK=chunk, num_warps=_partials_warps(chunk), **pdl.launch_options(logits.device))
+    return partials, chunk
+
+
+def _check_inputs(logits: Tensor, temperature: Tensor, seed: int | Tensor, name: str = "fused_sample") -> None:
     if triton is None:
-        raise RuntimeError("fused_sample: Triton is not installed")
+        raise RuntimeError(f"{name}: Triton is not installed")
     if not isinstance(logits, Tensor) or logits.dim() != 2:
-        raise ValueError(f"fused_sample: logits must be a 2-D tensor [B, V], got {_describe(logits)}")
+        raise ValueError(f"{name}: logits must be a 2-D tensor [B, V], got {_describe(logits)}")
     if logits.dtype not in _DTYPES:
-        raise ValueError(f"fused_sample: logits dtype {logits.dtype} is not one of {_DTYPES}")
+        raise ValueError(f"{name}: logits dtype {logits.dtype} is not one of {_DTYPES}")
     batch, vocab = logits.shape
     if vocab == 0 or vocab >= 2**30:  # int32 column indices, with room for the last chunk's padding
-        raise ValueError(f"fused_sample: vocabulary size {vocab} must be in [1, 2**30)")
+        raise ValueError(f"{name}: vocabulary size {vocab} must be in [1, 2**30)")
     if logits.stride(1) != 1 and vocab > 1:
-        raise ValueError(f"fused_sample: logits need a unit column stride, got strides {logits.stride()}")
+        raise ValueError(f"{name}: logits need a unit column stride, got strides {logits.stride()}")
     if not isinstance(temperature, Tensor) or temperature.shape != (batch,):
-        raise ValueError(f"fused_sample: temperature must be a tensor of shape ({batch},), got "
+        raise ValueError(f"{name}: temperature must be a tensor of shape ({batch},), got "
                          f"{_describe(temperature)}")
     if temperature.dtype != torch.float32:
-        raise ValueError(f"fused_sample: temperature must be float32, got {temperature.dtype}")
+        raise ValueError(f"{name}: temperature must be float32, got {temperature.dtype}")
     if temperature.device != logits.device:
-        raise ValueError(f"fused_sample: temperature is on {temperature.device}, logits on {logits.device}")
+        raise ValueError(f"{name}: temperature is on {temperature.device}, logits on {logits.device}")
     if isinstance(seed, Tensor):
         if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != logits.device:
-            raise ValueError(f"fused_sample: a tensor seed must be one int64 element on {logits.device}, got "
+            raise ValueError(f"{name}: a tensor seed must be one int64 element on {logits.device}, got "
                              f"{seed.dtype} {tuple(seed.shape)} on {seed.device}")
     elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ValueError(f"fused_sample: seed must be a Python int or an int64 tensor, got {type(seed).__name__}")
+        raise ValueError(f"{name}: seed must be a Python int or an int64 tensor, got {type(seed).__name__}")
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if logits.device.type != "cuda" and not (interpret and logits.device.type == "cpu"):
-        raise ValueError(f"fused_sample: needs a CUDA device (or CPU under TRITON_INTERPRET=1), got {logits.device}")
+        raise ValueError(f"{name}: needs a CUDA device (or CPU under TRITON_INTERPRET=1), got {logits.device}")
 
 
 def _describe(x: object) -> str:
@@ -347,7 +376,27 @@ if triton is not None:
                 u = _row_uniform((seed_hi.to(tl.int64) << 31) | seed_lo.to(tl.int64), row)
             chunk, frac = _pick_chunk(parts_ptr, n_chunks, peak, scale, u * total, BLOCK_P)
             token = _pick_column(row_ptr, V, chunk, peak, scale, frac, CHUNK)
-        x_token = tl.load(row_ptr + token).to(tl.float32)
         tl.store(tokens_ptr + row, token.to(tl.int64))
-        # log_softmax(x / T)[token] = (x[token] - M) / T - log(sum exp((x - M) / T))
-        tl.store(logprobs_ptr + row, (x_token - peak) / t - tl.log(total.to(tl.float32)))
+        tl.store(logprobs_ptr + row, _log_softmax_at(row_ptr, token, peak, t, total))
+
+    @triton.jit
+    def _log_softmax_at(row_ptr, token, peak, t, total):
+        """log_softmax(x / T)[token] = (x[token] - M) / T - log(sum exp((x - M) / T))."""
+        x_token = tl.load(row_ptr + token).to(tl.float32)
+        return (x_token - peak) / t - tl.log(total.to(tl.float32))
+
+    @triton.jit
+    def _score_kernel(
+        logits_ptr, temp_ptr, partials_ptr, tokens_ptr, logprobs_ptr, stride_row, n_chunks, BLOCK_P: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        # fused_token_logprobs' merge: each row's given token scored from its chunk partials
+        pdl.pdl_enter(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        parts_ptr = partials_ptr + row * n_chunks * _WORDS
+        t = tl.load(temp_ptr + row)
+        t = tl.where(t <= 0, 1.0, t)
+        peak, _ = _merged_max(parts_ptr, n_chunks, BLOCK_P)
+        total = _merged_total(parts_ptr, n_chunks, peak, _LOG2E / t, BLOCK_P)
+        token = tl.load(tokens_ptr + row)
+        tl.store(logprobs_ptr + row, _log_softmax_at(logits_ptr + row * stride_row, token, peak, t, total))

@@ -53,7 +53,7 @@ class StepSampler:
         params = [seq.params for seq in seqs]
         temperature, top_p, top_k = self._columns(params)
         filters = not temperature_only and any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
-        if self.fused_kernels and not filters and fused_sample_available(self.device):
+        if self.fused and not filters:
             next_seed = self._seed_source(params)  # one read of the logits instead of a dozen passes
             return lambda logits, rows: fused_sample(logits, temperature[rows], next_seed())
         generator = self._generator(params)
@@ -64,11 +64,16 @@ class StepSampler:
         """For ``steps`` temperature-only draws inside a CUDA graph (the fused sampler reading its seed from the
         device): the rows' temperatures and a seed per step, from the same stream ``for_subsets`` draws from; None
         without the fused sampler."""
-        if not (self.fused_kernels and fused_sample_available(self.device)):
+        if not self.fused:
             return None
         next_seed = self._seed_source([seq.params for seq in seqs])
         temperatures = np.array([seq.params.temperature for seq in seqs], dtype=np.float32)
         return temperatures, [next_seed() for _ in range(steps)]
+
+    @property
+    def fused(self) -> bool:
+        """Whether the fused Triton kernels sample (and score) here: enabled, Triton present, a CUDA device."""
+        return self.fused_kernels and fused_sample_available(self.device)
 
     def temperatures(self, seqs: Seq[Sequence]) -> Tensor:
         """[B] float32 on the device."""

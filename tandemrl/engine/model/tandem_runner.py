@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tandemrl.engine.kernels.triton_sampler import fused_token_logprobs
 from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
 from tandemrl.engine.model.pending import LastSamples, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import move
@@ -60,6 +61,7 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples |
     sample = runner.sampler_for(hot).for_subsets(seqs)
     frozen_sample = sample if frozen.device == hot.device else runner.sampler_for(frozen).for_subsets(seqs)
     temperature = runner.sampler_for(hot).temperatures(seqs)
+    fused_scores = runner.sampler_for(hot).fused
     forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
@@ -76,7 +78,7 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples |
         logits = hot.logits(hidden)  # one lm_head to sample and score
         if forward.sample:
             tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
-        _score(logits, tokens, logprobs, index, temperature[index["row"]])  # after the sample: scores the last
+        _score(logits, tokens, logprobs, index, temperature[index["row"]], fused_scores)  # after the sample
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
     return tokens[out], logprobs[out]
 
@@ -93,11 +95,16 @@ def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth
     return drawn
 
 
-def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor) -> None:
-    """The hot model's log-prob of the token after each one it read (greedy rows: of the raw logits)."""
+def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor,
+           fused: bool) -> None:
+    """The hot model's log-prob of the token after each one it read (greedy rows: of the raw logits). ``fused``:
+    from one read of the logits (the sampler's first pass), not float32 copies of them and a logsumexp."""
+    following = index["next"]
+    if fused:
+        logprobs[following] = fused_token_logprobs(logits, tokens[following], temperature)
+        return
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None]
     scaled = logits.float() / scale
-    following = index["next"]
     chosen = scaled.gather(-1, tokens[following][:, None]).squeeze(-1)
     logprobs[following] = chosen - torch.logsumexp(scaled, dim=-1)  # log_softmax at one column, one pass fewer
 
