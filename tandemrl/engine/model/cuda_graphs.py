@@ -271,19 +271,12 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of other threads (telemetry, data loading) must not abort our capture. The side
         # stream, not torch's default capture stream: that one lives on whichever device first captured, and a
-        # runner's slots may sit on different GPUs (placement.py). capture_begin/end, not torch.cuda.graph: that one
-        # also empties PyTorch's device cache, which the trainer's next update then refills from the device. Its
-        # other two steps stay: pending work done, and no pinned block whose event a capture would query.
-        torch.cuda.synchronize(self.device)
-        empty_pinned_cache = getattr(torch._C, "_host_emptyCache", None)
-        if empty_pinned_cache is not None:
-            empty_pinned_cache()
-        with torch.cuda.stream(side):
-            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
-            try:
-                out = body()
-            finally:
-                graph.capture_end()
+        # runner's slots may sit on different GPUs (placement.py). torch.cuda.graph also empties PyTorch's device
+        # cache (the trainer's next update then allocates again); calling capture_begin/end directly to skip that
+        # made captures inside tandem bursts fail now and then on an H100 (cudaErrorStreamCaptureInvalidated), so
+        # it stays: the graphs kept over a sleep (slot.py) make captures rare after the first steps.
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+            out = body()
         return graph, out
 
 
