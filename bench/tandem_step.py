@@ -32,9 +32,9 @@ from tandemrl.engine.step import TARGET
 from tandemrl.train.optim import build_optimizer, build_scheduler
 
 
-class _CaptureCounter:
-    """Counts the engine's CUDA graph captures (after the warm-up step a rollout should capture none: the graphs
-    parked over the update's sleep serve again)."""
+class CaptureCounter:
+    """Counts the engine's CUDA graph captures from its creation on (after the warm-up steps a rollout should
+    capture none: the graphs parked over the update's sleep serve again)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -47,10 +47,7 @@ class _CaptureCounter:
         DecodeGraphs._captured = counted
 
 
-CAPTURES = _CaptureCounter()
-
-
-def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device,
+def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device, captures: CaptureCounter,
             async_scheduling: bool = True) -> dict:
     config = EngineConfig(num_blocks=args.num_blocks, async_scheduling=async_scheduling)
     backend = EngineBackend(model, None, config, device=device, tandem=tandem,
@@ -59,10 +56,10 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
     def timed_step(seed: int):  # each step's times as it ends: a slow setting shows where before any timeout
-        before = CAPTURES.count
+        before = captures.count
         timing = one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=seed)
         print(f"  step (seed {seed}, tandem {tandem is not None}, async {async_scheduling}): rollout "
-              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s, {CAPTURES.count - before} graph captures",
+              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s, {captures.count - before} graph captures",
               flush=True)
         return timing
 
@@ -96,13 +93,15 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, False)
     frozen = copy.deepcopy(model).to(args.frozen_device or device).eval().requires_grad_(False)
-    rows = {"vanilla": measure(model, None, None, args, device)}
+    captures = CaptureCounter()
+    rows = {"vanilla": measure(model, None, None, args, device, captures)}
     print(f"vanilla: {rows['vanilla']}", flush=True)  # as each row is measured: a timeout keeps what was done
     for p in args.ps:
         tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
         settings = [(f"tandem p={p}", True)] + ([(f"tandem p={p} sync", False)] if args.sync_too else [])
         for name, async_scheduling in settings:
-            rows[name] = measure(model, frozen, tandem, args, device, async_scheduling=async_scheduling)
+            rows[name] = measure(model, frozen, tandem, args, device, captures,
+                                 async_scheduling=async_scheduling)
             print(f"{name}: step / vanilla {rows[name]['step_s'] / rows['vanilla']['step_s']:.2f}, {rows[name]}",
                   flush=True)
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch,
