@@ -58,10 +58,11 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples |
     logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=hot.device)
     indices = _device_indices(burst, hot.device)
     far = indices if frozen.device == hot.device else _device_indices(burst, frozen.device)  # the frozen's side
-    sample = runner.sampler_for(hot).for_subsets(seqs)
+    hot_sampler = runner.sampler_for(hot)
+    sample = hot_sampler.for_subsets(seqs)
     frozen_sample = sample if frozen.device == hot.device else runner.sampler_for(frozen).for_subsets(seqs)
-    temperature = runner.sampler_for(hot).temperatures(seqs)
-    fused_scores = runner.sampler_for(hot).fused
+    temperature = hot_sampler.temperatures(seqs)
+    fused_scores = hot_sampler.fused  # asked once, not per forward
     forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
