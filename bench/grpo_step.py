@@ -67,6 +67,7 @@ class StepTiming:
     allocated_before_sleep_gib: float  # GPU memory held by tensors around the backend's sleep/wake
     allocated_after_sleep_gib: float
     allocated_after_wake_gib: float
+    wake_s: float = 0.0  # of train_s: the backend's wake (KV pools allocated again, parked graphs checked)
 
 
 def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool):
@@ -98,12 +99,14 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, seed: int)
     after_sleep = _allocated_gib(device)
     batch = build_batch(rollouts, advantages, pad_id=0, device=device)
     policy_update(model, batch, optimizer, scheduler, cfg, temperature=1.0, max_completion_length=args.new_tokens)
+    _sync(device)
+    woken = time.perf_counter()
     backend.wake()
     _sync(device)
     train_s = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     return StepTiming(rollout_s, train_s, peak, sum(len(r.completion_ids) for r in rollouts),
-                      before_sleep, after_sleep, _allocated_gib(device))
+                      before_sleep, after_sleep, _allocated_gib(device), time.perf_counter() - woken)
 
 
 def make_backend(args: argparse.Namespace, model, device: torch.device):

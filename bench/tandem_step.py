@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import platform
+import time
 from datetime import date
 from pathlib import Path
 
@@ -47,8 +49,30 @@ class CaptureCounter:
         DecodeGraphs._captured = counted
 
 
+class FullCollections:
+    """Python's full garbage collections (each walks every object: ~0.1 s here) and their time, since last asked."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._start
+
+    def take(self) -> str:
+        said = f"{self.count} full collections ({self.seconds:.3f} s)"
+        self.count, self.seconds = 0, 0.0
+        return said
+
+
 def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device, captures: CaptureCounter,
-            async_scheduling: bool = True) -> dict:
+            collections: FullCollections, async_scheduling: bool = True) -> dict:
     config = EngineConfig(num_blocks=args.num_blocks, async_scheduling=async_scheduling)
     backend = EngineBackend(model, None, config, device=device, tandem=tandem,
                             frozen_model=frozen if tandem is not None else None)
@@ -59,8 +83,8 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
         before = captures.count
         timing = one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=seed)
         print(f"  step (seed {seed}, tandem {tandem is not None}, async {async_scheduling}): rollout "
-              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s, {captures.count - before} graph captures",
-              flush=True)
+              f"{timing.rollout_s:.2f} s, update {timing.train_s:.2f} s (wake {timing.wake_s:.3f} s), "
+              f"{captures.count - before} graph captures, {collections.take()}", flush=True)
         return timing
 
     # two warm-up steps at full shape: the first update allocates the optimizer state, maybe where the KV pools were,
@@ -72,6 +96,9 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     runs = [timed_step(s) for s in range(args.repeats)]
     passes = {name: (slots[name].forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
     backend.close()
+    gc.collect()  # what this setting left (engine, optimizer state) is gone before the next one is timed
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     median = sorted(runs, key=lambda t: t.rollout_s + t.train_s)[len(runs) // 2]
     return {"step_s": median.rollout_s + median.train_s, "rollout_s": median.rollout_s, "train_s": median.train_s,
             "rollout_tok_s": median.tokens / median.rollout_s, "peak_gib": median.peak_gib,
@@ -80,7 +107,7 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_step_shape_args(parser, arch="qwen3-0.6b", repeats=3)
+    add_step_shape_args(parser, arch="qwen3-0.6b", repeats=5)
     parser.add_argument("--ps", type=float, nargs="+", default=[0.5, 0.8])
     parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
     parser.add_argument("--num-blocks", type=int, default=4096)
@@ -93,14 +120,14 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, False)
     frozen = copy.deepcopy(model).to(args.frozen_device or device).eval().requires_grad_(False)
-    captures = CaptureCounter()
-    rows = {"vanilla": measure(model, None, None, args, device, captures)}
+    captures, collections = CaptureCounter(), FullCollections()
+    rows = {"vanilla": measure(model, None, None, args, device, captures, collections)}
     print(f"vanilla: {rows['vanilla']}", flush=True)  # as each row is measured: a timeout keeps what was done
     for p in args.ps:
         tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
         settings = [(f"tandem p={p}", True)] + ([(f"tandem p={p} sync", False)] if args.sync_too else [])
         for name, async_scheduling in settings:
-            rows[name] = measure(model, frozen, tandem, args, device, captures,
+            rows[name] = measure(model, frozen, tandem, args, device, captures, collections,
                                  async_scheduling=async_scheduling)
             print(f"{name}: step / vanilla {rows[name]['step_s'] / rows['vanilla']['step_s']:.2f}, {rows[name]}",
                   flush=True)

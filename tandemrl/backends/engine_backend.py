@@ -89,6 +89,7 @@ class EngineBackend:
         if self._closed:
             return
         self.sleep()
+        self.runner.free_kv_cache()  # the parked graphs too, now: left to the garbage collector they hold device memory
         self._closed = True
         self.model = None  # type: ignore[assignment]  # the trainer owns the model; drop our references
         self.runner = None  # type: ignore[assignment]

@@ -171,9 +171,10 @@ class Scheduler:
         return self._schedule_tandem_segments(running, in_flight)
 
     def _schedule_tandem_burst(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Tandem with writers drawn ahead: a burst of up to 2 x ``decode_steps`` forwards of the two models in turns
-        (tandem_burst.py); if the free blocks cannot cover it, one token each, which may preempt."""
-        forwards = 2 * self.config.decode_steps
+        """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards of the two models in turns
+        (tandem_burst.py; about 2.5 x ``decode_steps`` positions: longer than a plain burst, as each ends with two
+        catch-up forwards); if the free blocks cannot cover it, one token each, which may preempt."""
+        forwards = 4 * self.config.decode_steps
         burst = plan_tandem_burst([_writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
                                    for s in running], forwards)
         planned = burst.num_tokens.tolist()

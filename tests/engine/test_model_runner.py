@@ -3,6 +3,7 @@ log-probs, zero copy, peft LoRA. Tiny random models in float32 on the CPU; GPU c
 
 from __future__ import annotations
 
+import gc
 import random
 
 import numpy as np
@@ -459,6 +460,41 @@ def test_graphs_parked_over_a_sleep_serve_again_only_where_nothing_they_read_mov
     assert runner.target.graphs is None
     decode_both(3)
 
+
+
+@needs_cuda
+def test_a_graph_collected_as_garbage_during_a_capture_does_not_break_it():
+    """An engine dropped without close() leaves its graphs in reference cycles (slot -> graphs -> forward -> slot),
+    freed whenever the collector runs. Destroying a graph while a stream captures invalidates the capture, so the
+    collector must not run in one: here it would, at nearly every allocation, as a cycle becomes garbage inside."""
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me, self.graph, self.x = self, torch.cuda.CUDAGraph(), torch.ones(4, device="cuda")
+            with torch.cuda.graph(self.graph):
+                self.x.add_(1)
+
+    graphs = DecodeGraphs(lambda ids, meta: None, torch.device("cuda"), scratch_block=0, block_size=BLOCK,
+                          max_width=4, fixed_width=True, use_triton=False)
+    holder, x = [Cycle()], torch.ones(4, device="cuda")
+    warmed_up: list[bool] = []
+
+    def body() -> torch.Tensor:
+        if warmed_up:  # the capture: the old graph's cycle turns garbage
+            holder.clear()
+            _ = [[i] for i in range(200_000)]  # enough survivors for a full collection, where the collector is on
+        warmed_up.append(True)
+        return x * 2
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        graph, out = graphs._captured(body)
+    finally:
+        gc.set_threshold(*thresholds)
+    x.fill_(3)
+    graph.replay()
+    assert out.tolist() == [6.0] * 4
 
 class _EagerBody:
     """Stands in for a captured sampled burst on the CPU: replay re-runs its steps over the same static buffers."""

@@ -30,6 +30,7 @@ with the rows' temperatures; the table is then staged whole, so those offsets ar
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,6 +43,10 @@ from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.pending import copy_to_device
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# A tandem burst's one-step forwards (stage_forwards) also get a 512 bucket: a model catching up on the other's
+# run reads a few hundred tokens at once (~300 at a burst's end at p = 0.8). Not the sampled bursts: their graphs
+# keep every step's logits, [bucket, steps, vocab].
+FORWARD_BUCKETS = BATCH_BUCKETS + (512,)
 _COLUMNS = 5  # ids, positions, slots, context_lens, query groups: one [bucket] column each, then the block table
 
 DecodeForward = Callable[[Tensor, DecodeMeta], Tensor]  # (input_ids [B], meta) -> hidden [B, hidden]
@@ -62,9 +67,9 @@ class _Staged:
     head: int
 
 
-def batch_bucket(batch: int) -> int | None:
+def batch_bucket(batch: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int | None:
     """Smallest bucket holding `batch` rows, or None when the batch is larger than the largest bucket."""
-    return next((b for b in BATCH_BUCKETS if b >= batch), None)
+    return next((b for b in buckets if b >= batch), None)
 
 
 class DecodeGraphs:
@@ -86,7 +91,7 @@ class DecodeGraphs:
         self.fixed_width = fixed_width  # the Triton kernel reads only context_len tokens: one width suffices
         self.use_triton = use_triton
         self.query_capacity = query_capacity if use_triton else 1  # rows one attention program serves at most
-        rows = BATCH_BUCKETS[-1]
+        rows = FORWARD_BUCKETS[-1]
         size = _COLUMNS * rows + rows * max_width
         pinned = device.type == "cuda"
         # Every slot starts as a valid block id / scratch value, so no column a graph may read is ever garbage.
@@ -167,7 +172,7 @@ class DecodeGraphs:
         copy; ``run_forward(f, ids)`` then runs plan f, in any order. No host sync: the buffer is new each time."""
         layouts, offset = [], 0
         for plan in plans:
-            layouts.append(self._layout(plan, offset))
+            layouts.append(self._layout(plan, offset, buckets=FORWARD_BUCKETS))
             offset += layouts[-1].head
         host = np.empty(offset, dtype=np.int64)
         for plan, staged in zip(plans, layouts):
@@ -192,12 +197,13 @@ class DecodeGraphs:
         graph.replay()
         return out[:staged.rows]
 
-    def _layout(self, plan: DecodePlan, offset: int, every_column: bool = False) -> _Staged:
+    def _layout(self, plan: DecodePlan, offset: int, every_column: bool = False,
+                buckets: tuple[int, ...] = BATCH_BUCKETS) -> _Staged:
         """Where a plan's step-0 inputs go: its rows, graph bucket and width, and the size of that part."""
         rows = len(plan.ids)
-        bucket = batch_bucket(rows)
+        bucket = batch_bucket(rows, buckets)
         if bucket is None:
-            raise ValueError(f"batch {rows} is larger than the largest CUDA graph bucket {BATCH_BUCKETS[-1]}")
+            raise ValueError(f"batch {rows} is larger than the largest CUDA graph bucket {buckets[-1]}")
         w = plan.tables.shape[1]
         # SDPA gathers every column of its width: copy them all
         cols = self.width_for(w) if every_column or not self.fixed_width else w
@@ -271,12 +277,23 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of other threads (telemetry, data loading) must not abort our capture. The side
         # stream, not torch's default capture stream: that one lives on whichever device first captured, and a
-        # runner's slots may sit on different GPUs (placement.py). torch.cuda.graph also empties PyTorch's device
-        # cache (the trainer's next update then allocates again); calling capture_begin/end directly to skip that
-        # made captures inside tandem bursts fail now and then on an H100 (cudaErrorStreamCaptureInvalidated), so
-        # it stays: the graphs kept over a sleep (slot.py) make captures rare after the first steps.
-        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            out = body()
+        # runner's slots may sit on different GPUs (placement.py). capture_begin/end, not torch.cuda.graph: that one
+        # also empties PyTorch's device cache, which the trainer's next update then refills from the device.
+        # Python's garbage collector is off meanwhile: a collected cycle holding an old CUDA graph (a closed
+        # engine's) destroys it, which is not permitted while a stream captures and invalidates the capture.
+        torch.cuda.synchronize(self.device)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    out = body()
+                finally:
+                    graph.capture_end()
+        finally:
+            if collecting:
+                gc.enable()
         return graph, out
 
 

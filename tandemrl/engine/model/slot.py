@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from tandemrl.engine.kernels.triton_attention import decode_query_capacity
 from tandemrl.engine.kernels.triton_sampler import fused_sample
 from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta, query_groups
-from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
+from tandemrl.engine.model.cuda_graphs import FORWARD_BUCKETS, DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder
 from tandemrl.engine.model.pending import copy_to_device
@@ -192,7 +192,7 @@ class ModelSlot:
     def decode_forwards(self, plans: list[DecodePlan]) -> Callable[[int, Tensor], Tensor]:
         """(f, input ids [B_f] on the device) -> hidden of one-step plan f: every plan staged now, in one copy
         (CUDA graphs), so the forwards run with no host work but a device copy and a replay each."""
-        graphed = [not self.enforce_eager and batch_bucket(len(p.ids)) is not None for p in plans]
+        graphed = [not self.enforce_eager and batch_bucket(len(p.ids), FORWARD_BUCKETS) is not None for p in plans]
         nth_staged = np.cumsum(graphed) - 1  # a plan's index among the staged ones
         if any(graphed):
             with self.on_device():
