@@ -128,17 +128,14 @@ class _LookaheadStream:
 
     def _owner_at(self, offset: int) -> bool:
         """Owner of position ``position + offset``, drawing into the buffer as needed."""
-        self._fill(offset + 1)
-        return self._buffer[offset]
-
-    def _fill(self, n: int) -> None:
-        """The buffer holds at least the next ``n`` owners."""
-        while len(self._buffer) < n:
+        while len(self._buffer) <= offset:
             self._buffer.extend(self._produce(self._position + len(self._buffer)))
+        return self._buffer[offset]
 
     def peek(self, n: int) -> list[bool]:
         """Owners of the next ``n`` positions (True = hot), without moving the stream."""
-        self._fill(n)  # one slice, not a call per position: a tandem burst peeks ~100 positions per row
+        if n:  # one slice, not a call per position: a tandem burst peeks ~100 positions per row
+            self._owner_at(n - 1)
         return self._buffer[:n]
 
     def next_segment(self, limit: int) -> tuple[int, bool]:
