@@ -63,6 +63,11 @@ class ModelRunnerProtocol(Protocol):
         """Changes whenever the weights change (cached K/V is tied to it)."""
         ...
 
+    @property
+    def pairs_tandem_forwards(self) -> bool:
+        """Whether tandem bursts run in paired ticks, both models' forwards at once (tandem_burst.py)."""
+        ...
+
 
 @dataclasses.dataclass
 class _Launched:
@@ -104,7 +109,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         decode = self._decode if tokenizer is not None else None
         self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
-                                   propose=ngram_proposer(self.speculative), tandem=self.tandem)
+                                   propose=ngram_proposer(self.speculative), tandem=self.tandem,
+                                   paired_tandem=self.tandem is not None and runner.pairs_tandem_forwards)
         # Speculative steps and tandem segments (boundary selectors) wait for their tokens: what a step kept decides
         # where the next one starts. Tandem bursts with writers drawn ahead return what they planned: no need.
         segments = self.tandem is not None and not self.tandem.drawn_ahead

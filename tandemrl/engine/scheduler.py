@@ -38,9 +38,11 @@ Propose = Callable[[Sequence, int], list[int]]  # (a sequence, at most k) -> tok
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: Iterable[int],
                  decode: Decode | None = None, speculative: SpeculativeConfig | None = None,
-                 propose: Propose | None = None, tandem: TandemConfig | None = None) -> None:
+                 propose: Propose | None = None, tandem: TandemConfig | None = None,
+                 paired_tandem: bool = False) -> None:
         self.config = config
         self.tandem = tandem if tandem is not None and tandem.enabled else None
+        self.paired_tandem = paired_tandem  # tandem bursts in ticks of both models (two streams of one GPU)
         self.speculative = speculative or SpeculativeConfig()
         self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes
         self.block_manager = block_manager
@@ -172,11 +174,12 @@ class Scheduler:
 
     def _schedule_tandem_burst(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards of the two models in turns
-        (tandem_burst.py; about 2.5 x ``decode_steps`` positions: longer than a plain burst, as each ends with two
-        catch-up forwards); if the free blocks cannot cover it, one token each, which may preempt."""
+        or in pairs (tandem_burst.py; about 2.5 x / 2 x ``decode_steps`` positions: longer than a plain burst, as
+        each ends with two catch-up forwards); if the free blocks cannot cover it, one token each, which may
+        preempt."""
         forwards = 4 * self.config.decode_steps
         burst = plan_tandem_burst([_writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
-                                   for s in running], forwards)
+                                   for s in running], forwards, paired=self.paired_tandem)
         planned = burst.num_tokens.tolist()
         if self.block_manager.try_append_all(running, planned):
             return StepPlan(StepKind.DECODE, running, planned, proposer=FROZEN, tandem=burst)

@@ -7,7 +7,9 @@ reads every token it has not read yet (the other model's run since its last turn
 samples the next token; a row thus moves one position per forward of the model that owns that position, and each
 model reads each token once. Which model runs next: the one owning more rows' next positions, each row weighted by
 1 + the forwards it has waited (about 1.6 forwards per position for 64 rows at p = 0.5, 1.5 at p = 0.8, against 2
-when both models run at every position; simulated).
+when both models run at every position; simulated). On one GPU the burst runs in *paired ticks* instead: each tick a
+forward of both models, over the rows each owns next, the two at once on two streams; 2 forwards per position, but
+a tick costs little more than one forward, as a decode forward's short kernels leave most of the GPU idle.
 
 A burst ends with a *catch-up* forward of each model over the tokens it has not read but the last, without
 sampling: the loss needs the hot model's log-prob of every kept token (its logit at the position before), and with
@@ -39,6 +41,7 @@ class BurstForward:
     row: np.ndarray  # [N]
     token: np.ndarray  # [N]
     sample: bool = True
+    beside: bool = False  # may run beside the forward before it (the other model's, over other rows): two streams
 
     @property
     def last(self) -> np.ndarray:
@@ -62,10 +65,11 @@ class TandemBurst:
         return rows * self.width + tokens + 1
 
 
-def plan_tandem_burst(owners: list[list[bool]], max_forwards: int) -> TandemBurst:
+def plan_tandem_burst(owners: list[list[bool]], max_forwards: int, paired: bool = False) -> TandemBurst:
     """The burst for rows whose next positions belong to ``owners[i]`` (True = hot; a row moves at most that many
     positions): at most ``max_forwards`` forwards, one more of a model for rows that have not moved, then the
-    catch-ups."""
+    catch-ups. ``paired``: in ticks instead, each a forward of both models over the rows each owns next: every row
+    moves once per tick, and the two forwards of a tick may run at once (``beside``: on two streams of one GPU)."""
     if not owners or any(not o for o in owners):
         raise ValueError("a tandem burst needs at least one position per row")
     rows_n = len(owners)
@@ -79,18 +83,26 @@ def plan_tandem_burst(owners: list[list[bool]], max_forwards: int) -> TandemBurs
     everyone = np.arange(rows_n)
     forwards: list[BurstForward] = []
 
-    def run(hot: bool, served: np.ndarray) -> None:
+    def run(hot: bool, served: np.ndarray, beside: bool = False) -> None:
         forwards.append(_reading(hot, served, read[hot][served], position[served]))
+        forwards[-1].beside = beside
         read[hot][served] = position[served]
         position[served] += 1
         waited[:] += 1
         waited[served] = 0
 
-    for _ in range(max_forwards):
+    for _ in range(max_forwards // 2 if paired else max_forwards):
         active = position < limit
         if not active.any():
             break
         next_hot = table[everyone, position]
+        if paired:
+            hot_rows, frozen_rows = np.flatnonzero(active & next_hot), np.flatnonzero(active & ~next_hot)
+            if len(hot_rows):
+                run(HOT, hot_rows)
+            if len(frozen_rows):
+                run(FROZEN, frozen_rows, beside=bool(len(hot_rows)))
+            continue
         weight = (1 + waited) * active  # a row that waits gains weight: no row starves behind the majority
         hot = bool(weight[next_hot].sum() >= weight[~next_hot].sum())
         run(hot, np.flatnonzero(active & (next_hot == hot)))

@@ -163,6 +163,8 @@ class _NullRunner:
     def weights_version(self) -> int:
         return 0
 
+    pairs_tandem_forwards = False
+
     def launch(self, plan: StepPlan) -> _Done:
         if not plan.is_prefill:
             build_decode_plan(plan.seqs, plan.num_tokens, self.block_size, self.num_blocks, 4096)

@@ -75,6 +75,8 @@ class FakeRunner:
     def weights_version(self) -> int:
         return 0
 
+    pairs_tandem_forwards = False
+
     def launch(self, plan: StepPlan) -> FakePending:
         seqs, steps, is_prefill = plan.seqs, plan.num_tokens, plan.is_prefill
         assert self.kv is not None, "launch() without a KV cache"

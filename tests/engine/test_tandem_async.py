@@ -257,3 +257,30 @@ def _hot_logprobs(hot, req: Request, completion: list[int]) -> list[float]:
     with torch.no_grad():
         logp = torch.log_softmax(hot(ids).logits[0, len(req.prompt_ids) - 1:-1].float(), -1)
     return logp.gather(-1, ids[0, len(req.prompt_ids):, None]).squeeze(-1).cpu().tolist()
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8])
+def test_paired_ticks_equal_the_naive_loop_and_run_the_frozen_slot_on_its_own_stream(p, models):
+    """Paired ticks are the schedule on one GPU; forced here off a GPU too (issued in order there). On a GPU the
+    frozen forwards run beside the hot ones on the frozen slot's capture stream: each slot's graphs keep their own
+    cuBLAS workspace (kernels running at once must not share one)."""
+    hot, frozen = models
+    tandem = TandemConfig(enabled=True, p=p)
+    reqs = varied(ignore_eos=True)
+    backend = EngineBackend(hot, None, engine_config(decode_steps=4), tandem=tandem, frozen_model=frozen)
+    engine = backend.engine
+    assert engine.scheduler.paired_tandem == (DEVICE == "cuda")
+    slots = engine.runner.slots
+    if DEVICE == "cuda":
+        assert len({id(slot.warmup_stream) for slot in slots.values()}) == len(slots)
+    engine.scheduler.paired_tandem = True
+    bursts = []
+    launch = engine.runner.launch
+    engine.runner.launch = lambda plan: (bursts.append(plan.tandem), launch(plan))[1]
+    out = backend.generate(reqs)
+    backend.close()
+    for req, r in zip(reqs, out):
+        ids, writers, logprobs = naive(hot, frozen, tandem, req)
+        assert (r.completion_ids, r.token_sources) == (ids, writers), req.request_id
+        assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+    assert any(f.beside for burst in bursts if burst is not None for f in burst.forwards)

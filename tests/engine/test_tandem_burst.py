@@ -17,10 +17,11 @@ def writers(rows: int, n: int, p: float, seed: int = 0) -> list[list[bool]]:
     return [[rng.random() < p for _ in range(rng.randint(1, n))] for _ in range(rows)]
 
 
+@pytest.mark.parametrize("paired", [False, True])
 @pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 0.8, 0.97, 1.0])
-def test_every_token_is_read_once_by_each_model_and_sampled_by_its_writer(p):
+def test_every_token_is_read_once_by_each_model_and_sampled_by_its_writer(p, paired):
     owners = writers(16, 40, p, seed=int(p * 100))
-    burst = plan_tandem_burst(owners, 24)
+    burst = plan_tandem_burst(owners, 24, paired=paired)
     reads = {True: Counter(), False: Counter()}
     sampled = {}
     for forward in burst.forwards:
@@ -55,3 +56,17 @@ def test_no_row_starves_behind_the_majority_and_a_row_moves_at_least_once():
     with pytest.raises(ValueError, match="at least one position"):
         plan_tandem_burst([[True], []], 4)
     assert np.array_equal(burst.column(np.array([1]), np.array([-1])), [burst.width])
+
+
+@pytest.mark.parametrize("p", [0.3, 0.5, 0.8])
+def test_paired_ticks_move_every_row_once_and_pair_the_models_over_other_rows(p):
+    rng = random.Random(2)
+    owners = [[rng.random() < p for _ in range(rng.randint(5, 20))] for _ in range(32)]
+    burst = plan_tandem_burst(owners, 16, paired=True)
+    assert burst.num_tokens.tolist() == [min(8, len(o)) for o in owners]  # 8 ticks: a position per row each
+    sampling = [f for f in burst.forwards if f.sample]
+    for before, forward in zip(sampling, sampling[1:]):
+        if forward.beside:  # the frozen model beside the hot one, over the rows the hot one does not serve
+            assert before.hot and not forward.hot and not set(before.rows) & set(forward.rows)
+    assert sum(f.beside for f in sampling) >= 4
+    assert not any(f.beside for f in burst.forwards if not f.sample)

@@ -6,8 +6,8 @@ returns before the device is done (pending.py):
   sampled token per row;
 - DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
   burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
-  a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns, as planned on the host, its first
-  input fed from the previous launch like a plain burst's;
+  a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns or in paired ticks (two streams), as
+  planned on the host, its first input fed from the previous launch like a plain burst's;
 - VERIFY (verify_runner.py): each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same
   launch), then the target over the row's last token and its proposals in one decode step of a row per token (CUDA
   graphs apply), then rejection sampling (rejection.py); nothing waits for the device.
@@ -38,6 +38,7 @@ from tandemrl.engine.model.tandem_runner import launch_tandem_burst
 from tandemrl.engine.model.verify_runner import keep_forced, launch_verify
 from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
+from tandemrl.engine.tandem import FROZEN
 
 
 class ModelRunner:
@@ -63,9 +64,6 @@ class ModelRunner:
         self.enforce_eager = not config.cuda_graphs or self.device.type != "cuda"
         self.use_triton = _pick_backend(attention_backend, self.device)
         self.fused_kernels = config.fused_kernels and fused_available(self.device)
-        # One warm-up stream per device for every capture: each new stream costs a cuBLAS workspace that is never
-        # freed (32 MiB per sleep/wake cycle of a GRPO run on an H100 before this).
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self.slots = {name: self._slot(name, model, config, attention_backend) for name, model in models.items()}
         self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
         _check_vocabularies(self.slots)
@@ -81,8 +79,10 @@ class ModelRunner:
         """The target on the runner's device; another slot on its model's device (e.g. tandem's frozen model on
         another GPU or the CPU), with the kernels that device has."""
         device = self.device if name == TARGET else canonical(next(model.parameters()).device)
-        if device.type == "cuda" and device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device)
+        # A capture stream per slot, made once: each stream costs a cuBLAS workspace for the life of the process
+        # (32 MiB on an H100), and a graph keeps the workspace of the stream it was captured on. Two slots' graphs
+        # replaying at once (tandem's paired ticks) must not share one: their GEMMs would race in it.
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if device == self.device:
             use_triton, fused, eager = self.use_triton, self.fused_kernels, self.enforce_eager
         else:
@@ -90,8 +90,15 @@ class ModelRunner:
             fused = config.fused_kernels and fused_available(device)
             eager = not config.cuda_graphs or device.type != "cuda"
         return ModelSlot(name, model, device, self.block_size, config.max_model_len, use_triton=use_triton,
-                         fused_kernels=fused, enforce_eager=eager, warmup_stream=self._streams.get(device),
+                         fused_kernels=fused, enforce_eager=eager, warmup_stream=stream,
                          home=self.device)
+
+    @property
+    def pairs_tandem_forwards(self) -> bool:
+        """Whether a tandem burst runs in paired ticks (tandem_burst.py): the frozen model on this runner's GPU,
+        its forwards on its own stream beside the hot model's."""
+        frozen = self.slots.get(FROZEN)
+        return self.device.type == "cuda" and frozen is not None and frozen.device == self.device
 
     def sampler_for(self, slot: ModelSlot) -> StepSampler:
         """The sampler of the slot's device (the runner's own ``sampler`` on the runner's device)."""

@@ -56,7 +56,7 @@ class ModelSlot:
         self.use_triton = use_triton
         self.fused_kernels = fused_kernels
         self.enforce_eager = enforce_eager
-        self.warmup_stream = warmup_stream  # shared by the runner's slots: each stream costs a cuBLAS workspace
+        self.warmup_stream = warmup_stream  # where it captures (runner.py); tandem's frozen slot also replays there
         self.home = home or device  # the runner's device; a slot elsewhere launches its work on its own (placement.py)
         self.modules = list(model.modules())
         self._params = list(model.parameters())

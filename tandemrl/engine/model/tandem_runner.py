@@ -3,7 +3,8 @@
 Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
 tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
 ``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
-writes it into the buffer. A forward of the hot model also scores every token it reads the successor of: the hot
+writes it into the buffer. In paired ticks (one GPU) a tick's frozen forward runs on the frozen slot's stream beside
+the hot one (``_Streams``). A forward of the hot model also scores every token it reads the successor of: the hot
 model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
 planned on the host and copied to the device once per burst.
 
@@ -19,7 +20,8 @@ indices and sampling columns are staged on its own device.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import contextlib
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import torch
@@ -66,20 +68,23 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples |
     forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
+    streams = _Streams.of(runner, frozen)
     for forward, index, far_index in zip(burst.forwards, indices, far):
-        if not forward.hot:
-            drawn = _frozen_forward(frozen, forward_of[False], nth[False], move(tokens[index["read"]], frozen.device),
-                                    far_index, frozen_sample if forward.sample else None)
-            nth[False] += 1
-            if drawn is not None:
-                tokens[index["write"]] = move(drawn, hot.device)
-            continue
-        hidden = forward_of[True](nth[True], tokens[index["read"]])
-        nth[True] += 1
-        logits = hot.logits(hidden)  # one lm_head to sample and score
-        if forward.sample:
-            tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
-        _score(logits, tokens, logprobs, index, temperature[index["row"]], fused_scores)  # after the sample
+        with streams.beside(forward.beside):
+            if not forward.hot:
+                drawn = _frozen_forward(frozen, forward_of[False], nth[False],
+                                        move(tokens[index["read"]], frozen.device), far_index,
+                                        frozen_sample if forward.sample else None)
+                nth[False] += 1
+                if drawn is not None:
+                    tokens[index["write"]] = move(drawn, hot.device)
+                continue
+            hidden = forward_of[True](nth[True], tokens[index["read"]])
+            nth[True] += 1
+            logits = hot.logits(hidden)  # one lm_head to sample and score
+            if forward.sample:
+                tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
+            _score(logits, tokens, logprobs, index, temperature[index["row"]], fused_scores)  # after the sample
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
     return tokens[out], logprobs[out]
 
@@ -94,6 +99,37 @@ def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth
     with frozen.on_device():
         drawn, _ = sample(frozen.logits(hidden[index["last"]]), index["rows"])
     return drawn
+
+
+class _Streams:
+    """A forward marked ``beside`` (paired ticks) runs on the frozen slot's stream, at once with the forward before
+    it (the hot model's, over other rows): it starts when everything before that forward is done, and the main
+    stream waits for it before going on. Each slot's graphs hold their own cuBLAS workspace (runner.py), and what
+    the side stream allocates is freed to it alone (PyTorch's caching allocator keys blocks by stream). Without
+    paired ticks (models on two devices, off CUDA) everything is issued in order."""
+
+    def __init__(self, main: torch.cuda.Stream | None, side: torch.cuda.Stream | None) -> None:
+        self.main, self.side = main, side
+        self.start: torch.cuda.Event | None = None  # recorded before each main-stream forward
+
+    @classmethod
+    def of(cls, runner: ModelRunner, frozen: ModelSlot) -> _Streams:
+        if not runner.pairs_tandem_forwards:
+            return cls(None, None)
+        return cls(torch.cuda.current_stream(runner.device), frozen.warmup_stream)
+
+    @contextlib.contextmanager
+    def beside(self, beside: bool) -> Iterator[None]:
+        if self.main is None:
+            yield
+        elif beside and self.start is not None:
+            self.side.wait_event(self.start)
+            with torch.cuda.stream(self.side):
+                yield
+            self.main.wait_stream(self.side)  # the next forward reads what this one wrote
+        else:
+            self.start = self.main.record_event()
+            yield
 
 
 def _score(logits: Tensor, tokens: Tensor, logprobs: Tensor, index: dict[str, Tensor], temperature: Tensor,
