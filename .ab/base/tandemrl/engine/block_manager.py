@@ -1,0 +1,241 @@
+"""Paged KV-cache bookkeeping: a pool of fixed-size blocks, reference counts, and a prefix cache.
+
+A FULL block is named by a digest chained from its parent block's digest and its own token ids, so two
+sequences with the same leading blocks map them to the same physical blocks (GRPO's N samples of a prompt
+compute the prompt once). The cache map ``digest -> block`` points only at blocks whose K/V is (or, within
+the current step, will be) written for exactly that content:
+- ``allocate`` registers a sequence's full blocks at once, so the samples scheduled after it in the same
+  prefill step hit them (the runner writes a layer's K/V for all tokens before attending);
+- decode registers a block once all its tokens' K/V have been computed, i.e. at the first decode schedule after
+  that (registering earlier could publish a block whose owner is preempted before computing it). Decode may
+  reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill,
+  nor blocks holding tokens still pending on the device (their ids are not known yet).
+A freed block keeps its digest and can be revived by a later hit until it is handed out for new content.
+Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from tandemrl.engine.sequence import Sequence
+
+_ROOT = b""  # parent digest of a sequence's first block
+
+
+def block_digest(parent: bytes, token_ids: list[int]) -> bytes:
+    """Stable 128-bit digest of a block's content and everything before it."""
+    payload = struct.pack(f"<{len(token_ids)}q", *token_ids)
+    return hashlib.blake2b(parent + payload, digest_size=16).digest()
+
+
+@dataclass
+class _Plan:
+    """What allocating a sequence would do: its full blocks' digests and the leading cache hits."""
+
+    digests: list[bytes]
+    hits: list[int]  # physical blocks of the leading hits, in order
+    new_blocks: int  # blocks that must come off the free list (fresh ones plus revived free hits)
+
+
+class BlockManager:
+    """Hands out KV blocks to sequences; see the module docstring for the prefix-cache rules."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"BlockManager needs num_blocks >= 1 and block_size >= 1, "
+                             f"got {num_blocks} and {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefill_tokens_requested = 0  # tokens prefill steps had to cover
+        self.prefill_tokens_computed = 0  # of those, tokens not served by the prefix cache
+        self.cache_hit_blocks = 0
+        self.cache_queried_blocks = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every allocation and cached digest (the KV memory is gone or stale); counters stay."""
+        self.ref_count = [0] * self.num_blocks
+        self._digest: list[bytes | None] = [None] * self.num_blocks  # chain digest of a full block
+        self._tokens: list[tuple[int, ...] | None] = [None] * self.num_blocks  # to verify a hit
+        self._cached: dict[bytes, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
+        self._digest_memo: dict[int, list[bytes]] = {}  # seq_id -> digests of its full blocks so far
+
+    def forget_cached_blocks(self) -> None:
+        """Stop offering any block to later hits (e.g. after a failed step left registered blocks unwritten)."""
+        self._cached.clear()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    # ------------------------------------------------------------------ prefill
+
+    def probe(self, seq: Sequence) -> tuple[int, int]:
+        """(free blocks that allocating ``seq`` would take, tokens the prefix cache would serve)."""
+        plan = self._plan(seq)
+        return plan.new_blocks, len(plan.hits) * self.block_size
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return self._plan(seq).new_blocks <= len(self._free)
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give ``seq`` blocks for all its tokens, reusing leading cached blocks; register its full blocks."""
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
+        plan = self._plan(seq)
+        if plan.new_blocks > len(self._free):
+            raise RuntimeError(f"sequence {seq.seq_id} needs {plan.new_blocks} free blocks, "
+                               f"{len(self._free)} left (call can_allocate first)")
+        for block in plan.hits:
+            self._free.pop(block, None)  # a revived block leaves the free list
+            self.ref_count[block] += 1
+            seq.block_table.append(block)
+        for i in range(len(plan.hits), seq.num_blocks(self.block_size)):
+            block = self._take_free_block()
+            seq.block_table.append(block)
+            if i < len(plan.digests):
+                self._register(block, plan.digests[i], self._block_tokens(seq, i))
+        seq.num_cached_tokens = len(plan.hits) * self.block_size
+        self.prefill_tokens_requested += seq.num_tokens
+        self.prefill_tokens_computed += seq.num_tokens - seq.num_cached_tokens
+        self.cache_hit_blocks += len(plan.hits)
+        if self.enable_prefix_caching:
+            self.cache_queried_blocks += (seq.num_tokens - 1) // self.block_size
+
+    def register_finished(self, seq: Sequence) -> None:
+        """Register the full blocks a finished ``seq`` computed since its last decode schedule (before it frees
+        them), so a prompt that continues it (the next turn of a conversation) hits all of them."""
+        if self.enable_prefix_caching and seq.block_table and seq.num_known_tokens > self.block_size:
+            self._register_computed_blocks(seq)
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release ``seq``'s blocks; a block nobody holds goes back to the free list, keeping its digest."""
+        self._release(seq.block_table)
+        seq.block_table.clear()
+        seq.num_cached_tokens = 0
+        self._digest_memo.pop(seq.seq_id, None)
+
+    def release_reserved(self, seq: Sequence) -> None:
+        """Release the blocks ``seq`` holds past its tokens (reserved for decode steps that were abandoned)."""
+        keep = seq.num_blocks(self.block_size)
+        self._release(seq.block_table[keep:])
+        del seq.block_table[keep:]
+
+    def _release(self, blocks: list[int]) -> None:
+        for block in reversed(blocks):  # the tail first, so eviction keeps shared prefixes longest
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                self._free[block] = None
+                if self._digest[block] is None or self._cached.get(self._digest[block]) != block:
+                    self._free.move_to_end(block, last=False)  # nothing to revive: reuse it first
+
+    # ------------------------------------------------------------------ decode
+
+    def can_append(self, seq: Sequence, lookahead: int = 1) -> bool:
+        """Whether ``seq`` can get the blocks its next ``lookahead`` decode steps write to."""
+        return self._blocks_missing(seq, lookahead) <= len(self._free)
+
+    def may_append(self, seq: Sequence, lookahead: int = 1) -> None:
+        """Before decoding: give ``seq`` the blocks its next ``lookahead`` steps write to (positions
+        num_tokens - 1 .. num_tokens - 2 + lookahead), and register its blocks that are now fully computed."""
+        self._append(seq, self._blocks_missing(seq, lookahead))
+
+    def try_append_all(self, seqs: list[Sequence], lookaheads: list[int] | None = None) -> bool:
+        """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
+        case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
+        lookaheads = lookaheads or [1] * len(seqs)
+        missing = [self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads)]
+        if sum(missing) > len(self._free):
+            return False
+        for seq, m in zip(seqs, missing):  # one sequence at a time: a block it takes may drop a digest just cached
+            self._append(seq, m)
+        return True
+
+    def _append(self, seq: Sequence, missing: int) -> None:
+        table = seq.block_table
+        computed = (seq.num_known_tokens - 1) // self.block_size  # a pending placeholder cannot be hashed
+        # Most steps complete no block: the newest computed one is registered already, nothing to do.
+        if self.enable_prefix_caching and computed and (
+                computed > len(table) or self._digest[table[computed - 1]] is None):
+            self._register_computed_blocks(seq)
+        for _ in range(missing):
+            table.append(self._take_free_block())
+
+    # ------------------------------------------------------------------ helpers
+
+    def _blocks_missing(self, seq: Sequence, lookahead: int = 1) -> int:
+        """Blocks to add so that positions up to num_tokens - 2 + lookahead have a slot."""
+        needed = (len(seq.token_ids) - 1 + lookahead + self.block_size - 1) // self.block_size
+        return max(0, needed - len(seq.block_table))
+
+    def _register_computed_blocks(self, seq: Sequence) -> None:
+        """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
+        first back to the last registered one: O(1) per step in steady state."""
+        table, bs = seq.block_table, self.block_size
+        computed = min((seq.num_known_tokens - 1) // bs, len(table))
+        first = computed
+        while first > 0 and self._digest[table[first - 1]] is None:
+            first -= 1
+        digests = self._digest_memo.setdefault(seq.seq_id, [])
+        for i in range(first, computed):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])  # sliced once: hashed and kept to verify hits
+            if i >= len(digests):  # usually the next digest to compute (else hash the ones before it first)
+                if i > len(digests):
+                    self._full_block_digests(seq, i)
+                digests.append(block_digest(digests[-1] if digests else _ROOT, tokens))
+            self._register(table[i], digests[i], tokens)
+
+    def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
+        return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
+
+    def _full_block_digests(self, seq: Sequence, count: int | None = None) -> list[bytes]:
+        """Digests of (at least) the first ``count`` full blocks of ``seq``, all of them by default; memoised
+        per sequence (its tokens only ever grow while it holds blocks)."""
+        digests = self._digest_memo.setdefault(seq.seq_id, [])
+        if count is None:
+            count = len(seq.token_ids) // self.block_size
+        for i in range(len(digests), count):
+            digests.append(block_digest(digests[-1] if digests else _ROOT, self._block_tokens(seq, i)))
+        return digests
+
+    def _plan(self, seq: Sequence) -> _Plan:
+        n_blocks = seq.num_blocks(self.block_size)
+        if not self.enable_prefix_caching:
+            return _Plan([], [], n_blocks)
+        digests = self._full_block_digests(seq)
+        # The block holding the last token is never looked up: prefill must compute at least that token,
+        # and it must not write into a block other sequences share.
+        lookable = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        revived = 0
+        for i in range(lookable):
+            block = self._cached.get(digests[i])
+            if block is None or self._tokens[block] != tuple(self._block_tokens(seq, i)):
+                break  # a miss (or a digest collision) ends the shared prefix
+            hits.append(block)
+            revived += self.ref_count[block] == 0
+        return _Plan(digests, hits, n_blocks - len(hits) + revived)
+
+    def _take_free_block(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free KV blocks left (the scheduler should have preempted)")
+        block, _ = self._free.popitem(last=False)
+        digest = self._digest[block]
+        if digest is not None and self._cached.get(digest) == block:
+            del self._cached[digest]  # its old content is about to be overwritten
+        self._digest[block] = None
+        self._tokens[block] = None
+        self.ref_count[block] = 1
+        return block
+
+    def _register(self, block: int, digest: bytes, token_ids: tuple[int, ...] | list[int]) -> None:
+        """Name ``block`` by ``digest``; the cache map keeps an existing block of the same content."""
+        self._digest[block] = digest
+        self._tokens[block] = tuple(token_ids)
+        self._cached.setdefault(digest, block)

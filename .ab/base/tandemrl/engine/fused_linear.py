@@ -1,0 +1,385 @@
+"""Grouped projections: several of a layer's nn.Linear modules in one Triton launch, reading their own weights.
+
+- ``qkv_projection``: q_proj, k_proj and v_proj of an attention block into one [N, Nq + Nk + Nv] buffer.
+- ``gate_up_silu``: silu(gate_proj(x)) * up_proj(x) of a SiLU-gated MLP, the product in the epilogue.
+
+Zero copy: the kernels take each module's weight pointer, never a concatenation, so an optimizer step on the
+trainer's parameters is seen by the next call. Both return None where they do not apply (a peft LoRA wrapper,
+whose forward adds the adapter; hooks; mixed dtypes; autograd; too many rows) and the caller uses the modules.
+
+Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
+(each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
+tile choice (`pick_tiles`) keeps one row tile (every weight read once) and shrinks BLOCK_N until the column tiles
+fill the SMs. Decode batches of 128 and 256 rows use tiles measured on an H100 (`python -m bench.kernel_sweep`):
+there the grouped launches beat cuBLAS's separate GEMMs (q/k/v 5.9 vs 14.1 us, gate/up + SiLU 15.1 vs 19.8 us
+per layer at 256 rows), but only the hidden size 896 was measured, so wider models keep cuBLAS above 64 rows.
+At those batches gate/up is a compute-bound GEMM, and on Hopper its tiles come through the bulk tensor copy engine
+(TMA, host tensor descriptors; `python -m bench.tma_probe`: 13.8 vs 15.3 us per layer at 256 rows, 10.8 vs
+13.7 at 128); the GEMV range keeps plain loads, as do inputs whose pointers or strides TMA cannot take.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules import module as _torch_module
+
+from tandemrl.engine import pdl
+from tandemrl.engine.fused import is_silu_mlp
+
+try:  # optional: without Triton the callers keep the module calls
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except Exception:  # pragma: no cover - missing or broken install
+    triton = None
+
+# Inputs with more rows go to the modules (prefill-size GEMMs are cuBLAS's); the largest decode batch bucket.
+GROUPED_LINEAR_MAX_ROWS = 256
+_GEMV_ROWS = 64  # up to here the tiles follow the GEMV rule of `pick_tiles`
+_LARGE_ROWS_MAX_K = 1024  # above _GEMV_ROWS rows only reductions this short were measured to beat cuBLAS
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+_DEFAULT_SMS = 132  # H100 SXM; used where the device cannot be asked (interpreter)
+_SMEM_BUDGET = 96 * 1024  # bytes of pipelined tiles per program: two programs fit an SM's shared memory
+_BLOCK_N_CHOICES = (64, 32, 16, 8)
+
+
+@dataclass(frozen=True)
+class LinearTiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# (weights per tile, rows up to) -> the fastest tiles of the H100 sweep at hidden 896: q/k/v (1) and gate/up (2).
+# Fewer, larger tiles win there (72-300 programs); x is re-read from L2 by each column tile.
+_LARGE_BATCH_TILES = {
+    (1, 128): LinearTiles(64, 32, 128, num_warps=4, num_stages=4),
+    (1, 256): LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
+    (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
+    (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
+}
+# rows up to -> gate/up tiles of the TMA kernel (H100, `python -m bench.tma_probe`: 10.8 / 13.8 us per layer)
+_TMA_GATE_UP_TILES = {
+    128: LinearTiles(128, 64, 64, num_warps=4, num_stages=4),
+    256: LinearTiles(128, 64, 64, num_warps=4, num_stages=3),
+}
+
+
+def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weights_per_tile: int = 1,
+               sms: int = _DEFAULT_SMS) -> LinearTiles:
+    """Tiles for `rows` x [sum(widths)] output columns over a reduction of length k.
+
+    BLOCK_M: the smallest of 16/32/64 holding all rows (tl.dot wants >= 16; extra rows are masked, never read),
+    so up to 64 rows every weight byte is read once. BLOCK_N: the largest whose tile count still fills the SMs
+    (qkv of Qwen2.5-0.5B at batch 1: 1152 columns -> 8, 144 programs; gate/up: 4864 -> 32, 152 programs), but
+    not below BLOCK_M / 4, where re-reading x per column tile would cost more L2 traffic than the weights.
+    More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket (128 or 256; 256's beyond).
+    """
+    if rows > _GEMV_ROWS:
+        return _LARGE_BATCH_TILES[(weights_per_tile, 128 if rows <= 128 else 256)]
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    row_tiles = -(-rows // block_m)
+    min_n = max(8, block_m // 4)
+    block_n = min_n
+    for bn in _BLOCK_N_CHOICES:
+        if bn >= min_n and row_tiles * sum(-(-w // bn) for w in widths) >= sms:
+            block_n = bn
+            break
+    block_k = max(16, min(128 if elem_size <= 2 else 64, 1 << max(0, (k - 1).bit_length())))
+    stage_bytes = (block_m + weights_per_tile * block_n) * block_k * elem_size
+    num_stages = max(2, min(4, _SMEM_BUDGET // stage_bytes))
+    return LinearTiles(block_m, block_n, block_k, num_warps=4, num_stages=num_stages)
+
+
+# ---------------------------------------------------------------------------------------------- eligibility
+
+def _plain_linear(module: nn.Module, x: Tensor) -> bool:
+    """nn.Linear (or a subclass keeping its forward) without hooks whose weight/bias the kernel can read as is."""
+    if not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward:
+        return False  # peft LoRA layers are not nn.Linear; subclasses with their own forward compute more
+    if module._forward_hooks or module._forward_pre_hooks:
+        return False
+    weight, bias = module.weight, module.bias
+    if type(weight) not in (Tensor, nn.Parameter) or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        return False  # tensor subclasses (DTensor/FSDP shards) are not plain memory
+    if weight.dtype != x.dtype or weight.device != x.device or not weight.is_contiguous():
+        return False
+    if bias is not None and (type(bias) not in (Tensor, nn.Parameter) or bias.dtype != x.dtype
+                             or bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
+        return False
+    # The kernel records no autograd graph: only take it where none is wanted.
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad)))
+
+
+def _launchable(x: Tensor, max_rows: int | None) -> bool:
+    """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows
+    (beyond the GEMV range only for short reductions, see _LARGE_ROWS_MAX_K)."""
+    if triton is None or not (x.is_cuda or _INTERPRET):
+        return False
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dim() < 1 or x.stride(-1) != 1:
+        return False
+    limit = GROUPED_LINEAR_MAX_ROWS if max_rows is None else max_rows
+    rows = x.numel() // max(1, x.shape[-1])
+    return rows <= limit and (rows <= _GEMV_ROWS or x.shape[-1] <= _LARGE_ROWS_MAX_K)
+
+
+def _no_global_hooks() -> bool:
+    """torch.nn.modules.module.register_module_forward_hook applies to every module: respect it."""
+    return not (_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_properties(device: torch.device):
+    """Asked once per device: a host query, safe during CUDA graph capture."""
+    return torch.cuda.get_device_properties(device)
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`."""
+    return _device_properties(device).multi_processor_count if device.type == "cuda" else _DEFAULT_SMS
+
+
+def _tma_ready(*tensors: Tensor) -> bool:
+    """Whether tensor descriptors can address these 2-D tensors: Hopper or newer (or the interpreter), 16-byte
+    aligned base pointers and row strides, unit column stride."""
+    device = tensors[0].device
+    if not (_INTERPRET or (device.type == "cuda" and _device_properties(device).major >= 9)):
+        return False
+    return all(t.data_ptr() % 16 == 0 and t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
+               for t in tensors)
+
+
+def _new_output(rows: int, cols: int, like: Tensor) -> Tensor:
+    """The launch's output buffer (a seam: tests fill it with NaN so unwritten elements show)."""
+    return torch.empty(rows, cols, dtype=like.dtype, device=like.device)
+
+
+# ---------------------------------------------------------------------------------------------- launchers
+
+def qkv_projection(
+    attn: nn.Module, x: Tensor, *, max_rows: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer.
+
+    None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
+    """
+    projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if not (_launchable(x, max_rows) and _no_global_hooks() and all(
+            p is not None and _plain_linear(p, x) for p in projs)):
+        return None
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    rows = x2.shape[0]
+    nq, nk, nv = (p.weight.shape[0] for p in projs)
+    out = _new_output(rows, nq + nk + nv, x)
+    if rows:
+        t = pick_tiles(rows, (nq, nk, nv), K, x.element_size(), 1, _sm_count(x.device))
+        col_tiles = sum(triton.cdiv(n, t.block_n) for n in (nq, nk, nv))
+        (wq, bq), (wk, bk), (wv, bv) = ((p.weight, p.bias) for p in projs)
+        _qkv_kernel[(col_tiles, triton.cdiv(rows, t.block_m))](
+            x2, wq, wk, wv, _or(bq, wq), _or(bk, wk), _or(bv, wv), out,
+            rows, K, x2.stride(0), out.stride(0), nq, nk, nv,
+            HAS_BQ=bq is not None, HAS_BK=bk is not None, HAS_BV=bv is not None,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
+            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
+            **pdl.launch_options(x.device))
+    q, k, v = out[:, :nq], out[:, nq:nq + nk], out[:, nq + nk:]
+    if x.dim() == 2:  # the decoder's case: keep the views as they are (row stride nq + nk + nv)
+        return q, k, v
+    lead = x.shape[:-1]
+    return q.view(*lead, nq), k.view(*lead, nk), v.view(*lead, nv)
+
+
+def gate_up_silu(mlp: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
+    """silu(gate_proj(x)) * up_proj(x) in one launch, rounded as ``fused.silu_mul_ref(gate_proj(x), up_proj(x))``
+    (gate and up rounded to the dtype, then silu rounded, then the product). None where it does not apply."""
+    if not (is_silu_mlp(mlp) and _launchable(x, max_rows) and _no_global_hooks()):
+        return None
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if not (_plain_linear(gate, x) and _plain_linear(up, x) and gate.weight.shape == up.weight.shape):
+        return None
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    rows, inter = x2.shape[0], gate.weight.shape[0]
+    out = _new_output(rows, inter, x)
+    if rows > _GEMV_ROWS and _tma_ready(x2, gate.weight, up.weight):
+        _gate_up_silu_tma(x2, gate, up, out)
+    elif rows:
+        t = pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
+        _gate_up_silu_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
+            x2, gate.weight, up.weight, _or(gate.bias, gate.weight), _or(up.bias, up.weight), out,
+            rows, inter, K, x2.stride(0), out.stride(0),
+            HAS_BG=gate.bias is not None, HAS_BU=up.bias is not None,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
+            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
+            **pdl.launch_options(x.device))
+    return out.view(*x.shape[:-1], inter)
+
+
+def _gate_up_silu_tma(x: Tensor, gate: nn.Linear, up: nn.Linear, out: Tensor) -> None:
+    """The large-batch launch: x [rows, K] and both weights read through tensor descriptors (out-of-range rows,
+    columns and K steps come back as zeros, so the loads need no masks)."""
+    rows, inter = out.shape
+    t = _TMA_GATE_UP_TILES[128 if rows <= 128 else 256]
+    x_desc = TensorDescriptor.from_tensor(x, [t.block_m, t.block_k])
+    g_desc, u_desc = (TensorDescriptor.from_tensor(w, [t.block_n, t.block_k]) for w in (gate.weight, up.weight))
+    _gate_up_silu_tma_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
+        x_desc, g_desc, u_desc, _or(gate.bias, gate.weight), _or(up.bias, up.weight), out,
+        rows, inter, x.shape[1], out.stride(0), HAS_BG=gate.bias is not None, HAS_BU=up.bias is not None,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.num_stages,
+        IEEE=x.dtype == torch.float32, num_warps=t.num_warps, **pdl.launch_options(x.device))
+
+
+def _or(bias: Tensor | None, dummy: Tensor) -> Tensor:
+    """A pointer for an absent bias (never read: HAS_B* is False)."""
+    return dummy if bias is None else bias
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _dot_step(x, w, acc, IEEE: tl.constexpr):
+        if IEEE:  # float32 inputs: no TF32, to match torch's float32 matmul
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
+        return acc
+
+    @triton.jit
+    def _k_step_masks(m_mask, n_mask, offs_k, k_left, EVEN_K: tl.constexpr):
+        """Load masks of the x tile [BLOCK_M, BLOCK_K] and a W^T tile [BLOCK_K, BLOCK_N] at a reduction step with
+        k_left columns of K still to go (whole BLOCK_K steps need no K mask)."""
+        if EVEN_K:
+            x_mask = m_mask
+            w_mask = n_mask
+        else:
+            k_ok = offs_k < k_left
+            x_mask = m_mask & k_ok[None, :]
+            w_mask = n_mask & k_ok[:, None]
+        return x_mask, w_mask
+
+    @triton.jit
+    def _linear_tile(
+        x_ptr, w_ptr, b_ptr, out_ptr, offs_m, col0, out_col0, M, N, K: tl.constexpr, stride_xm, stride_om,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    ):
+        """out[offs_m, out_col0 + col0 + j] = x[offs_m] @ W[col0 + j]^T (+ b), j < BLOCK_N, masked to M x N."""
+        offs_n = col0 + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_mask = offs_m[:, None] < M
+        n_mask = offs_n[None, :] < N
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+            acc = _dot_step(x, w, acc, IEEE)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if HAS_BIAS:  # nn.Linear adds the bias in float32 and rounds once
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + (out_col0 + offs_n)[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask & n_mask)
+
+    @triton.jit
+    def _qkv_kernel(
+        x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, out_ptr, M, K: tl.constexpr, stride_xm, stride_om,
+        NQ, NK, NV,
+        HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # Column tiles 0..TQ-1 belong to q, the next TK to k, the rest to v: a uniform branch per program.
+        pdl.pdl_enter(PDL)
+        pid_n = tl.program_id(0)
+        offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        tiles_q = tl.cdiv(NQ, BLOCK_N)
+        tiles_k = tl.cdiv(NK, BLOCK_N)
+        if pid_n < tiles_q:
+            _linear_tile(x_ptr, wq_ptr, bq_ptr, out_ptr, offs_m, pid_n * BLOCK_N, 0, M, NQ, K, stride_xm,
+                         stride_om, HAS_BQ, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+        elif pid_n < tiles_q + tiles_k:
+            _linear_tile(x_ptr, wk_ptr, bk_ptr, out_ptr, offs_m, (pid_n - tiles_q) * BLOCK_N, NQ, M, NK, K,
+                         stride_xm, stride_om, HAS_BK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+        else:
+            _linear_tile(x_ptr, wv_ptr, bv_ptr, out_ptr, offs_m, (pid_n - tiles_q - tiles_k) * BLOCK_N, NQ + NK,
+                         M, NV, K, stride_xm, stride_om, HAS_BV, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+
+    @triton.jit
+    def _gate_up_silu_kernel(
+        x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, out_ptr, M, N, K: tl.constexpr, stride_xm, stride_om,
+        HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # The same columns of gate and up in one program: x is loaded once for both dots.
+        pdl.pdl_enter(PDL)
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_mask = offs_m[:, None] < M
+        n_mask = offs_n[None, :] < N
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        w_off = offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
+        g_ptrs = wg_ptr + w_off
+        u_ptrs = wu_ptr + w_off
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
+            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+            wg = tl.load(g_ptrs, mask=w_mask, other=0.0)
+            wu = tl.load(u_ptrs, mask=w_mask, other=0.0)
+            acc_g = _dot_step(x, wg, acc_g, IEEE)
+            acc_u = _dot_step(x, wu, acc_u, IEEE)
+            x_ptrs += BLOCK_K
+            g_ptrs += BLOCK_K
+            u_ptrs += BLOCK_K
+        _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BG, HAS_BU)
+
+    @triton.jit
+    def _gate_up_silu_tma_kernel(
+        x_desc, g_desc, u_desc, bg_ptr, bu_ptr, out_ptr, M, N, K, stride_om,
+        HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # _gate_up_silu_kernel with descriptor loads: the copy engine fills shared memory, no address arithmetic
+        pdl.pdl_enter(PDL)
+        off_n = tl.program_id(0) * BLOCK_N
+        off_m = tl.program_id(1) * BLOCK_M
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            x = x_desc.load([off_m, k])
+            acc_g = _dot_step(x, g_desc.load([off_n, k]).T, acc_g, IEEE)
+            acc_u = _dot_step(x, u_desc.load([off_n, k]).T, acc_u, IEEE)
+        offs_m = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BG, HAS_BU)
+
+    @triton.jit
+    def _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                            HAS_BG: tl.constexpr, HAS_BU: tl.constexpr):
+        """out[offs_m, offs_n] = silu(gate) * up from the float32 accumulators, masked to M x N."""
+        if HAS_BG:
+            acc_g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        if HAS_BU:
+            acc_u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        dt = out_ptr.dtype.element_ty
+        # The module path's rounding points: gate_proj and up_proj outputs, silu(gate), then the product.
+        g = acc_g.to(dt).to(tl.float32)
+        u = acc_u.to(dt).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out_ptrs, (act * u).to(dt), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -1,0 +1,86 @@
+"""What lets the model runner launch a step without waiting for the device (asynchronous scheduling, engine.py).
+
+- ``PendingTokens``: a launched step's sampled tokens, copied to pinned host memory behind the step's kernels;
+  ``result()`` waits for that copy only.
+- ``LastSamples`` / ``link_pending`` / ``resolve_pending``: a sequence whose last token is still pending (sampled by
+  the previous launch, not read back) gets it on the device: its input id is staged as a reference ``-1 - i`` to
+  flat index i of the previous launch's tokens, and one gather on the device replaces the references.
+- ``copy_to_device``: host-to-device copies from pinned memory. From pageable memory CUDA may make the copy wait
+  for the stream, i.e. for the whole step in flight, which would undo the overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tandemrl.engine.sequence import Sequence
+
+
+class PendingTokens:
+    """[B, K] tokens and log-probs of a launched step (row i keeps its first ``steps[i]``) on their way to the host."""
+
+    def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int]) -> None:
+        packed = torch.stack((tokens.double(), logprobs.double()))  # float64 holds every token id exactly
+        self._copied: torch.cuda.Event | None = None
+        if packed.device.type == "cuda":
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._host.copy_(packed, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        else:
+            self._host = packed
+        self.steps = list(steps)
+
+    def result(self) -> tuple[list[list[int]], list[list[float]]]:
+        """Per row: its tokens and their log-probs (waits for the device to get there)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        token_rows, logprob_rows = self._host[0].long().tolist(), self._host[1].tolist()
+        return ([row[:k] for row, k in zip(token_rows, self.steps)],
+                [row[:k] for row, k in zip(logprob_rows, self.steps)])
+
+
+@dataclass
+class LastSamples:
+    """The runner's latest launch: its tokens, flat on the device, and where each sequence's last one is."""
+
+    tokens: Tensor
+    index: dict[int, int]  # seq_id -> flat index of the sequence's last live token
+
+    @classmethod
+    def of(cls, seqs: Seq[Sequence], steps: Seq[int], tokens: Tensor) -> LastSamples:
+        width = tokens.shape[1]
+        return cls(tokens.reshape(-1), {s.seq_id: i * width + k - 1 for i, (s, k) in enumerate(zip(seqs, steps))})
+
+
+def link_pending(ids: np.ndarray, seqs: Seq[Sequence], last: LastSamples | None) -> bool:
+    """Stage row i's input id as the reference ``-1 - j`` when sequence i's last token is pending at flat index j of
+    ``last``; returns whether any row is. RuntimeError if a pending token is not in ``last`` (only the previous
+    launch can still be in flight)."""
+    linked = False
+    for i, seq in enumerate(seqs):
+        if seq.num_pending:
+            j = last.index.get(seq.seq_id) if last is not None else None
+            if j is None:
+                raise RuntimeError(f"sequence {seq.seq_id} waits for {seq.num_pending} tokens the previous launch "
+                                   f"did not sample")
+            ids[i] = -1 - j
+            linked = True
+    return linked
+
+
+def resolve_pending(ids: Tensor, last: LastSamples) -> Tensor:
+    """``ids`` with every reference ``-1 - j`` replaced by ``last.tokens[j]``, on the device: no host sync."""
+    return torch.where(ids < 0, last.tokens[(-1 - ids).clamp(min=0)].to(ids.dtype), ids)
+
+
+def copy_to_device(host: Tensor, device: torch.device) -> Tensor:
+    """``host.to(device)`` without waiting for the work in flight: through pinned memory on CUDA."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

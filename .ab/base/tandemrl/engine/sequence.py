@@ -1,0 +1,105 @@
+"""One sequence being generated: its tokens, its KV blocks and its sampling state (the engine's shared contract).
+
+KV slot of token t: ``block_table[t // block_size] * block_size + t % block_size``. A prefill step computes
+``token_ids[num_cached_tokens:]``; a decode step computes the last token only (position ``num_tokens - 1``).
+
+With asynchronous scheduling the engine launches a step before the previous one's tokens reach the host: the last
+``num_pending`` entries of ``token_ids`` (and of ``logprobs``) are then placeholders for tokens already sampled on
+the device. Positions, block needs and ``max_tokens`` count them; nothing reads their values on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tandemrl.types import SamplingParams
+
+
+PENDING_TOKEN = -1  # a token id no vocabulary has: the placeholder of a token not read back yet
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    token_ids: list[int]  # prompt + generated so far
+    num_prompt_tokens: int
+    params: SamplingParams
+    policy_version: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)  # physical KV block ids, in order
+    num_cached_tokens: int = 0  # leading tokens whose KV is already in the cache (prefix-cache hits)
+    logprobs: list[float] = field(default_factory=list)  # one per generated token
+    finish_reason: str | None = None
+    num_pending: int = 0  # trailing placeholders for tokens sampled on the device, not yet read back
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def num_blocks(self, block_size: int) -> int:
+        """Blocks needed to hold all current tokens."""
+        return (len(self.token_ids) + block_size - 1) // block_size
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids the host has (all but the pending placeholders)."""
+        return len(self.token_ids) - self.num_pending
+
+    def add_pending(self, n: int) -> None:
+        """Reserve n placeholder tokens for a launched step whose sampled tokens have not been read back."""
+        self.token_ids.extend([PENDING_TOKEN] * n)
+        self.logprobs.extend([math.nan] * n)
+        self.num_pending += n
+
+    def add_tokens(self, token_ids: list[int], logprobs: list[float]) -> None:
+        """Append a step's tokens in place of the oldest pending placeholders, or at the end if none are pending."""
+        n = len(token_ids)
+        if not self.num_pending:
+            self.token_ids.extend(token_ids)
+            self.logprobs.extend(logprobs)
+            return
+        if n > self.num_pending:
+            raise RuntimeError(f"sequence {self.seq_id} got {n} tokens for {self.num_pending} pending placeholders")
+        start = len(self.token_ids) - self.num_pending
+        self.token_ids[start:start + n] = token_ids
+        first = start - self.num_prompt_tokens
+        self.logprobs[first:first + n] = logprobs
+        self.num_pending -= n
+
+    def drop_pending(self) -> int:
+        """Remove every placeholder (the step results are appended in their place); returns how many there were."""
+        n = self.num_pending
+        if n:
+            del self.token_ids[-n:]
+            del self.logprobs[-n:]
+            self.num_pending = 0
+        return n
+
+    def append_token(self, token_id: int, logprob: float) -> None:
+        self.token_ids.append(int(token_id))
+        self.logprobs.append(float(logprob))

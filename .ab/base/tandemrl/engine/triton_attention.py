@@ -1,0 +1,359 @@
+"""The Triton paged-attention kernels (CUDA, or Triton's CPU interpreter in tests): decode (one query per sequence,
+optionally split-K, "flash-decoding") and prefill (causal over each sequence's cached context). Both read K/V
+through the block tables of attention.py's cache layout and match its SDPA reference paths; see attention.py for
+the layout, the GQA folding and the sliding-window rule.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from tandemrl.engine import pdl
+
+if TYPE_CHECKING:
+    from tandemrl.engine.attention import PrefillMeta
+
+try:  # optional: without Triton the SDPA paths of attention.py serve
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - missing or broken install
+    triton = None
+
+# Triton paged decode: tokens per inner step and warps per program. At head_dim 64 in bf16 on sm_90, 64 x 4
+# compiles to 80 registers and 21 KiB of shared memory (the next K and V tiles prefetched by cp.async): ~6
+# programs fit an SM, so 256 rows x 2 KV heads run in one wave with ~16 KiB each in flight. 128-token tiles
+# (96 registers, 40 KiB) halve the loop trips; 8 warps halve the registers but not the per-program latency.
+_DECODE_BLOCK_N = 64
+_DECODE_WARPS = 4
+_DECODE_STAGES = 3  # Triton's default software pipelining depth for the K/V loads
+# Without split-K (one program per row and KV head) 128-token tiles with 2 stages were fastest on an H100
+# (`python -m bench.kernel_sweep`, context 384: 9.8 vs 11.1 us per layer at 64 rows, 21.9 vs 22.0 at 256).
+_SINGLE_PASS_BLOCK_N = 128
+_SINGLE_PASS_STAGES = 2
+# Triton paged prefill: rows of a program (queries x the query heads of one KV head) and keys per inner step.
+_PREFILL_BLOCK_M = 128
+_PREFILL_BLOCK_N = 64
+_PREFILL_WARPS = 8
+_SPLIT_TARGET_WAVES = 2  # split-K aims at this many decode programs per SM
+_MAX_SPLITS = 64  # the merge kernel reads all partitions of a head as one [splits, head_dim] tile
+_FALLBACK_SM_COUNT = 132  # off CUDA (the interpreter): an H100's
+_LOG2E = 1.4426950408889634  # the kernels use exp2 with log2(e) folded into the softmax scale
+
+
+def triton_decode_available(device: torch.device) -> bool:
+    """Whether the fused decode kernel can run here: Triton importable and a CUDA device."""
+    return triton is not None and torch.device(device).type == "cuda"
+
+
+def triton_paged_decode(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float,
+    window: int | None, *, num_splits: int | None = None,
+) -> Tensor:
+    """Same contract as sdpa_decode, fused: reads only each row's first context_len tokens (not the padded width).
+
+    Split-K ("flash-decoding"): each (row, KV head) context is cut into `num_splits` partitions, attended by
+    separate programs into a float32 workspace, then merged by a small second kernel. None picks the count from
+    host-known shapes only (`decode_splits`), so a CUDA graph captured per (rows, width) stays valid for any
+    context_lens; one split runs the single-pass kernel, no workspace, no merge.
+    """
+    if triton is None:
+        raise RuntimeError("triton_paged_decode needs the triton package")
+    B, H, D = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    if H % kv_heads or k_cache.shape[-1] != D or v_cache.shape != k_cache.shape:
+        raise ValueError(f"triton_paged_decode: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)} (query heads must be a multiple of the KV heads)")
+    if block_tables.shape[0] != B or context_lens.shape != (B,):
+        raise ValueError(f"triton_paged_decode: block_tables {tuple(block_tables.shape)} / context_lens "
+                         f"{tuple(context_lens.shape)} do not have {B} rows")
+    if num_splits is None:
+        num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, _sm_count(q.device))
+    if not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"triton_paged_decode: num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("triton_paged_decode: the K and V caches need the same strides and a unit last stride")
+    # Every operand is read through its strides (block tables staged column-major by CUDA graphs, q as a view of
+    # a fused projection); only head_dim must be unit-stride.
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = H // kv_heads
+    out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
+    single = num_splits == 1
+    common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D,
+                  BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_WINDOW=window is not None,
+                  BLOCK_N=_SINGLE_PASS_BLOCK_N if single else _DECODE_BLOCK_N, IEEE=q.dtype == torch.float32,
+                  num_warps=_DECODE_WARPS, num_stages=_SINGLE_PASS_STAGES if single else _DECODE_STAGES)
+    if single:
+        part_acc = part_m = part_l = out  # unused by the single-pass variant
+    else:
+        part_acc = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(2, B, H, num_splits, dtype=torch.float32, device=q.device)
+        part_m, part_l = part_ml[0], part_ml[1]
+    _paged_decode_kernel[(B, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_m, part_l,
+        scale * _LOG2E, window if window is not None else 0, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
+        out.stride(0), out.stride(1),
+        SPLIT=not single, **common, **pdl.launch_options(q.device),
+    )
+    if not single:
+        _combine_splits_kernel[(B, H)](
+            part_acc, part_m, part_l, context_lens, out,
+            window if window is not None else 0, num_splits, context_lens.stride(0), out.stride(0), out.stride(1),
+            HEAD_DIM=D, BLOCK_D=common["BLOCK_D"], BLOCK_N=_DECODE_BLOCK_N, HAS_WINDOW=window is not None,
+            BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4, **pdl.launch_options(q.device),
+        )
+    return out
+
+
+def triton_paged_prefill(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, scale: float, window: int | None,
+) -> Tensor:
+    """`prefill_attention`'s result in one launch (flash attention over the paged cache, FlashAttention-2 style):
+    a program takes a tile of one sequence's queries for one KV head, the GROUP query heads sharing that head
+    folded into its rows, and streams the keys it may see (causal, windowed) through the block table. Nothing is
+    padded or gathered on the host side of the call; the SDPA path needed a dozen ops per layer for that."""
+    if triton is None:
+        raise RuntimeError("triton_paged_prefill needs the triton package")
+    N, H, D = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    if H % kv_heads or k_cache.shape[-1] != D or v_cache.shape != k_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError(f"triton_paged_prefill: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = H // kv_heads
+    block_m = _PREFILL_BLOCK_M if group <= _PREFILL_BLOCK_M // 2 else triton.next_power_of_2(2 * group)
+    queries_per_tile = block_m // group
+    S, Q = meta.query_rows.shape
+    out = torch.empty(N, H, D, dtype=q.dtype, device=q.device)
+    if N == 0:
+        return out
+    tables = meta.block_tables
+    _paged_prefill_kernel[(S, triton.cdiv(Q, queries_per_tile), kv_heads)](
+        q, k_cache, v_cache, tables, meta.last_rows, meta.query_lens, meta.context_lens, out,
+        scale * _LOG2E, window if window is not None else 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        tables.stride(0), tables.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE=block_size, GROUP=group, QUERIES=queries_per_tile, BLOCK_M=block_m, HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=_PREFILL_BLOCK_N, HAS_WINDOW=window is not None,
+        IEEE=q.dtype == torch.float32, num_warps=_PREFILL_WARPS, **pdl.launch_options(q.device))
+    return out
+
+
+def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int) -> int:
+    """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only.
+
+    When rows x KV heads fill half the SMs: 1, the single-pass kernel without workspace or merge (on an H100 at
+    64 rows x 2 heads it beat every split, the merge costing more than the extra programs gain). Below that, enough
+    programs for about _SPLIT_TARGET_WAVES programs per SM (a decode program is latency-bound: more of them in
+    flight means more bytes in flight), never more partitions than BLOCK_N-token tiles in the widest context the
+    table allows (the rest would always be empty), at most _MAX_SPLITS (the merge reads them in one tile).
+    """
+    programs = rows * kv_heads
+    if 2 * programs >= sm_count:
+        return 1
+    target = _SPLIT_TARGET_WAVES * sm_count
+    tiles = -(-width * block_size // _DECODE_BLOCK_N)
+    return max(1, min(-(-target // programs), tiles, _MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count; off CUDA (Triton's interpreter) an H100's, so tests walk the same split policy."""
+    if device.type != "cuda":
+        return _FALLBACK_SM_COUNT
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _split_chunk(ctx, window, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+        # A row's first attended token and the tokens of each of its partitions (whole BLOCK_N tiles), from its
+        # context length on the device: partition i holds [start + i * chunk, min(start + (i+1) * chunk, ctx)).
+        start = 0
+        if HAS_WINDOW:
+            start = tl.maximum(ctx - window, 0)
+        per_split = tl.cdiv(ctx - start, num_splits)
+        return start, tl.cdiv(per_split, BLOCK_N) * BLOCK_N
+
+    @triton.jit
+    def _kv_tile(k_ptr, v_ptr, table_ptr, stride_btn, tok, t_mask, kvh, d, d_mask, stride_kblk, stride_kslot,
+                 stride_kh, BLOCK_SIZE: tl.constexpr):
+        """K and V [tokens, BLOCK_D] of one KV head at the positions `tok` of the sequence whose block-table row
+        starts at table_ptr; zeros where t_mask is off. V is loaded with K, before the softmax needs it: both
+        tiles are in flight at once."""
+        blk = tl.load(table_ptr + (tok // BLOCK_SIZE) * stride_btn, mask=t_mask, other=0).to(tl.int64)
+        off = blk * stride_kblk + (tok % BLOCK_SIZE) * stride_kslot + kvh * stride_kh
+        nd_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nd_mask, other=0.0)
+        return k, v
+
+    @triton.jit
+    def _softmax_step(q, k, v, seen, m, l, acc, qk_scale, IEEE: tl.constexpr):
+        """One tile of keys into the online softmax of the rows of q (running max m, sum l, output acc); `seen`
+        [rows or 1, keys] masks the scores. A row that has seen no key yet keeps weight 0 instead of NaN."""
+        if IEEE:  # float32 inputs: no TF32, to match torch's float32 attention
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(seen, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        return m_new, l, acc * alpha[:, None] + pv
+
+    @triton.jit
+    def _attend_keys(
+        q, k_ptr, v_ptr, table_ptr, stride_btn, kvh, d, d_mask, lo, hi, pos, window, qk_scale,
+        stride_kblk, stride_kslot, stride_kh, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    ):
+        """The online softmax of the ROWS rows of q over keys lo .. hi-1 of one sequence and KV head, BLOCK_N at a
+        time: (running max, sum of weights, unnormalised output). CAUSAL: row r sees key j only if j <= pos[r]
+        (and pos[r] - window < j with HAS_WINDOW); else every key of the range (decode: the range is the window)."""
+        m = tl.full([ROWS], float("-inf"), tl.float32)
+        l = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            t_mask = tok < hi
+            k, v = _kv_tile(k_ptr, v_ptr, table_ptr, stride_btn, tok, t_mask, kvh, d, d_mask,
+                            stride_kblk, stride_kslot, stride_kh, BLOCK_SIZE)
+            if CAUSAL:
+                seen = tok[None, :] <= pos[:, None]
+                if HAS_WINDOW:
+                    seen &= tok[None, :] > pos[:, None] - window
+            else:
+                seen = t_mask[None, :]
+            m, l, acc = _softmax_step(q, k, v, seen, m, l, acc, qk_scale, IEEE)
+        return m, l, acc
+
+    @triton.jit
+    def _paged_decode_kernel(
+        q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+        qk_scale, window, num_splits,
+        stride_qb, stride_qh,
+        stride_kblk, stride_kslot, stride_kh,
+        stride_btb, stride_btn, stride_ctx,
+        stride_ob, stride_oh,
+        BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # One program per (row, KV head, partition): an online softmax over the partition's tokens for the GROUP
+        # query heads sharing the KV head. qk_scale carries log2(e): exp2 throughout.
+        pdl.pdl_enter(PDL)
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
+        start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+        lo = start + split * chunk
+        hi = tl.minimum(lo + chunk, ctx)  # lo >= hi: a partition past a short row's context, nothing to do
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        gd_mask = (g < GROUP)[:, None] & d_mask[None, :] & (lo < hi)
+        heads = kvh * GROUP + g
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+        m, l, acc = _attend_keys(
+            q, k_ptr, v_ptr, bt_ptr + b * stride_btb, stride_btn, kvh, d, d_mask, lo, hi, hi, window, qk_scale,
+            stride_kblk, stride_kslot, stride_kh, BLOCK_G, BLOCK_D, BLOCK_N, BLOCK_SIZE, False, False, IEEE)
+        if SPLIT:
+            # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge skips it).
+            part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
+            g_ok = (g < GROUP) & (lo < hi)
+            tl.store(part_m_ptr + part, m, mask=g_ok)
+            tl.store(part_l_ptr + part, l, mask=g_ok)
+            tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+        else:
+            out = acc / l[:, None]
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+    @triton.jit
+    def _combine_splits_kernel(
+        part_acc_ptr, part_m_ptr, part_l_ptr, ctx_ptr, out_ptr, window, num_splits,
+        stride_ctx, stride_ob, stride_oh,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    ):
+        pdl.pdl_enter(PDL)
+        # One program per (row, query head): merges the partitions that hold tokens (the first `active`, the same
+        # split as the decode kernel's), each rescaled from its own running max to the common one.
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
+        start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+        active = tl.cdiv(ctx - start, chunk)
+        s = tl.arange(0, BLOCK_S)
+        s_mask = s < active
+        part = (b * tl.num_programs(1) + h) * num_splits + s
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
+        l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None] & d_mask[None, :],
+                      other=0.0)
+        w = tl.exp2(m - tl.max(m, axis=0))  # the max is finite (partition 0 holds a token); skipped ones weigh 0
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+    @triton.jit
+    def _paged_prefill_kernel(
+        q_ptr, k_ptr, v_ptr, bt_ptr, last_ptr, qlen_ptr, ctx_ptr, out_ptr,
+        qk_scale, window,
+        stride_qn, stride_qh, stride_kblk, stride_kslot, stride_kh, stride_btb, stride_btn, stride_on, stride_oh,
+        BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        IEEE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        # One program per (sequence, tile of QUERIES queries, KV head); row r of the tile is query r // GROUP,
+        # head r % GROUP of the KV head's group. An online softmax (exp2, log2(e) folded into qk_scale).
+        pdl.pdl_enter(PDL)
+        s = tl.program_id(0)
+        kvh = tl.program_id(2)
+        qlen = tl.load(qlen_ptr + s).to(tl.int32)
+        first = tl.program_id(1) * QUERIES
+        if first < qlen:
+            ctx = tl.load(ctx_ptr + s).to(tl.int32)
+            row0 = tl.load(last_ptr + s) - qlen + 1  # packed row of the sequence's first new token
+            r = tl.arange(0, BLOCK_M)
+            i = first + r // GROUP
+            valid = (r < QUERIES * GROUP) & (i < qlen)
+            pos = tl.where(valid, ctx - qlen + i, -1)  # absolute positions; invalid rows see no key
+            heads = kvh * GROUP + r % GROUP
+            d = tl.arange(0, BLOCK_D)
+            d_mask = d < HEAD_DIM
+            rows = (row0 + i).to(tl.int64)
+            q = tl.load(q_ptr + rows[:, None] * stride_qn + heads[:, None] * stride_qh + d[None, :],
+                        mask=valid[:, None] & d_mask[None, :], other=0.0)
+            hi = tl.minimum(ctx, ctx - qlen + tl.minimum(first + QUERIES, qlen))  # causal: up to the last query
+            lo = 0
+            if HAS_WINDOW:
+                lo = tl.maximum(ctx - qlen + first - window + 1, 0) // BLOCK_N * BLOCK_N
+            m, l, acc = _attend_keys(
+                q, k_ptr, v_ptr, bt_ptr + s * stride_btb, stride_btn, kvh, d, d_mask, lo, hi, pos, window, qk_scale,
+                stride_kblk, stride_kslot, stride_kh, BLOCK_M, BLOCK_D, BLOCK_N, BLOCK_SIZE, True, HAS_WINDOW, IEEE)
+            out = acc / tl.where(valid, l, 1.0)[:, None]
+            tl.store(out_ptr + rows[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])

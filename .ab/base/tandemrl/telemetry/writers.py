@@ -1,0 +1,290 @@
+"""Metrics sinks: JSONL (always), TensorBoard and Weights & Biases (optional).
+
+Every writer takes one flat ``dict[str, float]`` per call, keyed by the names in the
+project's metrics list (``reward/mean``, ``loss``, ``eval/accuracy`` ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import numbers
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "MetricsWriter",
+    "JsonlWriter",
+    "TensorBoardWriter",
+    "WandbWriter",
+    "MultiWriter",
+    "make_writers",
+    "make_tensorboard_writer",
+    "tensorboard_available",
+    "read_metrics",
+    "to_scalar",
+]
+
+
+@runtime_checkable
+class MetricsWriter(Protocol):
+    """Anything that accepts one metrics dict per step."""
+
+    def write(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def to_scalar(key: str, value: Any) -> int | float | None:
+    """Coerce one metric value to a JSON-friendly number.
+
+    ints (and bools) stay ints, everything numeric becomes a float (0-d tensors and numpy
+    scalars included), ``None`` and non-finite floats become ``None``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    item = getattr(value, "item", None)  # torch tensors / numpy arrays with one element
+    if callable(item):
+        try:
+            return to_scalar(key, item())
+        except (ValueError, RuntimeError) as exc:
+            raise TypeError(f"metric {key!r} is not a scalar: {value!r}") from exc
+    raise TypeError(f"metric {key!r} has non-numeric value {value!r} ({type(value).__name__})")
+
+
+def _clean(step: int, metrics: Mapping[str, Any]) -> dict[str, int | float | None]:
+    row: dict[str, int | float | None] = {"step": int(step)}
+    for key, value in metrics.items():
+        if key == "step":
+            continue
+        row[str(key)] = to_scalar(key, value)
+    return row
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a metrics.jsonl file. Blank and unparsable lines (a torn last line after a crash) are skipped."""
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+    return rows
+
+
+class JsonlWriter:
+    """Append one JSON object per :meth:`write` to ``path``, flushing every line.
+
+    Opening an existing file appends to it (resume). Call :meth:`truncate_after` with the
+    step a run resumes from so rows written after that checkpoint are not duplicated.
+    Non-finite values are written as ``null``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self._open()
+
+    def _open(self):
+        fh = open(self.path, "a+", encoding="utf-8")
+        # If a crash left a torn last line, start on a fresh line so the next row stays parseable.
+        if fh.tell() > 0:
+            fh.seek(fh.tell() - 1)
+            if fh.read(1) != "\n":
+                fh.write("\n")
+                fh.flush()
+        return fh
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if self._fh is None:
+            raise RuntimeError(f"JsonlWriter({self.path}) is closed")
+        row = _clean(step, metrics)
+        self._fh.write(json.dumps(row, allow_nan=False) + "\n")
+        self._fh.flush()
+
+    def truncate_after(self, step: int) -> int:
+        """Drop rows whose step is > ``step`` (and unparsable lines). Returns the number of rows dropped."""
+        if self._fh is not None:
+            self._fh.flush()
+            self._fh.close()
+            self._fh = None
+        try:
+            kept: list[str] = []
+            dropped = 0
+            with open(self.path, encoding="utf-8") as fh:
+                for line in fh:
+                    stripped = line.strip()
+                    if not stripped:
+                        continue
+                    try:
+                        obj = json.loads(stripped)
+                        row_step = obj.get("step") if isinstance(obj, dict) else None
+                    except json.JSONDecodeError:
+                        dropped += 1
+                        continue
+                    if isinstance(row_step, (int, float)) and row_step > step:
+                        dropped += 1
+                        continue
+                    kept.append(stripped + "\n")
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.writelines(kept)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            self._fh = self._open()
+        return dropped
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tensorboard_available() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+class TensorBoardWriter:
+    """Scalars to TensorBoard through ``torch.utils.tensorboard.SummaryWriter``."""
+
+    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+        if not tensorboard_available():
+            raise ImportError("TensorBoard logging needs the 'tensorboard' package: pip install tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.logdir = Path(logdir)
+        self._writer = SummaryWriter(log_dir=str(self.logdir))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in _clean(step, metrics).items():
+            if key == "step" or value is None:
+                continue
+            self._writer.add_scalar(key, value, global_step=int(step))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def make_tensorboard_writer(logdir: str | os.PathLike[str]) -> TensorBoardWriter | None:
+    """A :class:`TensorBoardWriter`, or ``None`` when tensorboard is not installed."""
+    if not tensorboard_available():
+        return None
+    return TensorBoardWriter(logdir)
+
+
+class WandbWriter:
+    """Weights & Biases logging; ``wandb`` is imported only when this is constructed."""
+
+    def __init__(self, project: str, run_name: str | None, config: Mapping[str, Any] | None = None, **init_kwargs: Any) -> None:
+        try:
+            import wandb  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ImportError(
+                f"W&B logging was requested (project {project!r}) but the 'wandb' package is not installed: "
+                "pip install wandb, or drop the wandb project option"
+            ) from exc
+        self._wandb = wandb
+        self._run = wandb.init(project=project, name=run_name, config=dict(config or {}), **init_kwargs)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        row = {k: v for k, v in _clean(step, metrics).items() if k != "step" and v is not None}
+        self._run.log(row, step=int(step))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MultiWriter:
+    """Fans each call out to several writers. ``close`` closes all of them even if one fails."""
+
+    def __init__(self, writers: Iterable[MetricsWriter | None]) -> None:
+        self.writers: list[MetricsWriter] = [w for w in writers if w is not None]
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        for w in self.writers:
+            w.write(step, metrics)
+
+    def truncate_after(self, step: int) -> None:
+        """Forward to every writer that supports it (the JSONL file); others are left alone."""
+        for w in self.writers:
+            fn = getattr(w, "truncate_after", None)
+            if callable(fn):
+                fn(step)
+
+    def close(self) -> None:
+        errors: list[BaseException] = []
+        for w in self.writers:
+            try:
+                w.close()
+            except Exception as exc:  # noqa: BLE001 - close the rest, re-raise the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> MultiWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.writers)
+
+
+def make_writers(
+    out_dir: str | os.PathLike[str],
+    tensorboard: bool,
+    wandb_project: str | None,
+    config: Mapping[str, Any] | None,
+) -> MultiWriter:
+    """JSONL at ``out_dir/metrics.jsonl``, plus TensorBoard in ``out_dir/tb`` and W&B when asked.
+
+    A missing tensorboard package only warns (and is skipped); a missing wandb package when a
+    project is given raises ImportError.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    writers: list[MetricsWriter] = [JsonlWriter(out / "metrics.jsonl")]
+    try:
+        if tensorboard:
+            tb = make_tensorboard_writer(out / "tb")
+            if tb is None:
+                warnings.warn(
+                    "TensorBoard logging requested but 'tensorboard' is not installed; skipping it", stacklevel=2
+                )
+            else:
+                writers.append(tb)
+        if wandb_project:
+            cfg = dict(config or {})
+            run_name = cfg.get("run_name") or cfg.get("name") or out.name
+            writers.append(WandbWriter(wandb_project, str(run_name), cfg))
+    except BaseException:
+        MultiWriter(writers).close()
+        raise
+    return MultiWriter(writers)

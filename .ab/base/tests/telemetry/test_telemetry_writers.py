@@ -1,0 +1,168 @@
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tandemrl.telemetry.writers import (
+    JsonlWriter,
+    MultiWriter,
+    make_tensorboard_writer,
+    make_writers,
+    read_metrics,
+    tensorboard_available,
+)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_jsonl_round_trip_and_nan_to_null(tmp_path):
+    path = tmp_path / "run" / "metrics.jsonl"
+    w = JsonlWriter(path)
+    w.write(1, {"reward/mean": 0.5, "loss": float("nan"), "kl": float("inf"), "epoch": 0})
+    w.write(2, {"reward/mean": 0.75, "eval/accuracy": 1.0})
+    w.close()
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    rows = _lines(path)  # strict JSON parse
+    assert rows == [
+        {"step": 1, "reward/mean": 0.5, "loss": None, "kl": None, "epoch": 0},
+        {"step": 2, "reward/mean": 0.75, "eval/accuracy": 1.0},
+    ]
+    assert read_metrics(path) == rows
+
+
+def test_jsonl_flushes_each_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    w = JsonlWriter(path)
+    w.write(3, {"loss": 1.5})
+    # Not closed: the row must already be on disk.
+    assert _lines(path) == [{"step": 3, "loss": 1.5}]
+    w.close()
+
+
+def test_jsonl_accepts_tensor_and_numpy_scalars(tmp_path):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "metrics.jsonl"
+    with JsonlWriter(path) as w:
+        w.write(1, {"a": np.float32(0.25), "b": torch.tensor(2.0), "c": np.int64(4), "d": True})
+    assert _lines(path) == [{"step": 1, "a": 0.25, "b": 2.0, "c": 4, "d": 1}]
+
+
+def test_jsonl_rejects_non_numeric(tmp_path):
+    with JsonlWriter(tmp_path / "metrics.jsonl") as w, pytest.raises(TypeError, match="bad"):
+        w.write(1, {"bad": "text"})
+
+
+def test_resume_appends_and_truncate_after(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    w = JsonlWriter(path)
+    for step in range(1, 6):
+        w.write(step, {"loss": float(step)})
+    w.close()
+
+    # Resume from a checkpoint at step 3: rows 4 and 5 are dropped, new rows append.
+    w = JsonlWriter(path)
+    assert w.truncate_after(3) == 2
+    assert [r["step"] for r in _lines(path)] == [1, 2, 3]
+    w.write(4, {"loss": 40.0})
+    w.close()
+    rows = _lines(path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[-1]["loss"] == 40.0
+
+
+def test_torn_last_line_is_survived(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')
+    assert read_metrics(path) == [{"step": 1, "loss": 1.0}]
+    w = JsonlWriter(path)
+    w.write(2, {"loss": 2.0})
+    w.close()
+    assert read_metrics(path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}]
+    w = JsonlWriter(path)
+    w.truncate_after(10)  # also drops the torn line
+    w.close()
+    assert _lines(path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}]
+
+
+class _Recorder:
+    def __init__(self):
+        self.rows = []
+        self.closed = False
+
+    def write(self, step, metrics):
+        self.rows.append((step, dict(metrics)))
+
+    def close(self):
+        self.closed = True
+
+
+def test_multiwriter_fans_out_and_truncates(tmp_path):
+    rec = _Recorder()
+    jl = JsonlWriter(tmp_path / "metrics.jsonl")
+    mw = MultiWriter([jl, rec, None])
+    assert len(mw) == 2
+    mw.write(1, {"x": 1.0})
+    mw.write(2, {"x": 2.0})
+    mw.truncate_after(1)
+    mw.close()
+    assert rec.rows == [(1, {"x": 1.0}), (2, {"x": 2.0})]
+    assert rec.closed
+    assert _lines(tmp_path / "metrics.jsonl") == [{"step": 1, "x": 1.0}]
+
+
+def test_make_writers_jsonl_only(tmp_path):
+    mw = make_writers(tmp_path / "out", tensorboard=False, wandb_project=None, config={})
+    mw.write(1, {"reward/mean": 0.1})
+    mw.close()
+    assert _lines(tmp_path / "out" / "metrics.jsonl") == [{"step": 1, "reward/mean": 0.1}]
+
+
+@pytest.mark.skipif(not tensorboard_available(), reason="tensorboard not installed")
+def test_make_writers_tensorboard(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mw = make_writers(tmp_path, tensorboard=True, wandb_project=None, config={})
+    mw.write(1, {"reward/mean": 0.1, "loss": float("nan")})
+    mw.close()
+    assert len(mw) == 2
+    assert any((tmp_path / "tb").iterdir())
+
+
+def test_make_tensorboard_writer_none_without_package(tmp_path, monkeypatch):
+    import tandemrl.telemetry.writers as writers
+
+    monkeypatch.setattr(writers, "tensorboard_available", lambda: False)
+    assert make_tensorboard_writer(tmp_path / "tb") is None
+    with pytest.warns(UserWarning, match="tensorboard"):
+        mw = writers.make_writers(tmp_path, tensorboard=True, wandb_project=None, config={})
+    assert len(mw) == 1
+    mw.close()
+
+
+def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ImportError, match="pip install wandb"):
+        make_writers(tmp_path, tensorboard=False, wandb_project="proj", config={})
+
+
+def test_finite_floats_keep_precision(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with JsonlWriter(path) as w:
+        w.write(7, {"lr": 1e-6, "x": math.pi})
+    row = _lines(path)[0]
+    assert row["lr"] == 1e-6 and row["x"] == math.pi
