@@ -37,13 +37,13 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
 def test_tandem_step_bench_times_tandem_with_and_without_async_scheduling(tmp_path):
     out = tmp_path / "tandem_step.json"
     run_bench("bench.tandem_step", "--arch", "tiny-qwen3", "--prompts", "2", "--group", "2", "--prompt-len", "8",
-              "--new-tokens", "16", "--repeats", "1", "--ps", "0.5", "--sync-too", "--out", str(out))
+              "--new-tokens", "16", "--repeats", "1", "--ps", "0.5", "--sync-too", "--turns-too", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert set(rows) == {"vanilla", "tandem p=0.5", "tandem p=0.5 sync"}
+    assert set(rows) == {"vanilla", "tandem p=0.5", "tandem p=0.5 sync", "tandem p=0.5 turns"}
     assert all(row["step_s"] > 0 for row in rows.values())
-    # EOS ignored: the same bursts either way, so the same forwards per token
+    # EOS ignored: the same bursts either way, so the same forwards per token (on the CPU bursts run in turns)
     for key in ("hot_passes_per_token", "frozen_passes_per_token"):
-        assert rows["tandem p=0.5"][key] == rows["tandem p=0.5 sync"][key] > 0
+        assert rows["tandem p=0.5"][key] == rows["tandem p=0.5 sync"][key] == rows["tandem p=0.5 turns"][key] > 0
 
 
 def test_agent_loop_bench_runs_both_loops_on_one_script(tmp_path):
