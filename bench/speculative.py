@@ -6,9 +6,9 @@ proposal with probability ``a`` until the first miss. Everything else is the eng
 burst, the target's verify step, the postprocessing. ``c`` is measured: the draft's decode step over the target's,
 each from a plain engine run at the same batch. The model predicts a speed-up of
 ``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` over plain decoding; achieved = plain time / speculative time.
-Telemetry overhead: the host time of the per-request bookkeeping a verify step adds (first-token time, drafted and
-accepted counts and the histogram, KV blocks held: the same calls, timed alone over the batch's rows) over the
-speculative step's time.
+Telemetry overhead: the host time of the per-request bookkeeping a verify launch adds (first-token time, drafted and
+accepted counts and the histogram for each of its up to ``--rounds`` rounds, KV blocks held: the same calls, timed
+alone over the batch's rows) over the launch's time.
 
 GPU:  python -m bench.speculative                      (Qwen2.5-1.5B target, Qwen2.5-0.5B draft)
 CPU:  python -m bench.speculative --target tiny --draft tiny-draft --batches 2 --ks 2 --rates 0.8 --new-tokens 16
@@ -119,6 +119,13 @@ def warm_up(engine: LLMEngine, once: Callable[[int], float], tries: int = 6) -> 
             return
 
 
+def warm_up_smaller_batches(engine: LLMEngine, batch: int, args, vocab: int, device: torch.device) -> None:
+    """A short run at every batch size below ``batch``: the rows of a speculative run finish at different times, and
+    the smaller batches of its tail meet CUDA graph buckets of their own, captured here instead of in a timed run."""
+    for size in range(1, batch):
+        run(engine, random_prompts(size, args.prompt_len, vocab, 200 + size), 16, device)
+
+
 def decode_step_s(model, batch: int, args, device: torch.device) -> float:
     """Per-token decode time of a plain engine over ``model`` (prefill excluded)."""
     engine = make_engine({TARGET: model}, args.num_blocks, device, None)
@@ -140,6 +147,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=SpeculativeConfig().rounds,
+                        help="verify rounds per launch (rollout.speculative.rounds)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/speculative.json"))
     parser.add_argument("--profile", action="store_true",
                         help="after each row, profile one more run: host (cProfile) and device idle gaps")
@@ -157,18 +166,20 @@ def main() -> None:
             for rate in args.rates:
                 torch.manual_seed(k)  # the fixed-acceptance draws
                 engine = make_engine({TARGET: target, DRAFT: draft}, args.num_blocks, device,
-                                     SpeculativeConfig(method="draft", num_tokens=k), rate)
+                                     SpeculativeConfig(method="draft", num_tokens=k, rounds=args.rounds), rate)
+                warm_up_smaller_batches(engine, batch, args, vocab, device)
                 warm_up(engine, lambda seed: run(engine, random_prompts(batch, args.prompt_len, vocab, seed),
                                                  args.new_tokens, device))
                 steps, graphs = engine.stats()["steps"], graphs_captured(engine)
                 # the fastest of 3 runs (fresh prompts each): a batch bucket first met in a timed run is captured in it
                 total = min(run(engine, random_prompts(batch, args.prompt_len, vocab, seed), args.new_tokens, device)
                             for seed in (2, 4, 5))
-                steps = (engine.stats()["steps"] - steps) / 3 - 1  # the verify steps (one prefill)
+                steps = (engine.stats()["steps"] - steps) / 3 - 1  # the verify launches (one prefill)
                 captures = graphs_captured(engine) - graphs
                 prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
                 spec = (total - prefill) / (args.new_tokens - 1)
-                telemetry = stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
+                # a launch records up to ``rounds`` verify rounds per row: its bookkeeping at most that many steps'
+                telemetry = args.rounds * stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
                 predicted = (k + 1) / (k * c + 1) if rate >= 1 else (1 - rate ** (k + 1)) / ((1 - rate) * (k * c + 1))
                 rows.append({"batch": batch, "k": k, "a": rate, "c": c, "plain_ms": plain * 1e3, "spec_ms": spec * 1e3,
                              "predicted": predicted, "achieved": plain / spec, "of_predicted": plain / spec / predicted,
@@ -184,7 +195,7 @@ def main() -> None:
     result = {"date": date.today().isoformat(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "target": args.target, "draft": args.draft, "prompt_len": args.prompt_len,
-              "new_tokens": args.new_tokens, "rows": rows}
+              "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("| batch | k | a | c | plain ms/token | spec ms/token | predicted | achieved | achieved/predicted | stats |")

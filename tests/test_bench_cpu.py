@@ -46,6 +46,16 @@ def test_tandem_step_bench_times_tandem_with_and_without_async_scheduling(tmp_pa
         assert rows["tandem p=0.5"][key] == rows["tandem p=0.5 sync"][key] == rows["tandem p=0.5 turns"][key] > 0
 
 
+def test_speculative_bench_times_verify_rounds_against_the_model(tmp_path):
+    out = tmp_path / "speculative.json"
+    run_bench("bench.speculative", "--target", "tiny", "--draft", "tiny-draft", "--batches", "2", "--ks", "2",
+              "--rates", "0.8", "1.0", "--new-tokens", "16", "--rounds", "3", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["rounds"] == 3 and [row["a"] for row in result["rows"]] == [0.8, 1.0]
+    for row in result["rows"]:
+        assert row["predicted"] > 0 and row["achieved"] > 0 and 0 <= row["telemetry_overhead"] < 1
+
+
 def test_agent_loop_bench_runs_both_loops_on_one_script(tmp_path):
     """Correctness of the benchmark only (timings on a shared CI machine are not asserted)."""
     import torch

@@ -19,6 +19,7 @@ generated tokens; its next prefill recomputes them (often partly from the prefix
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Iterable, Sequence as Seq
 
@@ -152,20 +153,35 @@ class Scheduler:
         return self._schedule_single_steps(running, in_flight)
 
     def _schedule_verify(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Speculative decoding (speculative.py): every row proposes up to ``num_tokens`` tokens (never past its
-        ``max_tokens``) and the target verifies them. If the free blocks cannot cover that, a step with no
-        proposals, which may preempt."""
+        """Speculative decoding (speculative.py): every row proposes up to ``num_tokens`` tokens a round (never past
+        its ``max_tokens``) and the target verifies them; a draft model's rounds run several to a launch, each row's
+        blocks reserved for its budget (every proposal kept). If the free blocks cannot cover that, one round, then a
+        step with no proposals, which may preempt."""
         k = self.speculative.num_tokens
-        drafts = [min(k, s.params.max_tokens - s.num_completion_tokens - 1) for s in running]
-        feed = None
-        if self.propose is not None:  # proposals known on the host (n-gram)
-            feed = [self.propose(s, d) if d else [] for s, d in zip(running, drafts)]
-            drafts = [len(f) for f in feed]
-        if self.block_manager.try_append_all(running, [d + 1 for d in drafts]):
-            return StepPlan(StepKind.VERIFY, running, [d + 1 for d in drafts], feed=feed)
+        remaining = [s.params.max_tokens - s.num_completion_tokens for s in running]
+        if self.propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (or fewer blocks: one)
+            for r in dict.fromkeys((self._verify_rounds(running, remaining), 1)):
+                budgets = [min(r * (k + 1), left) for left in remaining]
+                if self.block_manager.try_append_all(running, budgets):
+                    return StepPlan(StepKind.VERIFY, running, budgets, rounds=r, num_proposals=k)
+            plan = self._schedule_single_steps(running, in_flight)
+            return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, num_proposals=k)
+        feed = [self.propose(s, min(k, left - 1)) if left > 1 else [] for s, left in zip(running, remaining)]
+        if self.block_manager.try_append_all(running, [len(f) + 1 for f in feed]):
+            return StepPlan(StepKind.VERIFY, running, [len(f) + 1 for f in feed], feed=feed)
         plan = self._schedule_single_steps(running, in_flight)
-        return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens,
-                        feed=None if feed is None else [[] for _ in plan.seqs])
+        return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, feed=[[] for _ in plan.seqs])
+
+    def _verify_rounds(self, running: list[Sequence], remaining: list[int]) -> int:
+        """Rounds of the next launch of draft proposals: as many as the row furthest from its end is expected to
+        need at the tokens a round it kept so far (k + 1 before its first), at most ``speculative.rounds``. A row
+        with its budget spent computes only dead rows until the launch ends."""
+        k, need = self.speculative.num_tokens, 1
+        for seq, left in zip(running, remaining):
+            steps = seq.stats.verify_steps
+            per_round = 1 + seq.stats.accepted_tokens / steps if steps else k + 1
+            need = max(need, math.ceil(left / per_round))
+        return min(self.speculative.rounds, need)
 
     def _schedule_tandem(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         if self.tandem.drawn_ahead:
@@ -244,7 +260,8 @@ class Scheduler:
                                                              output.logprobs)):
             if seq.is_finished:
                 continue
-            accepted = None if output.num_accepted is None else output.num_accepted[i]
+            rounds = None if output.num_accepted is None else output.num_accepted[i]
+            accepted = None if rounds is None else sum(rounds)
             if plan.forced is not None and seq.owners is not None and plan.forced[i]:
                 tokens, lps, accepted = _cut_frozen_run(seq, plan.forced[i], tokens, lps, output, i)
             _note_step(seq, plan, i, tokens, accepted, now)
@@ -262,6 +279,8 @@ class Scheduler:
                     finished.append(seq)
                 elif later:
                     seq.add_pending(later)
+            if rounds is not None and plan.forced is None:  # speculative: the rounds whose tokens it kept
+                _record_rounds(seq, plan, i, rounds, kept)
             writers = _step_writers(plan, i, accepted, len(tokens))
             if writers is not None:  # tandem: who wrote each kept token; the owner stream moves on
                 seq.sources.extend(writers[:kept])
@@ -366,9 +385,18 @@ def _note_step(seq: Sequence, plan: StepPlan, row: int, tokens: list[int], accep
     stats = seq.stats
     if stats.first_token_time is None and tokens:
         stats.first_token_time = now
-    if accepted is None:
-        return
-    proposed = plan.proposals[row]
-    if plan.forced is None:  # speculative: the target accepted them (tandem's runs are kept by rule)
-        stats.record_verify(proposed, accepted)
-    seq.draft_behind = int(0 < proposed == accepted < len(tokens))
+    if plan.forced is not None:  # tandem: the frozen slot never read its run's last token if all of it was kept
+        proposed = plan.forced[row]
+        seq.draft_behind = int(0 < proposed == accepted < len(tokens))
+
+
+def _record_rounds(seq: Sequence, plan: StepPlan, row: int, accepted: list[int], kept: int) -> None:
+    """Speculative telemetry: each verify round of the row's step whose tokens the sequence kept (none after its end
+    or after its budget ``num_tokens[row]``), with the proposals it drafted (step.py)."""
+    emitted = 0
+    for a in accepted:
+        if emitted >= kept:
+            break
+        drafted = min(plan.num_proposals, plan.num_tokens[row] - emitted - 1) if plan.drafted else plan.proposals[row]
+        seq.stats.record_verify(drafted, a)
+        emitted += a + 1

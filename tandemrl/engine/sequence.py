@@ -41,8 +41,8 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # one per generated token
     finish_reason: str | None = None
     num_pending: int = 0  # trailing placeholders for tokens sampled on the device, not yet read back
-    # Speculative decoding: 1 when the draft slot has not computed the K/V of the token before the last (after a
-    # verify step that kept every proposal, the draft never fed the last one); its next proposal feeds it first.
+    # Tandem segments: 1 when the frozen slot has not computed the K/V of the token before the last (after a segment
+    # that kept its whole frozen run, the frozen model never fed the run's last token); its next run feeds it first.
     draft_behind: int = 0
     owners: Any = None  # tandem: the request's owner stream (selectors.py), else None
     # Tokens whose K/V every model slot holds (None: all). A tandem engine's request outside tandem, decoded by the

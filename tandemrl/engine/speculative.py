@@ -3,9 +3,9 @@
 Each decode step of a speculative engine is a VERIFY step (step.py): every running sequence proposes up to
 ``num_tokens`` tokens, the target model checks them in one forward and keeps them up to the first rejection
 (rejection.py: the output distribution is the target's). Proposals come from a draft model in the runner's ``draft``
-slot (``method = "draft"``; it proposes on the device, inside the launch) or from the sequence's own earlier tokens
-(``method = "ngram"``, prompt lookup, on the host; ngram.py). Scheduling is synchronous: what a step kept decides the
-next step's positions.
+slot (``method = "draft"``; it proposes on the device, inside the launch, for ``rounds`` verify rounds in a row:
+model/draft_rounds.py) or from the sequence's own earlier tokens (``method = "ngram"``, prompt lookup, on the host;
+ngram.py). Scheduling is synchronous: what a launch kept decides the next one's positions.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ DRAFT = "draft"  # the runner slot of the draft model
 class SpeculativeConfig:
     """``method``: None (off), "draft" or "ngram"; ``num_tokens``: proposals per sequence per step; ``draft_model``:
     the draft's hub id or local directory (method "draft"; loaded by the trainer's setup, which must share the
-    target's vocabulary); ``ngram_max``/``ngram_min``: the n-gram lengths prompt lookup tries, longest first."""
+    target's vocabulary); ``ngram_max``/``ngram_min``: the n-gram lengths prompt lookup tries, longest first;
+    ``rounds``: verify rounds per launch (method "draft", draft_rounds.py)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
@@ -33,6 +34,9 @@ class SpeculativeConfig:
     draft_model: str | None = None
     ngram_max: int = 3
     ngram_min: int = 1
+    # Verify rounds the device runs back to back per launch (method "draft"): the host reads back, postprocesses and
+    # schedules once per launch. A sequence that ends (EOS, stop) inside a launch wastes its later rounds.
+    rounds: int = 8
 
     @property
     def enabled(self) -> bool:
@@ -41,7 +45,7 @@ class SpeculativeConfig:
     def validate(self) -> None:
         if self.method not in (None, "draft", "ngram"):
             raise ValueError(f"speculative.method must be 'draft', 'ngram' or unset, got {self.method!r}")
-        for name in ("num_tokens", "ngram_max", "ngram_min"):
+        for name in ("num_tokens", "ngram_max", "ngram_min", "rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"speculative.{name} must be an integer >= 1, got {value!r}")

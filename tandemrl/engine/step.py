@@ -48,6 +48,11 @@ class StepPlan:
     # DECODE as a tandem burst (tandem_burst.py): the forwards by which the target (hot) and the proposer (frozen)
     # slots write the row's ``num_tokens[i]`` tokens, whose writers it fixes
     tandem: TandemBurst | None = None
+    # VERIFY with the draft proposing (feed and forced None; draft_rounds.py): ``rounds`` rounds of proposals and
+    # verify back to back on the device, row i proposing min(num_proposals, left - 1) tokens a round, ``left`` what
+    # remains of its ``num_tokens[i]`` (a row that has them all computes nothing more)
+    rounds: int = 1
+    num_proposals: int = 0
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.seqs):
@@ -60,11 +65,26 @@ class StepPlan:
                 raise ValueError("a verify step needs one list of feed tokens per row (or none: the draft proposes)")
             if any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed)):
                 raise ValueError("a verify row plans len(feed) + 1 tokens")
+        if self.drafted and (self.rounds < 1 or self.num_proposals < 1):
+            raise ValueError(f"a verify step of draft proposals needs rounds >= 1 and num_proposals >= 1, got "
+                             f"{self.rounds} and {self.num_proposals}")
+        if self.rounds != 1 and not self.drafted:
+            raise ValueError("only a verify step of draft proposals runs several rounds")
+
+    @property
+    def drafted(self) -> bool:
+        """A verify step whose proposals the draft slot makes on the device (in rounds)."""
+        return self.kind is StepKind.VERIFY and self.feed is None and self.forced is None
 
     @property
     def proposals(self) -> list[int]:
-        """Tokens each row proposes: the forced runs of a tandem step, else all but the target's last."""
-        return self.forced if self.forced is not None else [n - 1 for n in self.num_tokens]
+        """Tokens each row proposes (in its first round): the forced runs of a tandem step, else all but the target's
+        last."""
+        if self.forced is not None:
+            return self.forced
+        if self.drafted:
+            return [min(self.num_proposals, n - 1) for n in self.num_tokens]
+        return [n - 1 for n in self.num_tokens]
 
     @property
     def is_prefill(self) -> bool:
@@ -82,11 +102,11 @@ class StepPlan:
 @dataclass
 class StepOutput:
     """Per row of the plan: the tokens it produced and their log-probs (under the distribution each was sampled
-    from); for a verify step, how many feed tokens each row kept."""
+    from); for a verify step, how many proposals each row kept in each round."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
-    num_accepted: list[int] | None = None
+    num_accepted: list[list[int]] | None = None  # per row, the proposals each of its verify rounds kept
     # tandem: the target's own sample (and its log-prob) at every position the row fed, for a run cut short by the
     # selector (a boundary token in the frozen run) to end with the target's token where it was cut
     own_ids: list[list[int]] | None = None

@@ -33,11 +33,15 @@ def greedy_requests(seed: int = 0, count: int = 6, max_tokens: int = 14) -> list
     return [Request(f"r{i}", [rng.randrange(3, 128) for _ in range(3 + 4 * i)], params) for i in range(count)]
 
 
-def generate(requests, draft=None, method=None, num_tokens=3, target=None, **cfg) -> list[Rollout]:
+def generate(requests, draft=None, method=None, num_tokens=3, target=None, rounds=4, launches=None,
+             **cfg) -> list[Rollout]:
+    """The rollouts of ``requests``; ``launches``: a list that gets the number of steps the engine launched."""
     target = target if target is not None else build("qwen2", device=DEVICE)
-    spec = SpeculativeConfig(method=method, num_tokens=num_tokens)
+    spec = SpeculativeConfig(method=method, num_tokens=num_tokens, rounds=rounds)
     backend = EngineBackend(target, None, config(**cfg), speculative=spec, draft_model=draft)
     out = backend.generate(requests)
+    if launches is not None:
+        launches.append(backend.engine.stats()["steps"])
     backend.close()
     return out
 
@@ -61,6 +65,22 @@ def test_greedy_with_a_draft_model_equals_plain_decoding(num_tokens):
         assert mine.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
     check_counts(spec)
     assert sum(r.stats.drafted_tokens for r in spec) > 0
+
+
+def test_verify_rounds_per_launch_give_plain_decoding_and_count_every_round():
+    """Several verify rounds per launch (positions and KV slots computed on the device from the counts kept) give
+    the tokens of plain decoding, one round at a time gives the same, and the stats count every round."""
+    requests = greedy_requests(count=4, max_tokens=40)
+    plain = generate(requests)
+    draft = build("qwen2", seed=1, device=DEVICE)
+    launches: list[int] = []
+    by_rounds = {r: generate(requests, draft=draft, method="draft", rounds=r, launches=launches) for r in (1, 5)}
+    for out in by_rounds.values():
+        assert [r.completion_ids for r in out] == [r.completion_ids for r in plain]
+        check_counts(out)
+    one, five = by_rounds[1], by_rounds[5]
+    assert [r.stats.acceptance_histogram for r in five] == [r.stats.acceptance_histogram for r in one]
+    assert launches[1] < launches[0] / 2  # the host reads back once per launch
 
 
 def test_the_target_as_its_own_draft_accepts_everything():
@@ -153,9 +173,10 @@ def test_speculative_configuration_errors_are_clear():
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="stands the CUDA graphs in on the CPU (the GPU runs the real ones above)")
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_draft_graph_burst_equals_eager_stepping(monkeypatch, temperature):
-    """The draft's proposals after the first, drawn in one graph replay (ModelSlot.sampled_burst, the graphs and the
-    fused sampler stood in on the CPU), give the rollouts of stepping the draft eagerly with the same seeds."""
+def test_verify_rounds_through_graphs_equal_eager_forwards(monkeypatch, temperature):
+    """The verify rounds' forwards through the graphs (inputs computed on the device and copied into the graphs'
+    static buffer: ModelSlot.column_forward; the graphs and the fused sampler stood in on the CPU) give the rollouts
+    of the eager forwards with the same seeds."""
     monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _EagerBody(body)), g.out))
     monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
     monkeypatch.setattr("tandemrl.engine.model.slot.fused_sample", _seeded_sample)

@@ -42,7 +42,7 @@ def test_verify_keeps_the_feed_up_to_the_first_disagreement_and_matches_hf():
             [wrong(ids[2][1])]]  # none kept
     plan = StepPlan(StepKind.VERIFY, seqs, [len(f) + 1 for f in feed], feed=feed)
     out = runner.launch(plan).result()
-    assert out.num_accepted == [4, 1, 0]
+    assert out.num_accepted == [[4], [1], [0]]
     assert out.token_ids == [ids[0][1:6], ids[1][1:3], ids[2][1:2]]
     for (_, ref_lps), got, n in zip(refs, out.logprobs, [5, 2, 1]):
         assert got == pytest.approx(ref_lps[1:1 + n], abs=1e-4)
@@ -69,7 +69,7 @@ def test_verify_sampling_keeps_only_what_the_target_would_sample():
     tokens, lps = runner.run([seq], True)
     seq.append_token(tokens[0], lps[0])
     out = runner.launch(StepPlan(StepKind.VERIFY, [seq], [4], feed=[[5, 5, 5]])).result()
-    accepted = out.num_accepted[0]
+    accepted = out.num_accepted[0][0]
     assert len(out.token_ids[0]) == accepted + 1 and out.token_ids[0][:accepted] == [5] * accepted
     assert all(lp <= 0 for lp in out.logprobs[0])
 
@@ -200,7 +200,30 @@ def test_verify_outputs_count_drafted_and_accepted_tokens():
     seq.add_pending(4)
     engine.scheduler.running.append(seq)
     plan = StepPlan(StepKind.VERIFY, [seq], [4], feed=[[7, 8, 9]])
-    engine.scheduler.postprocess(plan, StepOutput([[7, 8]], [[-0.5, -0.25]], num_accepted=[1]), now=2.0)
+    engine.scheduler.postprocess(plan, StepOutput([[7, 8]], [[-0.5, -0.25]], num_accepted=[[1]]), now=2.0)
     assert seq.completion_ids == [7, 8] and seq.num_pending == 0
     assert (seq.stats.drafted_tokens, seq.stats.accepted_tokens, seq.stats.acceptance_rate) == (3, 1, 1 / 3)
     assert seq.stats.acceptance_histogram == [0, 1] and seq.stats.mean_accepted_length == 2.0
+
+
+def test_verify_rounds_count_each_kept_round_with_what_it_drafted():
+    """A launch of draft rounds: each round drafts min(k, what is left of the row's budget - 1); the telemetry counts
+    the rounds whose tokens the sequence kept, and none after an EOS inside the launch."""
+    engine, _ = make_engine()
+
+    def postprocess(params: SamplingParams, tokens: list[int]):
+        seq = engine._live[engine._add(Request("v", prompt(4), params), 0)[0]]
+        seq.add_pending(6)
+        engine.scheduler.running.append(seq)
+        plan = StepPlan(StepKind.VERIFY, [seq], [6], rounds=3, num_proposals=2)
+        output = StepOutput([tokens], [[-0.5] * len(tokens)], num_accepted=[[2, 0, 1]])
+        engine.scheduler.postprocess(plan, output, now=1.0)
+        return seq
+
+    seq = postprocess(SamplingParams(max_tokens=20, ignore_eos=True), [7, 8, 9, 10, 11, 12])  # rounds of 3, 1, 2
+    assert seq.completion_ids == [7, 8, 9, 10, 11, 12]
+    assert (seq.stats.drafted_tokens, seq.stats.accepted_tokens) == (2 + 2 + 1, 3)  # the last round had 2 left
+    assert seq.stats.acceptance_histogram == [1, 1, 1]
+    seq = postprocess(SamplingParams(max_tokens=20), [7, EOS, 9, 10, 11, 12])  # EOS ends it in the first round
+    assert seq.completion_ids == [7, EOS] and seq.is_finished
+    assert (seq.stats.drafted_tokens, seq.stats.accepted_tokens, seq.stats.acceptance_histogram) == (2, 2, [0, 0, 1])

@@ -187,6 +187,31 @@ class DecodeGraphs:
         self.static[:staged.head].copy_(packed[staged.offset:staged.offset + staged.head])
         return self._replay(staged, input_ids)
 
+    def prepare_columns(self, table: Tensor, groups: Tensor | None) -> tuple[_Staged, Tensor]:
+        """A one-step forward whose inputs the device computes (speculative rounds, draft_rounds.py): its constant
+        part (the block table ``table`` [B, W] and query groups [B] on the device, the padding rows) laid out now in
+        a device head; ``run_columns`` fills in each forward's ids, positions, slots and context lengths."""
+        rows, w = table.shape
+        staged = self._shape(rows, w, groups is not None and self.query_capacity > 1, 0)
+        bucket = staged.bucket
+        head = torch.empty(staged.head, dtype=torch.long, device=self.device)
+        columns = head[:_COLUMNS * bucket].view(_COLUMNS, bucket)
+        for c, fill in enumerate(self._pad):
+            columns[c, rows:] = fill
+        columns[4, :rows] = groups if staged.grouped else 1
+        head[_COLUMNS * bucket:].view(-1, bucket).fill_(self.scratch_block)[:w, :rows] = table.t()
+        return staged, head
+
+    def run_columns(self, prepared: tuple[_Staged, Tensor], input_ids: Tensor, columns: Tensor) -> Tensor:
+        """The forward ``prepare_columns`` laid out, over ``input_ids`` [B] and ``columns`` [3, B] (positions, slots,
+        context lengths), all on the device: device copies and one replay. Hidden [B, hidden], as ``step``."""
+        staged, head = prepared
+        dynamic = head[:4 * staged.bucket].view(4, staged.bucket)
+        dynamic[0, :staged.rows] = input_ids
+        dynamic[1:, :staged.rows] = columns
+        self.static[:staged.head].copy_(head)
+        return self._replay(staged, None)
+
     def _replay(self, staged: _Staged, input_ids: Tensor | None) -> Tensor:
         if input_ids is not None:
             self.static[:staged.rows].copy_(input_ids)
@@ -200,14 +225,16 @@ class DecodeGraphs:
     def _layout(self, plan: DecodePlan, offset: int, every_column: bool = False,
                 buckets: tuple[int, ...] = BATCH_BUCKETS) -> _Staged:
         """Where a plan's step-0 inputs go: its rows, graph bucket and width, and the size of that part."""
-        rows = len(plan.ids)
+        grouped = plan.row_of is not None and self.query_capacity > 1
+        return self._shape(len(plan.ids), plan.tables.shape[1], grouped, offset, every_column, buckets)
+
+    def _shape(self, rows: int, w: int, grouped: bool, offset: int, every_column: bool = False,
+               buckets: tuple[int, ...] = BATCH_BUCKETS) -> _Staged:
         bucket = batch_bucket(rows, buckets)
         if bucket is None:
             raise ValueError(f"batch {rows} is larger than the largest CUDA graph bucket {buckets[-1]}")
-        w = plan.tables.shape[1]
         # SDPA gathers every column of its width: copy them all
         cols = self.width_for(w) if every_column or not self.fixed_width else w
-        grouped = plan.row_of is not None and self.query_capacity > 1
         return _Staged(rows, bucket, self.width_for(w), grouped, offset, (_COLUMNS + cols) * bucket)
 
     @property

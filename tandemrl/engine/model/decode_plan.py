@@ -43,16 +43,13 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
     -1, one token later (step 0 feeds a token the host does not have: its id here is 0)."""
     if len(seqs) != len(steps) or not seqs:
         raise ValueError(f"a decode burst needs one step count per sequence, got {len(steps)} for {len(seqs)}")
-    n = _int64_array([len(s.token_ids) - back for s in seqs])
-    live_steps = _int64_array(steps)
+    n = int64_array([len(s.token_ids) - back for s in seqs])
+    live_steps = int64_array(steps)
     last = n - 2 + live_steps  # the last position a row writes
     for i in np.flatnonzero((n < 1) | (live_steps < 1) | (last >= max_model_len)):
         raise ValueError(f"sequence {seqs[i].seq_id} has {n[i]} tokens and {live_steps[i]} decode steps: "
                          f"needs 1 <= tokens, 1 <= steps and tokens - 1 + steps <= max_model_len {max_model_len}")
-    widths = last // block_size + 1
-    held = np.arange(int(widths.max())) < widths[:, None]
-    tables = np.full(held.shape, num_blocks, dtype=np.int64)  # the scratch block pads every row
-    tables[held] = _held_blocks(seqs, widths, steps, block_size, num_blocks)
+    tables = block_tables(seqs, last, steps, block_size, num_blocks)
     step = np.arange(int(live_steps.max()))[:, None]
     live = step < live_steps
     positions = np.minimum(n - 1 + step, last)  # a dead step repeats the row's last position (RoPE stays in range)
@@ -60,8 +57,20 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
     blocks = tables[np.arange(len(seqs)), block_index]
     slots = np.where(live, blocks * block_size + (positions - block_index * block_size), num_blocks * block_size)
     context_lens = positions + 1
-    ids = _int64_array([s.token_ids[-1 - back] if back >= 0 else 0 for s in seqs])
+    ids = int64_array([s.token_ids[-1 - back] if back >= 0 else 0 for s in seqs])
     return DecodePlan(ids, positions, slots, context_lens, tables, list(steps))
+
+
+def block_tables(seqs: Seq[Sequence], last: np.ndarray, steps: Seq[int], block_size: int,
+                 num_blocks: int) -> np.ndarray:
+    """[B, W] the block ids of each sequence up to the one holding position ``last[i]``, padded with the scratch
+    block (id ``num_blocks``); ValueError naming a sequence with too few blocks (``steps``: its decode steps, for the
+    message) or an id out of range."""
+    widths = last // block_size + 1
+    held = np.arange(int(widths.max())) < widths[:, None]
+    tables = np.full(held.shape, num_blocks, dtype=np.int64)  # the scratch block pads every row
+    tables[held] = _held_blocks(seqs, widths, steps, block_size, num_blocks)
+    return tables
 
 
 def _held_blocks(seqs: Seq[Sequence], widths: np.ndarray, steps: Seq[int], block_size: int,
@@ -72,7 +81,7 @@ def _held_blocks(seqs: Seq[Sequence], widths: np.ndarray, steps: Seq[int], block
     for seq, width in zip(seqs, widths.tolist()):
         table = seq.block_table
         concatenated += table if len(table) == width else table[:width]  # usually exact: no copy
-    flat = _int64_array(concatenated)
+    flat = int64_array(concatenated)
     if len(flat) != int(widths.sum()):  # some table is short
         i = next(i for i, (seq, w) in enumerate(zip(seqs, widths.tolist())) if len(seq.block_table) < w)
         raise ValueError(f"sequence {seqs[i].seq_id} has {len(seqs[i].token_ids)} tokens and {steps[i]} decode "
@@ -85,7 +94,7 @@ def _held_blocks(seqs: Seq[Sequence], widths: np.ndarray, steps: Seq[int], block
     return flat
 
 
-def _int64_array(values: Seq[int]) -> np.ndarray:
+def int64_array(values: Seq[int]) -> np.ndarray:
     """``np.array(values, dtype=np.int64)`` for Python ints, about twice as fast: struct converts them in C without
     numpy's per-element type dispatch (this runs on every block id of every decode burst)."""
     out = np.empty(len(values), dtype=np.int64)
@@ -101,6 +110,6 @@ def as_one_step(burst: DecodePlan, ids: Seq[int], keep: np.ndarray | None = None
     if keep is None:
         keep = np.arange(burst.num_steps)[:, None] < np.asarray(burst.steps)[None, :]
     step, row = np.nonzero(keep.T)[::-1]  # row-major over (row, step)
-    return DecodePlan(_int64_array(ids), burst.positions[step, row][None], burst.slots[step, row][None],
+    return DecodePlan(int64_array(ids), burst.positions[step, row][None], burst.slots[step, row][None],
                       burst.context_lens[step, row][None], np.ascontiguousarray(burst.tables[row]), [1] * len(row),
                       row_of=row)

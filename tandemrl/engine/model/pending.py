@@ -24,14 +24,19 @@ from tandemrl.engine.step import StepOutput
 
 class PendingTokens:
     """[B, K] tokens and log-probs of a launched step on their way to the host: row i keeps its first ``steps[i]``,
-    or ``kept[i]`` when that is given (a verify step: known on the device only). ``accepted``: proposals kept."""
+    or ``kept[i]`` when that is given (a verify step: known on the device only). ``accepted``: proposals kept, [B]
+    or [B, R] (R <= K verify rounds)."""
 
     def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int], accepted: Tensor | None = None,
                  kept: Tensor | None = None, own: tuple[Tensor, Tensor] | None = None) -> None:
         planes = [tokens.double(), logprobs.double()]  # float64 holds every token id exactly
-        for extra in (accepted, kept):
-            if extra is not None:
-                planes.append(extra.double()[:, None].expand_as(planes[0]))
+        self._rounds = 0
+        if accepted is not None:
+            accepted = accepted.view(len(tokens), -1)
+            self._rounds = accepted.shape[1]
+            planes.append(torch.nn.functional.pad(accepted.double(), (0, tokens.shape[1] - self._rounds)))
+        if kept is not None:
+            planes.append(kept.double()[:, None].expand_as(planes[0]))
         if own is not None:  # tandem: [B, K] samples of the target at every position, and their log-probs
             planes += [own[0].double(), own[1].double()]
         self._has = (accepted is not None, kept is not None, own is not None)
@@ -51,9 +56,12 @@ class PendingTokens:
         if self._copied is not None:
             self._copied.synchronize()
         token_rows, logprob_rows = self._host[0].long().tolist(), self._host[1].tolist()
-        extras = iter(self._host[2:2 + self._has[0] + self._has[1], :, 0].long().tolist())
-        accepted = next(extras) if self._has[0] else None
-        counts = next(extras) if self._has[1] else self.steps
+        extras = 2
+        accepted = None
+        if self._has[0]:
+            accepted = self._host[2, :, :self._rounds].long().tolist()
+            extras += 1
+        counts = self._host[extras, :, 0].long().tolist() if self._has[1] else self.steps
         out = StepOutput([row[:k] for row, k in zip(token_rows, counts)],
                          [row[:k] for row, k in zip(logprob_rows, counts)], accepted)
         if self._has[2]:

@@ -8,9 +8,10 @@ returns before the device is done (pending.py):
   burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
   a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns or in paired ticks (two streams), as
   planned on the host, its first input fed from the previous launch like a plain burst's;
-- VERIFY (verify_runner.py): each row's proposals (the plan's feed, or the ``draft`` slot's, drawn in the same
-  launch), then the target over the row's last token and its proposals in one decode step of a row per token (CUDA
-  graphs apply), then rejection sampling (rejection.py); nothing waits for the device.
+- VERIFY: each row's proposals, then the target over the row's last token and its proposals in one decode step of
+  a row per token (CUDA graphs apply), then rejection sampling (rejection.py); nothing waits for the device. The
+  ``draft`` slot's proposals run ``plan.rounds`` such rounds back to back on the device (draft_rounds.py); proposals
+  known on the host (n-gram) and tandem segments run one (verify_runner.py).
 ``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
 
 Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
@@ -28,6 +29,7 @@ from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
 from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
 from tandemrl.engine.model.decode_plan import build_decode_plan
+from tandemrl.engine.model.draft_rounds import launch_draft_rounds
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget, move  # noqa: F401 (tests)
 from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
@@ -173,7 +175,8 @@ class ModelRunner:
             raise ValueError(f"no model slot {plan.slot!r}; the runner has {sorted(self.slots)}")
         with eval_mode(slot.modules), torch.inference_mode():
             if plan.kind is StepKind.VERIFY:
-                pending = launch_verify(self, slot, plan)
+                rounds = plan.feed is None and plan.forced is None  # the draft proposes, on the device
+                pending = (launch_draft_rounds if rounds else launch_verify)(self, slot, plan)
                 self._last = None  # how many tokens a row keeps is known on the device only
                 return pending
             if plan.kind is StepKind.PREFILL:

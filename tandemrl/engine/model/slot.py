@@ -208,6 +208,33 @@ class ModelSlot:
 
         return counted
 
+    def column_forward(self, table: Tensor, row_of: np.ndarray | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+        """(input ids [B], columns [3, B]: positions, KV slots, context lengths) -> hidden [B, hidden], all on this
+        slot's device: one-step forwards whose inputs the device computes (speculative rounds, draft_rounds.py), over
+        the block table ``table`` [B, W] on the device. ``row_of`` [B]: the sequence of each row, for rows of one
+        sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows."""
+        groups = None
+        if row_of is not None and self.use_triton and self.query_capacity > 1:
+            groups = copy_to_device(torch.from_numpy(query_groups(row_of, self.query_capacity)), self.device)
+        graphed = not self.enforce_eager and batch_bucket(len(table)) is not None
+        with self.on_device():
+            if graphed:
+                graphs = self._decode_graphs()
+                prepared = graphs.prepare_columns(table, groups)
+
+        def run(input_ids: Tensor, columns: Tensor) -> Tensor:
+            self.forwards += 1
+            with self.on_device():
+                if graphed:
+                    return graphs.run_columns(prepared, input_ids, columns)
+                positions, slots, context_lens = columns.unbind(0)
+                meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
+                                  block_tables=table, use_triton=self.use_triton, query_groups=groups)
+                return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches,
+                                      fused=self.fused_kernels)
+
+        return run
+
     def _eager_steps(self, plan: DecodePlan) -> tuple[StepFn, Tensor]:
         """Without graphs: the burst's columns go to the device at once."""
         columns = copy_to_device(torch.from_numpy(np.stack((plan.positions, plan.slots, plan.context_lens))),

@@ -1,8 +1,9 @@
-"""Runs a verify step (runner.py's VERIFY): each row's proposals (the plan's feed, or the proposer slot's, drawn in
-the same launch), then the target over the row's last token and its proposals in one decode step of a row per token
-(decode_plan.py's ``as_one_step`` layout: CUDA graphs apply, and the attention reads a row's K/V once for all its
-tokens), then rejection sampling (rejection.py) or, for a tandem segment, the forced run and the target's own token
-after it. Nothing waits for the device.
+"""Runs one verify step (runner.py's VERIFY) of proposals known on the host (the plan's feed: n-gram) or of a
+tandem segment (the proposer slot's forced run, drawn in the same launch; a draft's speculative proposals run in
+rounds: draft_rounds.py): each row's proposals, then the target over the row's last token and its proposals in one
+decode step of a row per token (decode_plan.py's ``as_one_step`` layout: CUDA graphs apply, and the attention reads a
+row's K/V once for all its tokens), then rejection sampling (rejection.py) or, for a tandem segment, the forced run
+and the target's own token after it. Nothing waits for the device.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
     if plan.forced is not None:
         result, own = keep_forced(runner, logits, tokens, plan.forced, seqs)
         return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
-    probs = _distributions(runner, seqs, draft_logits, tokens, plan.proposer)
+    probs = proposal_distributions(runner, seqs, draft_logits, tokens, plan.proposer)
     result = runner.accept(logits, move(probs, device), tokens, num_draft, seqs)
     return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
                          kept=result.num_accepted + 1)
@@ -134,8 +135,8 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
     return move(tokens, runner.device), logits
 
 
-def _distributions(runner: ModelRunner, seqs: Seq[Sequence], logits: Tensor | None, tokens: Tensor,
-                   proposer: str) -> Tensor:
+def proposal_distributions(runner: ModelRunner, seqs: Seq[Sequence], logits: Tensor | None, tokens: Tensor,
+                           proposer: str) -> Tensor:
     """[B, width, V] float32: the distribution each proposal was drawn from, for the rejection rule: the draft's
     ``softmax(logits / T)``, or, for proposals known on the host (``logits`` None), one-hots. Greedy rows read
     none of it: a batch of greedy rows gets an expanded zero (no memory, no work)."""
