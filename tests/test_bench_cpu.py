@@ -54,6 +54,8 @@ def test_speculative_bench_times_verify_rounds_against_the_model(tmp_path):
     assert result["rounds"] == 3 and [row["a"] for row in result["rows"]] == [0.8, 1.0]
     for row in result["rows"]:
         assert row["predicted"] > 0 and row["achieved"] > 0 and 0 <= row["telemetry_overhead"] < 1
+        assert row["slowest_row_rounds"] >= 1.0
+    assert result["rows"][1]["slowest_row_rounds"] == 1.0  # a = 1: every row keeps every proposal
 
 
 def test_agent_loop_bench_runs_both_loops_on_one_script(tmp_path):
