@@ -44,27 +44,30 @@ class _RoundRows:
     seq: Tensor  # [N] the row's sequence
     offset: Tensor  # [N] its position relative to the sequence's last token
     need: Tensor  # [N] proposals the sequence must make this round for the row to be live
+    cap: Tensor  # [N] the last position the sequence may write in this launch
     sizes: list[int]  # rows of each forward, in order
 
     @classmethod
-    def build(cls, batch: int, k: int, device: torch.device) -> _RoundRows:
+    def build(cls, k: int, cap: Tensor) -> _RoundRows:
+        """The rows of a round for sequences that may write up to position ``cap`` [B] (on the device)."""
+        batch = len(cap)
         rows = np.arange(batch)
         parts = [(np.repeat(rows, 2), np.tile([-1, 0], batch), np.zeros(2 * batch, np.int64))]
         parts += [(rows, np.full(batch, j), np.full(batch, j + 1)) for j in range(1, k)]  # feeds proposal j
         offsets = np.tile(np.arange(k + 1), batch)
         parts.append((np.repeat(rows, k + 1), offsets, offsets))  # reads proposal ``offset``
         columns = np.stack([np.concatenate(column) for column in zip(*parts)])
-        seq, offset, need = copy_to_device(torch.from_numpy(columns.astype(np.int64)), device)
-        return cls(seq, offset, need, [len(p[0]) for p in parts])
+        seq, offset, need = copy_to_device(torch.from_numpy(columns.astype(np.int64)), cap.device)
+        return cls(seq, offset, need, cap[seq], [len(p[0]) for p in parts])
 
-    def columns(self, length: Tensor, drafts: Tensor, active: Tensor, cap: Tensor, table: Tensor, block_size: int,
+    def columns(self, length: Tensor, drafts: Tensor, active: Tensor, table: Tensor, block_size: int,
                 scratch_slot: int) -> list[Tensor]:
         """Per forward, [3, rows]: positions, KV slots and context lengths, from the sequences' lengths, proposal
         counts and whether they still compute ([B] each). A dead row writes to the scratch slot at a position its
         sequence has a block for (its last, at most ``cap``: RoPE and the attention stay in range)."""
         last = length[self.seq] - 1
         live = (self.need <= drafts[self.seq]) & active[self.seq]
-        positions = torch.where(live, last + self.offset, torch.minimum(last, cap[self.seq]))
+        positions = torch.where(live, last + self.offset, torch.minimum(last, self.cap))
         blocks = table[self.seq, positions // block_size]
         slots = torch.where(live, blocks * block_size + positions % block_size, scratch_slot)
         return list(torch.stack((positions, slots, positions + 1)).split(self.sizes, dim=1))
@@ -102,7 +105,7 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
     length, left, cap, last_two, table = copy_to_device(torch.from_numpy(host), device).split(
         [batch, batch, batch, 2 * batch, table.size])
     last_two, table = last_two.view(batch, 2), table.view(batch, -1)
-    rows = _RoundRows.build(batch, k, device)
+    rows = _RoundRows.build(k, cap)
     first = draft.column_forward(move(table.repeat_interleave(2, 0), draft.device), np.repeat(np.arange(batch), 2))
     step = draft.column_forward(move(table, draft.device))
     verify = slot.column_forward(table.repeat_interleave(k + 1, 0), np.repeat(np.arange(batch), k + 1))
@@ -112,7 +115,7 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
     with eval_mode(draft.modules):
         for _ in range(plan.rounds):
             active, drafts = left > 0, (left - 1).clamp(0, k)
-            columns = rows.columns(length, drafts, active, cap, table, runner.block_size,
+            columns = rows.columns(length, drafts, active, table, runner.block_size,
                                    runner.num_blocks * runner.block_size)
             tokens, logits = _propose(draft, first, step, sample, last_two, columns[:-1], keep_logits=not greedy)
             hidden = verify(torch.cat((last_two[:, 1:], tokens), dim=1).reshape(-1), columns[-1])

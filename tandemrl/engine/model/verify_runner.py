@@ -21,7 +21,6 @@ from tandemrl.engine.model.rejection import RejectionResult
 from tandemrl.engine.model.sampler import sample_with_probs
 from tandemrl.engine.model.slot import ModelSlot, eval_mode
 from tandemrl.engine.sequence import Sequence
-from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import StepPlan
 
 if TYPE_CHECKING:
@@ -36,8 +35,8 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
     if any(seq.num_pending for seq in seqs):
         raise RuntimeError("a verify step needs every token of its sequences on the host")
     device = runner.device
-    if plan.feed is None:  # the draft's first forward goes first: the device starts while the host plans the rest
-        tokens, draft_logits = _propose(runner, seqs, plan.proposals, plan.proposer)
+    if plan.feed is None:  # the proposer's first forward goes first: the device starts while the host plans the rest
+        tokens = _propose(runner, seqs, plan.proposals, plan.proposer)
     burst = build_decode_plan(seqs, planned, runner.block_size, runner.num_blocks, runner.max_model_len)
     fed = [n - 1 for n in planned]  # proposals the target reads (after each row's last token)
     width = max(1, max(len(f) for f in plan.feed) if plan.feed is not None else max(plan.proposals)) + 1
@@ -51,7 +50,7 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
         hidden = run_step(0, ids)
     else:
         rows, num_draft = _to_device(device, padded, plan.proposals)
-        tokens, draft_logits = _host_proposals(plan.feed, width - 1, device), None
+        tokens = _host_proposals(plan.feed, width - 1, device)
         inputs = [t for seq, f in zip(seqs, plan.feed) for t in [seq.token_ids[-1], *f]]
         run_step, _ = slot.decode_steps(as_one_step(burst, inputs))
         hidden = run_step(0, None)
@@ -59,7 +58,7 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
     if plan.forced is not None:
         result, own = keep_forced(runner, logits, tokens, plan.forced, seqs)
         return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
-    probs = proposal_distributions(runner, seqs, draft_logits, tokens, plan.proposer)
+    probs = proposal_distributions(runner, seqs, None, tokens, plan.proposer)  # proposals from the host: one-hots
     result = runner.accept(logits, move(probs, device), tokens, num_draft, seqs)
     return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
                          kept=result.num_accepted + 1)
@@ -86,13 +85,11 @@ def keep_forced(runner: ModelRunner, logits: Tensor, tokens: Tensor, forced: lis
     return RejectionResult(out, logp.gather(-1, out[..., None]).squeeze(-1), kept), (own, own_logp)
 
 
-def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
-             proposer: str = DRAFT) -> tuple[Tensor, Tensor]:
-    """The proposer slot's proposals [B, width] (on the runner's device) and the logits they were drawn from
-    [B, width, V] (on the proposer's; columns past a row's count are padding, uninitialised logits included). The
-    first forward feeds each row's last token, and before it the one the draft has not computed yet where it is
-    behind (sequence.py); then a burst draws the remaining proposals, each from ``softmax(logits / T)`` (top-k and
-    top-p ignored: that is the distribution the rejection rule reads)."""
+def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int], proposer: str) -> Tensor:
+    """The proposer slot's proposals [B, width] (a tandem segment's frozen run; on the runner's device; columns past
+    a row's count are padding). The first forward feeds each row's last token, and before it the one the proposer
+    has not computed yet where it is behind (sequence.py); then a burst draws the remaining proposals, each from
+    ``softmax(logits / T)`` (top-k and top-p ignored)."""
     draft = runner.slots.get(proposer)
     if draft is None:
         raise ValueError(f"a verify step without proposals needs a {proposer!r} model slot")
@@ -112,10 +109,7 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
         sample = sampler.for_subsets(seqs, temperature_only=True)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
         with draft.on_device():
-            step_logits = draft.logits(hidden)
-            logits = step_logits.new_empty(len(seqs), width, step_logits.shape[-1])
-            logits[:, 0] = step_logits
-            tokens[:, 0], _ = sample(step_logits, slice(None))
+            tokens[:, 0], _ = sample(draft.logits(hidden), slice(None))
         if rows:
             subset = [seqs[i] for i in rows]
             rest = build_decode_plan(subset, [drafts[i] - 1 for i in rows], runner.block_size, runner.num_blocks,
@@ -123,16 +117,15 @@ def _propose(runner: ModelRunner, seqs: Seq[Sequence], drafts: list[int],
             last = tokens[index, 0]
             burst = draft.sampled_burst(rest, last, lambda: sampler.graph_sampling(subset, rest.num_steps))
             if burst is not None:  # every step in one graph replay
-                tokens[index, 1:], logits[index, 1:] = burst
+                tokens[index, 1:] = burst[0]
             else:
                 run_step, _ = draft.decode_steps(rest)
                 for j in range(rest.num_steps):
                     hidden = run_step(j, last)
                     with draft.on_device():
-                        step_logits = draft.logits(hidden)
-                        last, _ = sample(step_logits, index)
-                    tokens[index, j + 1], logits[index, j + 1] = last, step_logits
-    return move(tokens, runner.device), logits
+                        last, _ = sample(draft.logits(hidden), index)
+                    tokens[index, j + 1] = last
+    return move(tokens, runner.device)
 
 
 def proposal_distributions(runner: ModelRunner, seqs: Seq[Sequence], logits: Tensor | None, tokens: Tensor,
