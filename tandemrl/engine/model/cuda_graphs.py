@@ -187,7 +187,7 @@ class DecodeGraphs:
         self.static[:staged.head].copy_(packed[staged.offset:staged.offset + staged.head])
         return self._replay(staged, input_ids)
 
-    def prepare_columns(self, table: Tensor, groups: Tensor | None) -> tuple[_Staged, Tensor]:
+    def prepare_columns(self, table: Tensor, groups: Tensor | None) -> tuple[_Staged, Tensor, Tensor, Tensor]:
         """A one-step forward whose inputs the device computes (speculative rounds, draft_rounds.py): its constant
         part (the block table ``table`` [B, W] and query groups [B] on the device, the padding rows) laid out now in
         a device head; ``run_columns`` fills in each forward's ids, positions, slots and context lengths."""
@@ -200,15 +200,15 @@ class DecodeGraphs:
             columns[c, rows:] = fill
         columns[4, :rows] = groups if staged.grouped else 1
         head[_COLUMNS * bucket:].view(-1, bucket).fill_(self.scratch_block)[:w, :rows] = table.t()
-        return staged, head
+        return staged, head, columns[0, :rows], columns[1:4, :rows]  # the last two: where each forward's inputs go
 
-    def run_columns(self, prepared: tuple[_Staged, Tensor], input_ids: Tensor, columns: Tensor) -> Tensor:
+    def run_columns(self, prepared: tuple[_Staged, Tensor, Tensor, Tensor], input_ids: Tensor, columns: Tensor
+                    ) -> Tensor:
         """The forward ``prepare_columns`` laid out, over ``input_ids`` [B] and ``columns`` [3, B] (positions, slots,
         context lengths), all on the device: device copies and one replay. Hidden [B, hidden], as ``step``."""
-        staged, head = prepared
-        dynamic = head[:4 * staged.bucket].view(4, staged.bucket)
-        dynamic[0, :staged.rows] = input_ids
-        dynamic[1:, :staged.rows] = columns
+        staged, head, ids_part, columns_part = prepared
+        ids_part.copy_(input_ids)
+        columns_part.copy_(columns)
         self.static[:staged.head].copy_(head)
         return self._replay(staged, None)
 

@@ -60,13 +60,14 @@ class _RoundRows:
         seq, offset, need = copy_to_device(torch.from_numpy(columns.astype(np.int64)), cap.device)
         return cls(seq, offset, need, cap[seq], [len(p[0]) for p in parts])
 
-    def columns(self, length: Tensor, drafts: Tensor, active: Tensor, table: Tensor, block_size: int,
-                scratch_slot: int) -> list[Tensor]:
-        """Per forward, [3, rows]: positions, KV slots and context lengths, from the sequences' lengths, proposal
-        counts and whether they still compute ([B] each). A dead row writes to the scratch slot at a position its
-        sequence has a block for (its last, at most ``cap``: RoPE and the attention stay in range)."""
-        last = length[self.seq] - 1
-        live = (self.need <= drafts[self.seq]) & active[self.seq]
+    def columns(self, length: Tensor, left: Tensor, table: Tensor, block_size: int, scratch_slot: int
+                ) -> list[Tensor]:
+        """Per forward, [3, rows]: positions, KV slots and context lengths, from the sequences' lengths and tokens
+        left in their budgets ([B] each; a sequence proposes ``min(k, left - 1)``, so a row is live while its
+        ``need < left``). A dead row writes to the scratch slot at a position its sequence has a block for (its
+        last, at most ``cap``: RoPE and the attention stay in range)."""
+        last = (length - 1)[self.seq]
+        live = self.need < left[self.seq]
         positions = torch.where(live, last + self.offset, torch.minimum(last, self.cap))
         blocks = table[self.seq, positions // block_size]
         slots = torch.where(live, blocks * block_size + positions % block_size, scratch_slot)
@@ -109,15 +110,14 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
     first = draft.column_forward(move(table.repeat_interleave(2, 0), draft.device), np.repeat(np.arange(batch), 2))
     step = draft.column_forward(move(table, draft.device))
     verify = slot.column_forward(table.repeat_interleave(k + 1, 0), np.repeat(np.arange(batch), k + 1))
-    sample = runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
-    greedy = runner.sampler.all_greedy(seqs)
+    greedy = runner.sampler.all_greedy(seqs)  # the draft proposes its argmax: no random draw, no logits kept
+    sample = None if greedy else runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
     rounds = []
     with eval_mode(draft.modules):
         for _ in range(plan.rounds):
             active, drafts = left > 0, (left - 1).clamp(0, k)
-            columns = rows.columns(length, drafts, active, table, runner.block_size,
-                                   runner.num_blocks * runner.block_size)
-            tokens, logits = _propose(draft, first, step, sample, last_two, columns[:-1], keep_logits=not greedy)
+            columns = rows.columns(length, left, table, runner.block_size, runner.num_blocks * runner.block_size)
+            tokens, logits = _propose(draft, first, step, sample, last_two, columns[:-1])
             hidden = verify(torch.cat((last_two[:, 1:], tokens), dim=1).reshape(-1), columns[-1])
             target_logits = slot.logits(hidden).view(batch, k + 1, -1)
             probs = proposal_distributions(runner, seqs, logits, tokens, plan.proposer)
@@ -131,10 +131,10 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
     return PendingTokens(tokens, logprobs, plan.num_tokens, accepted=accepted, kept=kept)
 
 
-def _propose(draft: ModelSlot, first: Callable, step: Callable, sample: Callable, last_two: Tensor,
-             columns: list[Tensor], keep_logits: bool) -> tuple[Tensor, Tensor | None]:
-    """The draft's proposals [B, k] (on the runner's device) and, with ``keep_logits``, the logits they were drawn
-    from [B, k, V] (the rejection rule reads them when a row samples)."""
+def _propose(draft: ModelSlot, first: Callable, step: Callable, sample: Callable | None, last_two: Tensor,
+             columns: list[Tensor]) -> tuple[Tensor, Tensor | None]:
+    """The draft's proposals [B, k] (on the runner's device) and the logits they were drawn from [B, k, V] (the
+    rejection rule reads them when a row samples); without ``sample`` (every row greedy) the argmax and no logits."""
     home = last_two.device
     on_draft = [move(c, draft.device) for c in columns]
     hidden = first(move(last_two.reshape(-1), draft.device), on_draft[0])[1::2]  # the last token's row
@@ -144,11 +144,11 @@ def _propose(draft: ModelSlot, first: Callable, step: Callable, sample: Callable
             hidden = step(tokens[-1], on_draft[j])
         with draft.on_device():
             logits = draft.logits(hidden)
-            proposal, _ = sample(logits, slice(None))
+            proposal = logits.argmax(-1) if sample is None else sample(logits, slice(None))[0]
         tokens.append(proposal)
-        if keep_logits:
+        if sample is not None:
             all_logits.append(logits)
-    logits = torch.stack(all_logits, dim=1) if keep_logits else None
+    logits = torch.stack(all_logits, dim=1) if sample is not None else None
     return move(torch.stack(tokens, dim=1), home), logits
 
 
