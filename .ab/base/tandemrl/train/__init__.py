@@ -1,1 +1,0 @@
-"""The training loop and its checkpoints: rollout -> reward -> advantage -> loss -> step -> sync."""
