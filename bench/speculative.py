@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from bench.collections_watch import FullCollections, release_garbage
 from bench.engine_throughput import random_prompts, timed
 from bench.grpo_step import ARCHITECTURES, build_model
 from bench.host_timeline import SPECULATIVE, HostTimeline
@@ -44,6 +45,7 @@ from tandemrl.types import Request, SamplingParams
 
 
 TIMED_SEEDS = (2, 4, 5)  # the prompts of the timed runs (each time is the fastest of them)
+PREFILL_SEEDS = (3, 6, 7)  # the prefill-only runs': other prompts, or the prefix cache would serve them
 
 
 class FixedAcceptanceRunner(ModelRunner):
@@ -137,6 +139,13 @@ def warm_up_smaller_batches(engine: LLMEngine, batch: int, args, vocab: int, dev
         run(engine, random_prompts(size, args.prompt_len, vocab, 200 + size), 16, device)
 
 
+def prefill_s(engine: LLMEngine, batch: int, args, vocab: int, device: torch.device) -> float:
+    """Seconds of a run that stops after the prompts' prefill (one token each): what the timed runs take beyond
+    their decode steps. The fastest of 3, as the timed runs: one slow prefill would otherwise shift the whole row (a
+    run of 256 tokens takes ~0.3 s; a slow prefill run, tens of milliseconds more)."""
+    return min(run(engine, random_prompts(batch, args.prompt_len, vocab, seed), 1, device) for seed in PREFILL_SEEDS)
+
+
 def decode_step_s(model, batch: int, args, device: torch.device) -> float:
     """Per-token decode time of a plain engine over ``model`` (prefill excluded)."""
     engine = make_engine({TARGET: model}, args.num_blocks, device, None)
@@ -146,7 +155,9 @@ def decode_step_s(model, batch: int, args, device: torch.device) -> float:
     # the fastest of the same 3 runs as the speculative timing: one estimator for all three times
     total = min(run(engine, random_prompts(batch, args.prompt_len, vocab, seed), args.new_tokens, device)
                 for seed in TIMED_SEEDS)
-    prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
+    prefill = prefill_s(engine, batch, args, vocab, device)
+    del engine
+    release_garbage(device)
     return (total - prefill) / (args.new_tokens - 1)
 
 
@@ -171,6 +182,7 @@ def main() -> None:
     target = build_model(args.target, device, dtype, False).eval()
     draft = build_model(args.draft, device, dtype, False).eval()
     vocab = target.config.vocab_size
+    collections = FullCollections()
     rows = []
     for batch in args.batches:
         plain = decode_step_s(target, batch, args, device)
@@ -184,13 +196,15 @@ def main() -> None:
                 warm_up(engine, lambda seed: run(engine, random_prompts(batch, args.prompt_len, vocab, seed),
                                                  args.new_tokens, device))
                 steps, graphs = engine.stats()["steps"], graphs_captured(engine)
+                collections.take()
                 # the fastest of 3 runs (fresh prompts each): a batch bucket first met in a timed run is captured in it
                 tails: list[float] = []
                 total = min(run(engine, random_prompts(batch, args.prompt_len, vocab, seed), args.new_tokens, device,
                                 tails) for seed in TIMED_SEEDS)
                 steps = (engine.stats()["steps"] - steps) / len(TIMED_SEEDS) - 1  # the verify launches (one prefill)
                 captures = graphs_captured(engine) - graphs
-                prefill = run(engine, random_prompts(batch, args.prompt_len, vocab, 3), 1, device)
+                collected = collections.take()
+                prefill = prefill_s(engine, batch, args, vocab, device)
                 spec = (total - prefill) / (args.new_tokens - 1)
                 # a launch records up to ``rounds`` verify rounds per row: its bookkeeping at most that many steps'
                 telemetry = args.rounds * stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
@@ -198,15 +212,18 @@ def main() -> None:
                 rows.append({"batch": batch, "k": k, "a": rate, "c": c, "plain_ms": plain * 1e3, "spec_ms": spec * 1e3,
                              "predicted": predicted, "achieved": plain / spec, "of_predicted": plain / spec / predicted,
                              "telemetry_overhead": telemetry, "captures_in_timed_run": captures,
+                             "collections_in_timed_runs": collected,
                              "slowest_row_rounds": sum(tails) / len(tails)})
                 r = rows[-1]
                 if args.profile:
                     profile_run(engine, lambda: run(engine, random_prompts(batch, args.prompt_len, vocab, 2),
                                                     args.new_tokens, device))
+                del engine
+                release_garbage(device)  # this engine's cycles are freed here, not walked inside the next timing
                 print(f"batch {batch} k {k} a {rate:.1f} c {c:.3f}: plain {r['plain_ms']:.2f} ms/token, spec "
                       f"{r['spec_ms']:.2f}; predicted {predicted:.2f}x, achieved {r['achieved']:.2f}x "
-                      f"({r['of_predicted']:.1%}), telemetry {telemetry:.2%} of a launch, {captures} graph captures in "
-                      f"the 3 timed runs, slowest row {r['slowest_row_rounds']:.2f}x the mean rounds", flush=True)
+                      f"({r['of_predicted']:.1%}), telemetry {telemetry:.2%} of a launch; in the 3 timed runs "
+                      f"{captures} graph captures and {collected}; slowest row {r['slowest_row_rounds']:.2f}x the mean rounds", flush=True)
     result = {"date": date.today().isoformat(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "target": args.target, "draft": args.draft, "prompt_len": args.prompt_len,

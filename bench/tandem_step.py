@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import platform
-import time
 from datetime import date
 from pathlib import Path
 
 import torch
 
+from bench.collections_watch import FullCollections, release_garbage
 from bench.grpo_step import add_step_shape_args, build_model, one_step
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.config import TrainConfig
@@ -48,28 +47,6 @@ class CaptureCounter:
             return capture(graphs, body)
 
         DecodeGraphs._captured = counted
-
-
-class FullCollections:
-    """Python's full garbage collections (each walks every object: ~0.1 s here) and their time, since last asked."""
-
-    def __init__(self) -> None:
-        self.count, self.seconds, self._start = 0, 0.0, 0.0
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.count += 1
-            self.seconds += time.perf_counter() - self._start
-
-    def take(self) -> str:
-        said = f"{self.count} full collections ({self.seconds:.3f} s)"
-        self.count, self.seconds = 0, 0.0
-        return said
 
 
 def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device, captures: CaptureCounter,
@@ -99,9 +76,7 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     runs = [timed_step(s) for s in range(args.repeats)]
     passes = {name: (slots[name].forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
     backend.close()
-    gc.collect()  # what this setting left (engine, optimizer state) is gone before the next one is timed
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    release_garbage(device)  # what this setting left (engine, optimizer state) is gone before the next one is timed
     median = sorted(runs, key=lambda t: t.rollout_s + t.train_s)[len(runs) // 2]
     return {"step_s": median.rollout_s + median.train_s, "rollout_s": median.rollout_s, "train_s": median.train_s,
             "rollout_tok_s": median.tokens / median.rollout_s, "peak_gib": median.peak_gib,
