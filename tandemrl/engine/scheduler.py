@@ -155,12 +155,12 @@ class Scheduler:
     def _schedule_verify(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """Speculative decoding (speculative.py): every row proposes up to ``num_tokens`` tokens a round (never past
         its ``max_tokens``) and the target verifies them; a draft model's rounds run several to a launch, each row's
-        blocks reserved for its budget (every proposal kept). If the free blocks cannot cover that, one round, then a
-        step with no proposals, which may preempt."""
+        blocks reserved for its budget (every proposal kept). If the free blocks cannot cover that, half the rounds,
+        down to one, then a step with no proposals, which may preempt."""
         k = self.speculative.num_tokens
         remaining = [s.params.max_tokens - s.num_completion_tokens for s in running]
-        if self.propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (or fewer blocks: one)
-            for r in dict.fromkeys((self._verify_rounds(running, remaining), 1)):
+        if self.propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (fewer blocks: fewer)
+            for r in _halvings(self._verify_rounds(running, remaining)):
                 budgets = [min(r * (k + 1), left) for left in remaining]
                 if self.block_manager.try_append_all(running, budgets):
                     return StepPlan(StepKind.VERIFY, running, budgets, rounds=r, num_proposals=k)
@@ -388,6 +388,14 @@ def _note_step(seq: Sequence, plan: StepPlan, row: int, tokens: list[int], accep
     if plan.forced is not None:  # tandem: the frozen slot never read its run's last token if all of it was kept
         proposed = plan.forced[row]
         seq.draft_behind = int(0 < proposed == accepted < len(tokens))
+
+
+def _halvings(rounds: int) -> list[int]:
+    """rounds, rounds // 2, ... down to 1: the launch sizes tried when the free blocks are short."""
+    sizes = [rounds]
+    while sizes[-1] > 1:
+        sizes.append(sizes[-1] // 2)
+    return sizes
 
 
 def _record_rounds(seq: Sequence, plan: StepPlan, row: int, accepted: list[int], kept: int) -> None:

@@ -10,6 +10,7 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence, SequenceStatus
+from tandemrl.engine.speculative import SpeculativeConfig
 from tandemrl.engine.step import StepKind, StepOutput, StepPlan
 from tandemrl.types import SamplingParams
 
@@ -227,3 +228,20 @@ def test_a_burst_drops_the_tokens_after_a_finish_and_falls_back_to_single_steps_
     post(s, [c, d], [1, 1], [-1.0, -1.0])
     batch = s.schedule()  # bursts need one more block each, one is free; single steps fit
     assert batch.num_tokens == [1, 1] and s.num_preemptions == 0
+
+
+def test_draft_rounds_halve_until_their_blocks_fit():
+    """A launch of draft rounds reserves blocks for every proposal kept; when the free blocks cannot cover the rounds
+    planned, half as many are tried, and so on down to one (not straight to one)."""
+    config = EngineConfig(block_size=BS, num_blocks=16, decode_steps=1)
+    s = Scheduler(config, BlockManager(16, BS, True), [EOS],
+                  speculative=SpeculativeConfig(method="draft", num_tokens=2, rounds=16))
+    a, b = seq([1, 2, 3], max_tokens=40), seq([4, 5, 6], max_tokens=40)
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    post(s, [a, b], [7, 7], [-1.0, -1.0])  # 4 tokens (one block) each, 39 left: 13 rounds of k + 1 = 3 tokens
+    plan = s.schedule()
+    # 13 rounds would need 10 more blocks each (20 > the 14 free); 6 rounds (18 tokens) need 5 each
+    assert plan.kind == StepKind.VERIFY and plan.rounds == 6 and plan.num_tokens == [18, 18]
+    assert [len(x.block_table) for x in (a, b)] == [6, 6]
