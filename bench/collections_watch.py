@@ -1,5 +1,5 @@
-"""Python's full garbage collections during a benchmark: each walks every tracked object, so with a few models and
-engines alive one takes tens of milliseconds, as long as a short timed run's gap under study."""
+"""Python's full garbage collections during a benchmark: each walks every tracked object, so with models and engines
+alive one can take tens of milliseconds, the size of the effects a short timed run looks for."""
 
 from __future__ import annotations
 

@@ -223,7 +223,8 @@ def main() -> None:
                 print(f"batch {batch} k {k} a {rate:.1f} c {c:.3f}: plain {r['plain_ms']:.2f} ms/token, spec "
                       f"{r['spec_ms']:.2f}; predicted {predicted:.2f}x, achieved {r['achieved']:.2f}x "
                       f"({r['of_predicted']:.1%}), telemetry {telemetry:.2%} of a launch; in the 3 timed runs "
-                      f"{captures} graph captures and {collected}; slowest row {r['slowest_row_rounds']:.2f}x the mean rounds", flush=True)
+                      f"{captures} graph captures and {collected}; slowest row {r['slowest_row_rounds']:.2f}x the "
+                      "mean rounds", flush=True)
     result = {"date": date.today().isoformat(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "target": args.target, "draft": args.draft, "prompt_len": args.prompt_len,
