@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the trainer issue: GPU tests, the GRPO-step baseline, a bf16 run of the loop.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 timeout 240 python3 -m pytest -q -x tests/train tests/backends -p no:cacheprovider 2>&1 | tail -5

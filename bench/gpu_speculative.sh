@@ -7,9 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_speculative}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source bench/gpu_env.sh
 timeout "${TEST_SECONDS:-150}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_speculative.py \
     tests/engine/test_step_contract.py > "$OUT/tests.log" 2>&1
 echo "tests exit status $?"; tail -n 2 "$OUT/tests.log"

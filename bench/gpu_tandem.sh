@@ -9,9 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_tandem}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source bench/gpu_env.sh
 TESTS=${TESTS:-tests/engine/test_tandem.py tests/engine/test_tandem_async.py tests/engine/test_tandem_burst.py \
 tests/engine/test_speculative.py tests/engine/test_model_runner.py tests/engine/test_paged_attention.py}
 # shellcheck disable=SC2086  # TESTS is a list of paths
