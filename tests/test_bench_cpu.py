@@ -56,6 +56,8 @@ def test_speculative_bench_times_verify_rounds_against_the_model(tmp_path):
         assert row["predicted"] > 0 and row["achieved"] > 0 and 0 <= row["telemetry_overhead"] < 1
         assert row["slowest_row_rounds"] >= 1.0
     assert result["rows"][1]["slowest_row_rounds"] == 1.0  # a = 1: every row keeps every proposal
+    assert result["rows"][1]["realized_a_fastest_run"] == result["rows"][1]["realized_a_mean"] == 1.0
+    assert 0 < result["rows"][0]["realized_a_mean"] < 1  # a = 0.8: some draws miss
 
 
 def test_agent_loop_bench_runs_both_loops_on_one_script(tmp_path):
