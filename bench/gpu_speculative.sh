@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12's GPU check in one device call (about 6 minutes on an H100): the engine tests of speculative decoding (real
-# CUDA graphs and Triton kernels), then `python -m bench.speculative --batches 1 8` (Qwen2.5-1.5B-architecture
-# target, Qwen2.5-0.5B-architecture draft, k = 2, 4, 6, a = 0.6-1.0); logs and JSON land in $OUT.
+# CUDA graphs and Triton kernels), `python -m bench.speculative --batches 1 8` (Qwen2.5-1.5B-architecture target,
+# Qwen2.5-0.5B-architecture draft, k = 2, 4, 6, a = 0.6-1.0), then `python -m bench.verify_cost` (the target's verify
+# forward against its plain step, which the model takes as equal); logs and JSON land in $OUT.
 # The call: run  command "bash bench/gpu_speculative.sh"  carry [".whl"]  (pydantic for the config). Env: BENCH_ARGS
 # (replaces "--batches 1 8"), TEST_SECONDS, BENCH_SECONDS.
 set -uo pipefail
@@ -15,3 +16,5 @@ echo "tests exit status $?"; tail -n 2 "$OUT/tests.log"
 timeout "${BENCH_SECONDS:-420}" python3 -m bench.speculative ${BENCH_ARGS:---batches 1 8} \
     --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
 echo "bench exit status $?"; grep -E "^\|" "$OUT/speculative.log"
+timeout 120 python3 -m bench.verify_cost --out "$OUT/verify_cost.json" > "$OUT/verify_cost.log" 2>&1
+echo "verify_cost exit status $?"; grep -E "^\|" "$OUT/verify_cost.log"

@@ -60,6 +60,16 @@ def test_speculative_bench_times_verify_rounds_against_the_model(tmp_path):
     assert 0 < result["rows"][0]["realized_a_mean"] < 1  # a = 0.8: some draws miss
 
 
+def test_verify_cost_bench_times_plain_and_verify_forwards(tmp_path):
+    out = tmp_path / "verify_cost.json"
+    run_bench("bench.verify_cost", "--target", "tiny", "--batches", "2", "--ks", "2", "3", "--repeats", "2",
+              "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["batch"], row["k"]) for row in rows] == [(2, 2), (2, 3)]
+    assert all(row["verify_forward_us"] > 0 and row["plain_logits_us"] > 0 and row["verify_over_plain"] > 0
+               for row in rows)
+
+
 def test_agent_loop_bench_runs_both_loops_on_one_script(tmp_path):
     """Correctness of the benchmark only (timings on a shared CI machine are not asserted)."""
     import torch
