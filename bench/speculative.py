@@ -19,6 +19,7 @@ CPU:  python -m bench.speculative --target tiny --draft tiny-draft --batches 2 -
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import time
@@ -167,7 +168,7 @@ def decode_step_s(model, batch: int, args, device: torch.device) -> float:
     return (total - prefill) / (args.new_tokens - 1)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-1.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--draft", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
@@ -182,7 +183,58 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/out/speculative.json"))
     parser.add_argument("--profile", action="store_true",
                         help="after each row, profile one more run: host (cProfile) and device idle gaps")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def measure(engine: LLMEngine, batch: int, k: int, rate: float, c: float, plain: float, args, vocab: int,
+            device: torch.device, collections: FullCollections) -> dict:
+    """One row: the speculative engine's time a token (the fastest of 3 warm runs) against the model's prediction."""
+    prompts = functools.partial(random_prompts, batch, args.prompt_len, vocab)
+    warm_up_smaller_batches(engine, batch, args, vocab, device)
+    warm_up(engine, lambda seed: run(engine, prompts(seed), args.new_tokens, device))
+    steps, graphs = engine.stats()["steps"], graphs_captured(engine)
+    collections.take()
+    # the fastest of 3 runs (fresh prompts each): a batch bucket first met in a timed run is captured in it
+    draws: list[dict] = []
+    times = [run(engine, prompts(seed), args.new_tokens, device, draws) for seed in TIMED_SEEDS]
+    total = min(times)
+    steps = (engine.stats()["steps"] - steps) / len(TIMED_SEEDS) - 1  # the verify launches (one prefill)
+    captures = graphs_captured(engine) - graphs
+    collected = collections.take()
+    prefill = prefill_s(engine, batch, args, vocab, device)
+    spec = (total - prefill) / (args.new_tokens - 1)
+    # a launch records up to ``rounds`` verify rounds per row: its bookkeeping at most that many steps'
+    telemetry = args.rounds * stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
+    predicted = (k + 1) / (k * c + 1) if rate >= 1 else (1 - rate ** (k + 1)) / ((1 - rate) * (k * c + 1))
+    return {"batch": batch, "k": k, "a": rate, "c": c, "plain_ms": plain * 1e3, "spec_ms": spec * 1e3,
+            "predicted": predicted, "achieved": plain / spec, "of_predicted": plain / spec / predicted,
+            "telemetry_overhead": telemetry, "captures_in_timed_run": captures,
+            "collections_in_timed_runs": collected,
+            "slowest_row_rounds": sum(d["tail"] for d in draws) / len(draws),
+            "realized_a_fastest_run": draws[times.index(total)]["a"],
+            "realized_a_mean": sum(d["a"] for d in draws) / len(draws)}
+
+
+def print_row(r: dict) -> None:
+    print(f"batch {r['batch']} k {r['k']} a {r['a']:.1f} c {r['c']:.3f}: plain {r['plain_ms']:.2f} ms/token, spec "
+          f"{r['spec_ms']:.2f}; predicted {r['predicted']:.2f}x, achieved {r['achieved']:.2f}x "
+          f"({r['of_predicted']:.1%}), telemetry {r['telemetry_overhead']:.2%} of a launch; in the 3 timed runs "
+          f"{r['captures_in_timed_run']} graph captures and {r['collections_in_timed_runs']}; slowest row "
+          f"{r['slowest_row_rounds']:.2f}x the mean rounds; a realized {r['realized_a_fastest_run']:.3f} in the "
+          f"fastest run ({r['realized_a_mean']:.3f} over the 3)", flush=True)
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| batch | k | a | c | plain ms/token | spec ms/token | predicted | achieved | achieved/predicted | stats | "
+          "slowest row's rounds / mean | a realized (fastest run) |")
+    for r in rows:
+        print(f"| {r['batch']} | {r['k']} | {r['a']:.1f} | {r['c']:.3f} | {r['plain_ms']:.2f} | {r['spec_ms']:.2f} | "
+              f"{r['predicted']:.2f} | {r['achieved']:.2f} | {r['of_predicted']:.1%} | {r['telemetry_overhead']:.2%} | "
+              f"{r['slowest_row_rounds']:.2f} | {r['realized_a_fastest_run']:.3f} |")
+
+
+def main() -> None:
+    args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = build_model(args.target, device, dtype, False).eval()
@@ -198,56 +250,20 @@ def main() -> None:
                 torch.manual_seed(k)  # the fixed-acceptance draws
                 engine = make_engine({TARGET: target, DRAFT: draft}, args.num_blocks, device,
                                      SpeculativeConfig(method="draft", num_tokens=k, rounds=args.rounds), rate)
-                warm_up_smaller_batches(engine, batch, args, vocab, device)
-                warm_up(engine, lambda seed: run(engine, random_prompts(batch, args.prompt_len, vocab, seed),
-                                                 args.new_tokens, device))
-                steps, graphs = engine.stats()["steps"], graphs_captured(engine)
-                collections.take()
-                # the fastest of 3 runs (fresh prompts each): a batch bucket first met in a timed run is captured in it
-                draws: list[dict] = []
-                times = [run(engine, random_prompts(batch, args.prompt_len, vocab, seed), args.new_tokens, device,
-                             draws) for seed in TIMED_SEEDS]
-                total = min(times)
-                fastest = draws[times.index(total)]
-                steps = (engine.stats()["steps"] - steps) / len(TIMED_SEEDS) - 1  # the verify launches (one prefill)
-                captures = graphs_captured(engine) - graphs
-                collected = collections.take()
-                prefill = prefill_s(engine, batch, args, vocab, device)
-                spec = (total - prefill) / (args.new_tokens - 1)
-                # a launch records up to ``rounds`` verify rounds per row: its bookkeeping at most that many steps'
-                telemetry = args.rounds * stats_seconds_per_step(batch, k) / ((total - prefill) / steps)
-                predicted = (k + 1) / (k * c + 1) if rate >= 1 else (1 - rate ** (k + 1)) / ((1 - rate) * (k * c + 1))
-                rows.append({"batch": batch, "k": k, "a": rate, "c": c, "plain_ms": plain * 1e3, "spec_ms": spec * 1e3,
-                             "predicted": predicted, "achieved": plain / spec, "of_predicted": plain / spec / predicted,
-                             "telemetry_overhead": telemetry, "captures_in_timed_run": captures,
-                             "collections_in_timed_runs": collected,
-                             "slowest_row_rounds": sum(d["tail"] for d in draws) / len(draws),
-                             "realized_a_fastest_run": fastest["a"],
-                             "realized_a_mean": sum(d["a"] for d in draws) / len(draws)})
-                r = rows[-1]
+                rows.append(measure(engine, batch, k, rate, c, plain, args, vocab, device, collections))
                 if args.profile:
                     profile_run(engine, lambda: run(engine, random_prompts(batch, args.prompt_len, vocab, 2),
                                                     args.new_tokens, device))
                 del engine
                 release_garbage(device)  # this engine's cycles are freed here, not walked inside the next timing
-                print(f"batch {batch} k {k} a {rate:.1f} c {c:.3f}: plain {r['plain_ms']:.2f} ms/token, spec "
-                      f"{r['spec_ms']:.2f}; predicted {predicted:.2f}x, achieved {r['achieved']:.2f}x "
-                      f"({r['of_predicted']:.1%}), telemetry {telemetry:.2%} of a launch; in the 3 timed runs "
-                      f"{captures} graph captures and {collected}; slowest row {r['slowest_row_rounds']:.2f}x the "
-                      f"mean rounds; a realized {r['realized_a_fastest_run']:.3f} in the fastest run "
-                      f"({r['realized_a_mean']:.3f} over the 3)", flush=True)
+                print_row(rows[-1])
     result = {"date": date.today().isoformat(), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "target": args.target, "draft": args.draft, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print("| batch | k | a | c | plain ms/token | spec ms/token | predicted | achieved | achieved/predicted | stats | "
-          "slowest row's rounds / mean | a realized (fastest run) |")
-    for r in rows:
-        print(f"| {r['batch']} | {r['k']} | {r['a']:.1f} | {r['c']:.3f} | {r['plain_ms']:.2f} | {r['spec_ms']:.2f} | "
-              f"{r['predicted']:.2f} | {r['achieved']:.2f} | {r['of_predicted']:.1%} | {r['telemetry_overhead']:.2%} | "
-              f"{r['slowest_row_rounds']:.2f} | {r['realized_a_fastest_run']:.3f} |")
+    print_table(rows)
 
 
 if __name__ == "__main__":
