@@ -200,3 +200,21 @@ def test_verify_rounds_through_graphs_equal_eager_forwards(monkeypatch, temperat
     assert graphed == rollouts(False)
     if temperature == 0.0:
         assert graphed == [r.completion_ids for r in generate(requests, target=target)]
+
+
+def test_verify_forwards_past_the_largest_decode_bucket_run_in_a_graph(monkeypatch):
+    """64 sequences x (4 + 1) = 320 verify rows, past the largest decode bucket (256): the verify forward still runs
+    in a CUDA graph (the 512 bucket; on the CPU an eager stand-in for it) and decodes as plain decoding does."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
+    target, draft = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    requests = [Request(f"{i}", r.prompt_ids, r.params) for i in range(4) for r in greedy_requests(count=16,
+                                                                                                  max_tokens=6)]
+    runner = ModelRunner({TARGET: target, DRAFT: draft}, config(num_blocks=512), DEVICE)
+    for slot in runner.slots.values():
+        slot.enforce_eager = False
+    engine = LLMEngine(runner, None, config(num_blocks=512), eos_ids=[],
+                       speculative=SpeculativeConfig(method="draft", num_tokens=4))
+    out = [r.completion_ids for r in engine.generate(requests)]
+    assert 512 in {bucket for bucket, _, _ in runner.slots[TARGET]._decode_graphs().graphs}
+    assert out == [r.completion_ids for r in generate(requests, target=target, num_blocks=512)]

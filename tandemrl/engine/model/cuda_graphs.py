@@ -43,9 +43,9 @@ from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.pending import copy_to_device
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# A tandem burst's one-step forwards (stage_forwards) also get a 512 bucket: a model catching up on the other's
-# run reads a few hundred tokens at once (~300 at a burst's end at p = 0.8). Not the sampled bursts: their graphs
-# keep every step's logits, [bucket, steps, vocab].
+# One-step forwards also get a 512 bucket: a tandem burst's (stage_forwards), as a model catching up on the other's
+# run reads a few hundred tokens at once (~300 at a burst's end at p = 0.8), and a verify round's (prepare_columns),
+# batch x (k + 1) rows. Not the sampled bursts: their graphs keep every step's logits, [bucket, steps, vocab].
 FORWARD_BUCKETS = BATCH_BUCKETS + (512,)
 _COLUMNS = 5  # ids, positions, slots, context_lens, query groups: one [bucket] column each, then the block table
 
@@ -192,7 +192,7 @@ class DecodeGraphs:
         part (the block table ``table`` [B, W] and query groups [B] on the device, the padding rows) laid out now in
         a device head; ``run_columns`` fills in each forward's ids, positions, slots and context lengths."""
         rows, w = table.shape
-        staged = self._shape(rows, w, groups is not None and self.query_capacity > 1, 0)
+        staged = self._shape(rows, w, groups is not None and self.query_capacity > 1, 0, buckets=FORWARD_BUCKETS)
         bucket = staged.bucket
         head = torch.empty(staged.head, dtype=torch.long, device=self.device)
         columns = head[:_COLUMNS * bucket].view(_COLUMNS, bucket)

@@ -212,11 +212,12 @@ class ModelSlot:
         """(input ids [B], columns [3, B]: positions, KV slots, context lengths) -> hidden [B, hidden], all on this
         slot's device: one-step forwards whose inputs the device computes (speculative rounds, draft_rounds.py), over
         the block table ``table`` [B, W] on the device. ``row_of`` [B]: the sequence of each row, for rows of one
-        sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows."""
+        sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows (up
+        to 512: a verify forward reads batch x (k + 1) rows)."""
         groups = None
         if row_of is not None and self.use_triton and self.query_capacity > 1:
             groups = copy_to_device(torch.from_numpy(query_groups(row_of, self.query_capacity)), self.device)
-        graphed = not self.enforce_eager and batch_bucket(len(table)) is not None
+        graphed = not self.enforce_eager and batch_bucket(len(table), FORWARD_BUCKETS) is not None
         with self.on_device():
             if graphed:
                 graphs = self._decode_graphs()
