@@ -208,8 +208,8 @@ def test_verify_forwards_past_the_largest_decode_bucket_run_in_a_graph(monkeypat
     if DEVICE == "cpu":
         monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
     target, draft = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
-    requests = [Request(f"{i}", r.prompt_ids, r.params) for i in range(4) for r in greedy_requests(count=16,
-                                                                                                  max_tokens=6)]
+    requests = [Request(f"{i}-{r.request_id}", r.prompt_ids, r.params) for i in range(4)
+                for r in greedy_requests(count=16, max_tokens=6)]
     runner = ModelRunner({TARGET: target, DRAFT: draft}, config(num_blocks=512), DEVICE)
     for slot in runner.slots.values():
         slot.enforce_eager = False
