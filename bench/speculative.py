@@ -58,7 +58,8 @@ class FixedAcceptanceRunner(ModelRunner):
     rate = 1.0
     tally: Tensor  # [2] on the device: proposals kept, and draws that missed (a round stops at its first miss)
 
-    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, seqs) -> RejectionResult:
+    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, temperature: Tensor,
+               generator: torch.Generator | None, greedy_only: bool) -> RejectionResult:
         batch, width = tokens.shape
         keep = torch.rand(batch, width, device=tokens.device) < self.rate
         kept = keep.long().cumprod(1).sum(1).minimum(num_draft)
@@ -126,7 +127,8 @@ def make_engine(models: dict, num_blocks: int, device: torch.device, spec: Specu
 
 def graphs_captured(engine: LLMEngine) -> int:
     """CUDA graphs the engine's model slots hold."""
-    return sum(len(slot.graphs.graphs) for slot in engine.runner.slots.values() if slot.graphs is not None)
+    return sum(len(slot.graphs.graphs) + len(slot.graphs.rounds) for slot in engine.runner.slots.values()
+               if slot.graphs is not None)
 
 
 def warm_up(engine: LLMEngine, once: Callable[[int], float], tries: int = 6) -> None:

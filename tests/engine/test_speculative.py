@@ -202,19 +202,54 @@ def test_verify_rounds_through_graphs_equal_eager_forwards(monkeypatch, temperat
         assert graphed == [r.completion_ids for r in generate(requests, target=target)]
 
 
-def test_verify_forwards_past_the_largest_decode_bucket_run_in_a_graph(monkeypatch):
-    """64 sequences x (4 + 1) = 320 verify rows, past the largest decode bucket (256): the verify forward still runs
-    in a CUDA graph (the 512 bucket; on the CPU an eager stand-in for it) and decodes as plain decoding does."""
+def _graphed_runner(monkeypatch, target, draft, **cfg) -> ModelRunner:
+    """A runner whose slots use CUDA graphs; on the CPU eager stand-ins of them (forwards and whole rounds)."""
     if DEVICE == "cpu":
         monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
-    target, draft = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
-    requests = [Request(f"{i}-{r.request_id}", r.prompt_ids, r.params) for i in range(4)
-                for r in greedy_requests(count=16, max_tokens=6)]
-    runner = ModelRunner({TARGET: target, DRAFT: draft}, config(num_blocks=512), DEVICE)
+        monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _EagerBody(body)), g.out))
+        monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample", _seeded_sample)
+        monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample_available", lambda device: True)
+    runner = ModelRunner({TARGET: target, DRAFT: draft}, config(**cfg), DEVICE)
     for slot in runner.slots.values():
         slot.enforce_eager = False
-    engine = LLMEngine(runner, None, config(num_blocks=512), eos_ids=[],
-                       speculative=SpeculativeConfig(method="draft", num_tokens=4))
-    out = [r.completion_ids for r in engine.generate(requests)]
-    assert 512 in {bucket for bucket, _, _ in runner.slots[TARGET]._decode_graphs().graphs}
-    assert out == [r.completion_ids for r in generate(requests, target=target, num_blocks=512)]
+    return runner
+
+
+def test_greedy_rounds_run_as_one_graph_each_and_decode_as_plain_decoding(monkeypatch):
+    """Greedy rows: every verify round is one replay of a round graph (5 rows padded to the bucket of 8 with dead
+    rows, which write only the scratch block), and the tokens are plain decoding's."""
+    target, draft = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    requests = greedy_requests(count=5, max_tokens=30)
+    runner = _graphed_runner(monkeypatch, target, draft)
+    engine = LLMEngine(runner, None, config(), eos_ids=[], speculative=SpeculativeConfig(method="draft", num_tokens=4))
+    out = engine.generate(requests)
+    assert [r.completion_ids for r in out] == [r.completion_ids for r in generate(requests, target=target)]
+    check_counts(out)
+    assert {bucket for bucket, _, k in runner.slots[TARGET].decode_graphs().rounds} == {8}
+    assert sum(r.stats.drafted_tokens for r in out) > 0
+
+
+def test_sampled_verify_forwards_past_the_largest_decode_bucket_run_in_a_graph(monkeypatch):
+    """64 sampled sequences x (4 + 1) = 320 verify rows, past the largest decode bucket (256): the verify forward
+    still runs in a CUDA graph (the 512 bucket; on the CPU an eager stand-in), and on the CPU its rollouts are the
+    eager forwards' with the same seeds."""
+    target, draft = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
+    params = SamplingParams(max_tokens=6, temperature=0.9, ignore_eos=True, seed=3)
+    requests = [Request(f"{i}-{r.request_id}", r.prompt_ids, params) for i in range(4)
+                for r in greedy_requests(count=16)]
+
+    def rollouts(graphed: bool) -> list[list[int]]:
+        runner = _graphed_runner(monkeypatch, target, draft, num_blocks=512)
+        for slot in runner.slots.values():
+            slot.enforce_eager = not graphed
+        engine = LLMEngine(runner, None, config(num_blocks=512), eos_ids=[],
+                           speculative=SpeculativeConfig(method="draft", num_tokens=4))
+        out = [r.completion_ids for r in engine.generate(requests)]
+        if graphed:
+            assert 512 in {bucket for bucket, _, _ in runner.slots[TARGET].decode_graphs().graphs}
+        return out
+
+    graphed = rollouts(True)
+    assert all(len(tokens) == 6 for tokens in graphed)
+    if DEVICE == "cpu":
+        assert graphed == rollouts(False)

@@ -103,6 +103,8 @@ class DecodeGraphs:
         self._burst = _Staged(0, 0, 0, False, 0, 0)
         self._staged_size = 0
         self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
+        # whole verify rounds (round_graph.py), keyed (bucket, width, k): they read a draft's pool and weights too
+        self.rounds: dict[tuple[int, int, int], object] = {}
 
     def width_for(self, blocks: int) -> int:
         """Block-table width of the graph that serves a batch whose longest table has `blocks` entries."""
@@ -290,6 +292,10 @@ class DecodeGraphs:
             return torch.stack(tokens, 1), torch.stack(logits, 1)
 
         return self._captured(burst)
+
+    def capture(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+        """``body`` (device work over static tensors) captured in this model's graph pool; see ``_captured``."""
+        return self._captured(body)
 
     def _captured(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
         """``body`` captured, after one warm-up run outside the capture (Triton compiles, cuBLAS picks its

@@ -17,7 +17,6 @@ scratch block, never kept; a row whose budget is spent computes only dead rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -26,63 +25,15 @@ from torch import Tensor
 
 from tandemrl.engine.model.decode_plan import block_tables, int64_array
 from tandemrl.engine.model.pending import PendingTokens, copy_to_device
-from tandemrl.engine.model.placement import move
-from tandemrl.engine.model.rejection import PAD_TOKEN, RejectionResult
+from tandemrl.engine.model.rejection import PAD_TOKEN
+from tandemrl.engine.model.round_graph import round_graph
 from tandemrl.engine.model.slot import ModelSlot, eval_mode
-from tandemrl.engine.model.verify_runner import proposal_distributions
+from tandemrl.engine.model.verify_round import (Launch, Round, RoundInputs, RoundRows, one_round,
+                                                 repeated_tables)
 from tandemrl.engine.step import StepPlan
 
 if TYPE_CHECKING:
     from tandemrl.engine.model.runner import ModelRunner
-
-
-@dataclass
-class _RoundRows:
-    """Every forward row of one round, on the device: the draft's first forward (2 rows a sequence), its ``k - 1``
-    proposal steps (1 row each) and the target's verify forward (``k + 1`` rows), concatenated in that order."""
-
-    seq: Tensor  # [N] the row's sequence
-    offset: Tensor  # [N] its position relative to the sequence's last token
-    need: Tensor  # [N] proposals the sequence must make this round for the row to be live
-    cap: Tensor  # [N] the last position the sequence may write in this launch
-    sizes: list[int]  # rows of each forward, in order
-
-    @classmethod
-    def build(cls, k: int, cap: Tensor) -> _RoundRows:
-        """The rows of a round for sequences that may write up to position ``cap`` [B] (on the device)."""
-        batch = len(cap)
-        rows = np.arange(batch)
-        parts = [(np.repeat(rows, 2), np.tile([-1, 0], batch), np.zeros(2 * batch, np.int64))]
-        parts += [(rows, np.full(batch, j), np.full(batch, j + 1)) for j in range(1, k)]  # feeds proposal j
-        offsets = np.tile(np.arange(k + 1), batch)
-        parts.append((np.repeat(rows, k + 1), offsets, offsets))  # reads proposal ``offset``
-        columns = np.stack([np.concatenate(column) for column in zip(*parts)])
-        seq, offset, need = copy_to_device(torch.from_numpy(columns.astype(np.int64)), cap.device)
-        return cls(seq, offset, need, cap[seq], [len(p[0]) for p in parts])
-
-    def columns(self, length: Tensor, left: Tensor, table: Tensor, block_size: int, scratch_slot: int
-                ) -> list[Tensor]:
-        """Per forward, [3, rows]: positions, KV slots and context lengths, from the sequences' lengths and tokens
-        left in their budgets ([B] each; a sequence proposes ``min(k, left - 1)``, so a row is live while its
-        ``need < left``). A dead row writes to the scratch slot at a position its sequence has a block for (its
-        last, at most ``cap``: RoPE and the attention stay in range)."""
-        last = (length - 1)[self.seq]
-        live = self.need < left[self.seq]
-        positions = torch.where(live, last + self.offset, torch.minimum(last, self.cap))
-        blocks = table[self.seq, positions // block_size]
-        slots = torch.where(live, blocks * block_size + positions % block_size, scratch_slot)
-        return list(torch.stack((positions, slots, positions + 1)).split(self.sizes, dim=1))
-
-
-@dataclass
-class _Round:
-    """What one round kept, per row: its tokens and log-probs [B, k + 1], proposals accepted and tokens kept [B]
-    (0 for a row whose budget was spent)."""
-
-    tokens: Tensor
-    logprobs: Tensor
-    accepted: Tensor
-    emitted: Tensor
 
 
 def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> PendingTokens:
@@ -94,74 +45,53 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
         raise ValueError(f"a verify step without proposals needs a {plan.proposer!r} model slot")
     if any(seq.num_pending for seq in seqs):
         raise RuntimeError("a verify step needs every token of its sequences on the host")
-    device, batch = runner.device, len(seqs)
     lengths, budget = int64_array([seq.num_tokens for seq in seqs]), int64_array(plan.num_tokens)
     cap = lengths - 2 + budget  # the last position a row may write (every proposal kept up to its budget)
     for i in np.flatnonzero((lengths < 2) | (cap >= runner.max_model_len)):
         raise ValueError(f"sequence {seqs[i].seq_id} has {lengths[i]} tokens and plans {budget[i]}: a verify step "
                          f"needs >= 2 tokens and at most max_model_len {runner.max_model_len} after it")
     table = block_tables(seqs, cap, plan.num_tokens, runner.block_size, runner.num_blocks)
-    host = np.concatenate((lengths, budget, cap, int64_array([t for seq in seqs for t in seq.token_ids[-2:]]),
-                           table.reshape(-1)))
-    length, left, cap, last_two, table = copy_to_device(torch.from_numpy(host), device).split(
-        [batch, batch, batch, 2 * batch, table.size])
-    last_two, table = last_two.view(batch, 2), table.view(batch, -1)
-    rows = _RoundRows.build(k, cap)
-    first = draft.column_forward(move(table.repeat_interleave(2, 0), draft.device), np.repeat(np.arange(batch), 2))
-    step = draft.column_forward(move(table, draft.device))
-    verify = slot.column_forward(table.repeat_interleave(k + 1, 0), np.repeat(np.arange(batch), k + 1))
-    greedy = runner.sampler.all_greedy(seqs)  # the draft proposes its argmax: no random draw, no logits kept
-    sample = None if greedy else runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
-    rounds = []
+    last_two = int64_array([t for seq in seqs for t in seq.token_ids[-2:]])
+    greedy = runner.sampler.all_greedy(seqs)
     with eval_mode(draft.modules):
-        for _ in range(plan.rounds):
-            active, drafts = left > 0, (left - 1).clamp(0, k)
-            columns = rows.columns(length, left, table, runner.block_size, runner.num_blocks * runner.block_size)
-            tokens, logits = _propose(draft, first, step, sample, last_two, columns[:-1])
-            hidden = verify(torch.cat((last_two[:, 1:], tokens), dim=1).reshape(-1), columns[-1])
-            target_logits = slot.logits(hidden).view(batch, k + 1, -1)
-            probs = proposal_distributions(runner, seqs, logits, tokens, plan.proposer)
-            result = runner.accept(target_logits, move(probs, device), tokens, drafts, seqs)
-            emitted = torch.where(active, result.num_emitted, 0)
-            rounds.append(_Round(result.tokens, result.logprobs, result.num_accepted, emitted))
-            last_two = torch.where(active[:, None], _last_two(result, last_two), last_two)
-            length, left = length + emitted, left - emitted
+        graph = round_graph(runner, draft, slot, k, len(seqs), table.shape[1]) if greedy else None
+        if graph is not None:  # a replay a round
+            graph.load(lengths, budget, cap, last_two, table)
+            rounds = [graph.run() for _ in range(plan.rounds)]
+            draft.forwards += k * plan.rounds  # what the eager rounds count (benches report forwards per token)
+            slot.forwards += plan.rounds
+        else:
+            launch = launch_state(runner.device, lengths, budget, cap, last_two, table)
+            inputs = RoundInputs.over(draft, slot, repeated_tables(launch.table, k),
+                                      sample=_draft_sampler(runner, draft, seqs),
+                                      temperature=runner.sampler.temperatures(seqs),
+                                      generator=runner.sampler.generator(seqs), greedy=greedy, proposer=plan.proposer)
+            rows = RoundRows.build(k, len(seqs), runner.device)
+            rounds = [one_round(runner, draft, slot, rows, launch, inputs, seqs) for _ in range(plan.rounds)]
     tokens, logprobs, kept = _compact(rounds)
     accepted = torch.stack([r.accepted for r in rounds], dim=1)
     return PendingTokens(tokens, logprobs, plan.num_tokens, accepted=accepted, kept=kept)
 
 
-def _propose(draft: ModelSlot, first: Callable, step: Callable, sample: Callable | None, last_two: Tensor,
-             columns: list[Tensor]) -> tuple[Tensor, Tensor | None]:
-    """The draft's proposals [B, k] (on the runner's device) and the logits they were drawn from [B, k, V] (the
-    rejection rule reads them when a row samples); without ``sample`` (every row greedy) the argmax and no logits."""
-    home = last_two.device
-    on_draft = [move(c, draft.device) for c in columns]
-    hidden = first(move(last_two.reshape(-1), draft.device), on_draft[0])[1::2]  # the last token's row
-    tokens, all_logits = [], []
-    for j in range(len(on_draft)):
-        if j:
-            hidden = step(tokens[-1], on_draft[j])
-        with draft.on_device():
-            logits = draft.logits(hidden)
-            proposal = logits.argmax(-1) if sample is None else sample(logits, slice(None))[0]
-        tokens.append(proposal)
-        if sample is not None:
-            all_logits.append(logits)
-    logits = torch.stack(all_logits, dim=1) if sample is not None else None
-    return move(torch.stack(tokens, dim=1), home), logits
+def launch_state(device: torch.device, lengths: np.ndarray, budget: np.ndarray, cap: np.ndarray,
+                 last_two: np.ndarray, table: np.ndarray) -> Launch:
+    """A launch's rows on the device, in one copy."""
+    batch = len(lengths)
+    host = np.concatenate((lengths, budget, cap, last_two, table.reshape(-1)))
+    length, left, cap_d, last_two_d, table_d = copy_to_device(torch.from_numpy(host), device).split(
+        [batch, batch, batch, 2 * batch, table.size])
+    return Launch(length, left, cap_d, last_two_d.view(batch, 2), table_d.view(batch, -1))
 
 
-def _last_two(result: RejectionResult, last_two: Tensor) -> Tensor:
-    """[B, 2] each row's last two tokens after a round: the last kept ones (the one before the last is the previous
-    last token when the round kept no proposal)."""
-    kept = result.num_accepted[:, None]
-    last = result.tokens.gather(1, kept)
-    before = torch.where(kept > 0, result.tokens.gather(1, (kept - 1).clamp(min=0)), last_two[:, 1:])
-    return torch.cat((before, last), dim=1)
+def _draft_sampler(runner: ModelRunner, draft: ModelSlot, seqs) -> Callable | None:
+    """The draft's sampler (temperature only), or None when every row is greedy: the draft proposes its argmax (no
+    random draw, no logits kept)."""
+    if runner.sampler.all_greedy(seqs):
+        return None
+    return runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
 
 
-def _compact(rounds: list[_Round]) -> tuple[Tensor, Tensor, Tensor]:
+def _compact(rounds: list[Round]) -> tuple[Tensor, Tensor, Tensor]:
     """Each row's kept tokens of every round, side by side ([B, rounds * (k + 1)], padded with ``PAD_TOKEN``), their
     log-probs, and how many each row kept [B]."""
     tokens = torch.stack([r.tokens for r in rounds], dim=1)  # [B, R, k + 1]

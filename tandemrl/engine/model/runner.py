@@ -265,12 +265,11 @@ class ModelRunner:
         frozen = move(frozen, self.device)
         return keep_forced(self, slot.logits(hidden[slot.name])[:, None], frozen[:, None], plan.forced, plan.seqs)
 
-    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor,
-               seqs: Seq[Sequence]) -> RejectionResult:
-        """Which proposals a verify step keeps: the standard rejection rule (rejection.py). (bench/speculative.py
-        overrides it to fix the acceptance rate; nothing else may.)"""
-        return rejection_sample(logits, probs, tokens, num_draft, self.sampler.temperatures(seqs),
-                                self.sampler.generator(seqs), greedy_only=self.sampler.all_greedy(seqs))
+    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, temperature: Tensor,
+               generator: torch.Generator | None, greedy_only: bool) -> RejectionResult:
+        """Which proposals a verify step keeps: the standard rejection rule (rejection.py) at the rows' target
+        temperatures [B]. (bench/speculative.py overrides it to fix the acceptance rate; nothing else may.)"""
+        return rejection_sample(logits, probs, tokens, num_draft, temperature, generator, greedy_only=greedy_only)
 
     def _pad_tables(self, tables: list[list[int]]) -> Tensor:
         """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""

@@ -152,7 +152,7 @@ class ModelSlot:
         """(step j's forward, the staged step-0 input ids on the device) for a decode burst."""
         with self.on_device():
             if not self.enforce_eager and batch_bucket(len(plan.ids)) is not None:
-                graphs = self._decode_graphs()
+                graphs = self.decode_graphs()
                 graphs.stage(plan)
                 step, staged = graphs.step, graphs.staged_ids()
             else:
@@ -185,7 +185,7 @@ class ModelSlot:
 
         self.forwards += plan.num_steps
         with self.on_device():
-            graphs = self._decode_graphs()
+            graphs = self.decode_graphs()
             graphs.stage(plan, drawn)
             return graphs.sampled_burst(input_ids, plan.num_steps, head)
 
@@ -196,7 +196,7 @@ class ModelSlot:
         nth_staged = np.cumsum(graphed) - 1  # a plan's index among the staged ones
         if any(graphed):
             with self.on_device():
-                graphs = self._decode_graphs()
+                graphs = self.decode_graphs()
                 graphs.stage_forwards([p for p, g in zip(plans, graphed) if g])
 
         def counted(f: int, input_ids: Tensor) -> Tensor:
@@ -208,19 +208,21 @@ class ModelSlot:
 
         return counted
 
-    def column_forward(self, table: Tensor, row_of: np.ndarray | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+    def column_forward(self, table: Tensor, row_of: np.ndarray | None = None, eager: bool = False
+                       ) -> Callable[[Tensor, Tensor], Tensor]:
         """(input ids [B], columns [3, B]: positions, KV slots, context lengths) -> hidden [B, hidden], all on this
         slot's device: one-step forwards whose inputs the device computes (speculative rounds, draft_rounds.py), over
         the block table ``table`` [B, W] on the device. ``row_of`` [B]: the sequence of each row, for rows of one
         sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows (up
-        to 512: a verify forward reads batch x (k + 1) rows)."""
+        to 512: a verify forward reads batch x (k + 1) rows) and ``eager`` is False (a round graph captures the eager
+        forward: round_graph.py)."""
         groups = None
         if row_of is not None and self.use_triton and self.query_capacity > 1:
             groups = copy_to_device(torch.from_numpy(query_groups(row_of, self.query_capacity)), self.device)
-        graphed = not self.enforce_eager and batch_bucket(len(table), FORWARD_BUCKETS) is not None
+        graphed = not (eager or self.enforce_eager) and batch_bucket(len(table), FORWARD_BUCKETS) is not None
         with self.on_device():
             if graphed:
-                graphs = self._decode_graphs()
+                graphs = self.decode_graphs()
                 prepared = graphs.prepare_columns(table, groups)
 
         def run(input_ids: Tensor, columns: Tensor) -> Tensor:
@@ -257,7 +259,7 @@ class ModelSlot:
 
         return run_step, first_ids
 
-    def _decode_graphs(self) -> DecodeGraphs:
+    def decode_graphs(self) -> DecodeGraphs:
         if self.graphs is None:
             # the pool is read at each capture, not held: parked graphs must not keep a freed pool alive
             self.graphs = DecodeGraphs(

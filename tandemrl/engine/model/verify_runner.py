@@ -59,7 +59,8 @@ def launch_verify(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) -> Pendi
         result, own = keep_forced(runner, logits, tokens, plan.forced, seqs)
         return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted, own=own)
     probs = proposal_distributions(runner, seqs, None, tokens, plan.proposer)  # proposals from the host: one-hots
-    result = runner.accept(logits, move(probs, device), tokens, num_draft, seqs)
+    result = runner.accept(logits, move(probs, device), tokens, num_draft, runner.sampler.temperatures(seqs),
+                           runner.sampler.generator(seqs), runner.sampler.all_greedy(seqs))
     return PendingTokens(result.tokens, result.logprobs, planned, accepted=result.num_accepted,
                          kept=result.num_accepted + 1)
 
