@@ -4,6 +4,7 @@ sampled tokens follow the target's distribution, and every request reports what 
 from __future__ import annotations
 
 import random
+import weakref
 from collections import Counter
 
 import pytest
@@ -202,11 +203,26 @@ def test_verify_rounds_through_graphs_equal_eager_forwards(monkeypatch, temperat
         assert graphed == [r.completion_ids for r in generate(requests, target=target)]
 
 
+class _WeakEagerBody(_EagerBody):
+    """An eager stand-in for a captured round that, as a CUDA graph, keeps nothing of what it reads alive: a replay
+    after its body (and the tensors the body reads) was freed fails here as the real graph would read freed memory."""
+
+    def __init__(self, body) -> None:
+        super().__init__(body)
+        self.body = weakref.ref(body)
+
+    def replay(self) -> None:
+        body = self.body()
+        assert body is not None, "a round graph's inputs were freed after its capture"
+        for mine, new in zip(self.out, body()):
+            mine.copy_(new)
+
+
 def _graphed_runner(monkeypatch, target, draft, **cfg) -> ModelRunner:
     """A runner whose slots use CUDA graphs; on the CPU eager stand-ins of them (forwards and whole rounds)."""
     if DEVICE == "cpu":
         monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
-        monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _EagerBody(body)), g.out))
+        monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _WeakEagerBody(body)), g.out))
         monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample", _seeded_sample)
         monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample_available", lambda device: True)
     runner = ModelRunner({TARGET: target, DRAFT: draft}, config(**cfg), DEVICE)
