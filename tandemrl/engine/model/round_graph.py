@@ -8,7 +8,7 @@ so a launch of R rounds is one copy in, R replays and a copy of each round's res
 
 Greedy rows only: their acceptance draws no random numbers, so every replay computes what the eager round would. The
 batch is padded to its bucket (``BATCH_BUCKETS``) with dead rows (no budget: they write only the scratch block) and
-the block table to the decode graphs' width; one graph per (bucket, width, k), kept with the target's decode graphs
+the block table to a power of two columns; one graph per (bucket, width, k), kept with the target's decode graphs
 and dropped with them. It reads the draft's pool and weights too: a graph whose draft graphs were dropped since (a
 new pool, new weights) is captured again.
 """
@@ -76,7 +76,9 @@ def round_graph(runner: ModelRunner, draft: ModelSlot, target: ModelSlot, k: int
     if target.enforce_eager or draft.enforce_eager or draft.device != target.device or bucket is None:
         return None
     graphs = target.decode_graphs()
-    width = graphs.width_for(width)  # the decode graphs' widths: one with the Triton attention
+    # a power of two, not the decode graphs' one width under Triton (every column up to max_model_len): each launch
+    # copies the padded table k + 4 times over, so a few more captures cost less than megabytes a launch
+    width = min(1 << max(0, width - 1).bit_length(), graphs.max_width)
     found = graphs.rounds.get((bucket, width, k))
     if isinstance(found, RoundGraph) and found.draft_graphs is draft.decode_graphs():
         return found
