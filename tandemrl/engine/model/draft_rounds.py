@@ -17,7 +17,7 @@ scratch block, never kept; a row whose budget is spent computes only dead rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
                          f"needs >= 2 tokens and at most max_model_len {runner.max_model_len} after it")
     table = block_tables(seqs, cap, plan.num_tokens, runner.block_size, runner.num_blocks)
     last_two = int64_array([t for seq in seqs for t in seq.token_ids[-2:]])
-    greedy = runner.sampler.all_greedy(seqs)
+    greedy = runner.sampler.all_greedy(seqs)  # the draft proposes its argmax: no random draw, no logits kept
     with eval_mode(draft.modules):
         graph = round_graph(runner, draft, slot, k, len(seqs), table.shape[1]) if greedy else None
         if graph is not None:  # a replay a round
@@ -62,8 +62,8 @@ def launch_draft_rounds(runner: ModelRunner, slot: ModelSlot, plan: StepPlan) ->
             slot.forwards += plan.rounds
         else:
             launch = launch_state(runner.device, lengths, budget, cap, last_two, table)
-            inputs = RoundInputs.over(draft, slot, repeated_tables(launch.table, k),
-                                      sample=_draft_sampler(runner, draft, seqs),
+            sample = None if greedy else runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
+            inputs = RoundInputs.over(draft, slot, repeated_tables(launch.table, k), sample=sample,
                                       temperature=runner.sampler.temperatures(seqs),
                                       generator=runner.sampler.generator(seqs), greedy=greedy, proposer=plan.proposer)
             rows = RoundRows.build(k, len(seqs), runner.device)
@@ -81,14 +81,6 @@ def launch_state(device: torch.device, lengths: np.ndarray, budget: np.ndarray, 
     length, left, cap_d, last_two_d, table_d = copy_to_device(torch.from_numpy(host), device).split(
         [batch, batch, batch, 2 * batch, table.size])
     return Launch(length, left, cap_d, last_two_d.view(batch, 2), table_d.view(batch, -1))
-
-
-def _draft_sampler(runner: ModelRunner, draft: ModelSlot, seqs) -> Callable | None:
-    """The draft's sampler (temperature only), or None when every row is greedy: the draft proposes its argmax (no
-    random draw, no logits kept)."""
-    if runner.sampler.all_greedy(seqs):
-        return None
-    return runner.sampler_for(draft).for_subsets(seqs, temperature_only=True)
 
 
 def _compact(rounds: list[Round]) -> tuple[Tensor, Tensor, Tensor]:
