@@ -80,7 +80,7 @@ def round_graph(runner: ModelRunner, draft: ModelSlot, target: ModelSlot, k: int
     # copies the padded table k + 4 times over, so a few more captures cost less than megabytes a launch
     width = min(1 << max(0, width - 1).bit_length(), graphs.max_width)
     found = graphs.rounds.get((bucket, width, k))
-    if isinstance(found, RoundGraph) and found.draft_graphs is draft.decode_graphs():
+    if found is not None and found.draft_graphs is draft.decode_graphs():
         return found
     found = _capture(runner, draft, target, graphs, k, bucket, width)
     graphs.rounds[(bucket, width, k)] = found
