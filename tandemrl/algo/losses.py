@@ -193,6 +193,8 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
       pg_loss    the aggregated surrogate alone (without the KL term)
       clip_frac  mask-weighted fraction of tokens where the clip is active, i.e. the clipped term is the
                  minimum and the gradient is cut: (r > 1+eps_high and A > 0) or (r < 1-eps_low and A < 0)
+      clip_ratio/low_mean   the same fraction for the lower side alone (r < 1-eps_low and A < 0), TRL's name
+      clip_ratio/high_mean  the upper side alone (r > 1+eps_high and A > 0); low + high = clip_frac
       ratio_mean mask-weighted mean of r = exp(logp - old_logp)
       kl         mask-weighted mean of k3 over the tokens (0 when ref_logprobs is None; reported even
                  when kl_beta is 0)
@@ -240,10 +242,13 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
         kl_metric = float((per_token_kl.detach() * mask).sum()) / tok
 
     with torch.no_grad():
-        is_clipped = ((ratio > 1.0 + cfg.eps_high) & (adv > 0)) | ((ratio < 1.0 - cfg.eps_low) & (adv < 0))
+        low = (ratio < 1.0 - cfg.eps_low) & (adv < 0)
+        high = (ratio > 1.0 + cfg.eps_high) & (adv > 0)
         metrics = {
             "pg_loss": float(pg_loss.detach()),
-            "clip_frac": float((is_clipped.to(mask.dtype) * mask).sum()) / tok,
+            "clip_frac": float(((low | high).to(mask.dtype) * mask).sum()) / tok,
+            "clip_ratio/low_mean": float((low.to(mask.dtype) * mask).sum()) / tok,
+            "clip_ratio/high_mean": float((high.to(mask.dtype) * mask).sum()) / tok,
             "ratio_mean": float((ratio * mask).sum()) / tok,
             "kl": kl_metric,
         }

@@ -92,6 +92,20 @@ def test_clip_frac_is_mask_weighted():
     assert out.metrics["clip_frac"] == pytest.approx(0.2 / 1.2)
 
 
+def test_clip_ratio_low_and_high_by_hand():
+    # TRL's clip_ratio/low_mean: r < 1-eps_low with A < 0; high_mean: r > 1+eps_high with A > 0. A ratio outside
+    # the band whose advantage has the other sign is not clipped (the unclipped term is the minimum there).
+    ratios = _t([0.5, 0.5, 0.5, 1.5, 1.5, 1.0])
+    adv = _t([-1.0, -1.0, 1.0, 1.0, -1.0, 1.0])
+    old = torch.zeros(6, 1, dtype=D)
+    mask = _t([[1.0], [0.5], [1.0], [1.0], [1.0], [1.0]])
+    out = grpo_loss(LossInputs(ratios.log().unsqueeze(1), old, adv, mask), LossConfig(eps_low=0.2, eps_high=0.28),
+                    BatchNorm.from_masks([mask]))
+    assert out.metrics["clip_ratio/low_mean"] == pytest.approx(1.5 / 5.5)
+    assert out.metrics["clip_ratio/high_mean"] == pytest.approx(1.0 / 5.5)
+    assert out.metrics["clip_frac"] == pytest.approx(2.5 / 5.5)
+
+
 # ----------------------------------------------------------------------------------------------- KL
 
 
@@ -303,8 +317,8 @@ def test_grad_accumulation_is_exact(aggregation, tis_cap):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
         torch.testing.assert_close(a, c, atol=1e-6, rtol=0)
     tis = {"tis/weight_mean", "tis/clip_frac"} if tis_cap else set()
-    assert m1.keys() == {"pg_loss", "clip_frac", "kl", "ratio_mean", "mismatch/logp_abs_mean",
-                         "mismatch/logp_abs_max"} | tis
+    assert m1.keys() == {"pg_loss", "clip_frac", "clip_ratio/low_mean", "clip_ratio/high_mean", "kl", "ratio_mean",
+                         "mismatch/logp_abs_mean", "mismatch/logp_abs_max"} | tis
     assert 0 < m1["clip_frac"] < 1 and m1["kl"] > 0 and m1["mismatch/logp_abs_max"] > m1["mismatch/logp_abs_mean"]
     if tis_cap:
         assert 0 < m1["tis/clip_frac"] < 1
