@@ -126,3 +126,73 @@ def test_the_example_configs_load():
     assert examples
     for path in examples:
         load_config(path)
+
+
+def _numeric_keys(section: type, prefix: str = "") -> list[str]:
+    """Every key of the config whose type takes an int or a float (dataclass sections included)."""
+    import dataclasses
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        fields = {name: f.annotation for name, f in section.model_fields.items()}
+    else:
+        fields = typing.get_type_hints(section)
+    keys = []
+    for name, annotation in fields.items():
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        members = typing.get_args(annotation) if union else (annotation,)
+        nested = [m for m in members if isinstance(m, type) and (issubclass(m, BaseModel) or dataclasses.is_dataclass(m))]
+        if nested:
+            keys += _numeric_keys(nested[0], f"{prefix}{name}.")
+        elif any(m in (int, float) for m in members):
+            keys.append(prefix + name)
+    return keys
+
+
+NUMERIC_KEYS = _numeric_keys(Config)
+
+
+def test_the_walk_finds_the_numeric_keys_of_every_section():
+    for key in ("train.lr", "train.max_steps", "engine.block_size", "tandem.p",
+                "rollout.speculative.num_tokens", "rollout.vllm.timeout_s", "curriculum.bandwidth", "tools.max_turns"):
+        assert key in NUMERIC_KEYS
+    assert len(NUMERIC_KEYS) > 60, NUMERIC_KEYS
+
+
+@pytest.mark.parametrize("key", NUMERIC_KEYS)
+def test_every_numeric_key_refuses_a_boolean_and_names_the_key(key):
+    """`--set train.lr=true` used to train at lr 1.0 (issue 34)."""
+    with pytest.raises(ConfigError, match=re.escape(key) + r".*boolean"):
+        load_config(None, [f"{key}=true"])
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ('train.lr="0.5"', "train.lr", "string"),
+    ('train.max_steps="5"', "train.max_steps", "string"),
+    ('engine.block_size="16"', "engine.block_size", "string"),
+    ("train.lr=inf", "train.lr", "finite"),
+    ("curriculum.unseen_reward=nan", "curriculum.unseen_reward", "finite"),
+    ("tandem.frozen_token_weight=inf", "tandem.frozen_token_weight", "finite"),
+    ("train.adam_betas=[true, 0.9]", "train.adam_betas.0", "boolean"),
+    ("train.adam_betas=[0.9, nan]", "train.adam_betas.1", "finite"),
+    ("reward.weights={accuracy=true}", "reward.weights.accuracy", "boolean"),
+    ("reward.weights={accuracy=-inf}", "reward.weights.accuracy", "finite"),
+])
+def test_numbers_refuse_strings_non_finite_values_and_booleans_inside_lists(override, key, words):
+    with pytest.raises(ConfigError, match=re.escape(key) + ".*" + words):
+        load_config(None, [override])
+
+
+def test_numbers_that_stay_valid_after_the_strict_check():
+    cfg = load_config(None, ["train.lr=1", "engine.block_size=16.0", "tandem.p=1", "train.adam_betas=[1, 0.5]",
+                             'curriculum.bandwidth="silverman"', "model.lora.enabled=true", "train.max_minutes=2"])
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float) and cfg.engine.block_size == 16
+    assert cfg.train.adam_betas == (1.0, 0.5) and cfg.curriculum.bandwidth == "silverman"
+    assert load_config(None, ["curriculum.bandwidth=0.3"]).curriculum.bandwidth == 0.3
+    again = Config.model_validate(cfg.model_dump())  # the resolved config (config.toml) validates again
+    assert again == cfg
+    with pytest.raises(ValueError, match=r"lr[\s\S]*boolean"):
+        cfg.train.lr = True  # assignment is validated too
