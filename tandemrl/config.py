@@ -143,10 +143,22 @@ class CheckpointConfig(Section):
 
 
 class LogConfig(Section):
-    out_dir: str | None = None  # None = runs/<task>-<timestamp>
-    tensorboard: bool = True
-    wandb_project: str | None = None
-    samples: bool = True  # samples.jsonl: one row per rollout (reward, its components and inference terms)
+    """What a run writes besides checkpoints (metrics.jsonl always) and what it prints."""
+
+    out_dir: str | None = Field(None, description="the run directory; unset: runs/<task>-<timestamp>")
+    tensorboard: bool | None = Field(None, description="TensorBoard event files in <run>/tb (the `tensorboard` "
+                                     "extra); unset: when tensorboard is installed (the run says so when it is not); "
+                                     "true without it installed is an error")
+    wandb_project: str | None = Field(None, description="log metrics to this Weights & Biases project (the `wandb` "
+                                      "extra)")
+    samples: bool = Field(True, description="<run>/samples.jsonl: one row per rollout (reward, its components, "
+                          "inference terms, finish reason)")
+    sample_text_per_step: int = Field(8, ge=0, description="rows of each step's samples.jsonl that also carry the "
+                                      "prompt and completion text (the first rows, i.e. whole groups first); 0 = none")
+    print_completions_every: int = Field(50, ge=0, description="print a few completions (prompt, completion, "
+                                         "reward) every N steps, like TRL's log_completions; 0 = never")
+    num_completions_to_print: int = Field(2, ge=1, description="how many completions each print shows: the first "
+                                          "rollout of each of the first groups")
 
 
 class Config(Section):

@@ -24,6 +24,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from tandemrl.telemetry.completions import CompletionExample, completions_table
+
 __all__ = ["TrainDisplay", "EvalProgress", "print_summary", "format_step_line", "fmt_num"]
 
 _COMPONENT = re.compile(r"^reward/(.+)/mean$")
@@ -183,6 +185,11 @@ class TrainDisplay:
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Print a message above the bar."""
         self.console.print(*args, **kwargs)
+
+    def print_completions(self, step: int, examples: list[CompletionExample]) -> None:
+        """A table of a few completions above the bar (nothing for none)."""
+        if examples:
+            self.console.print(completions_table(step, examples))
 
 
 class EvalProgress:

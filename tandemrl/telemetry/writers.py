@@ -13,10 +13,11 @@ import json
 import math
 import numbers
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from tandemrl.extras import require_extra
 
 __all__ = [
     "MetricsWriter",
@@ -65,12 +66,13 @@ def to_scalar(key: str, value: Any) -> int | float | None:
     raise TypeError(f"metric {key!r} has non-numeric value {value!r} ({type(value).__name__})")
 
 
-def _clean(step: int, metrics: Mapping[str, Any]) -> dict[str, int | float | None]:
-    row: dict[str, int | float | None] = {"step": int(step)}
+def _clean(step: int, metrics: Mapping[str, Any], keep_text: bool = False) -> dict[str, int | float | str | None]:
+    """``keep_text``: strings pass through (JSONL rows carry texts; TensorBoard and W&B take scalars only)."""
+    row: dict[str, int | float | str | None] = {"step": int(step)}
     for key, value in metrics.items():
         if key == "step":
             continue
-        row[str(key)] = to_scalar(key, value)
+        row[str(key)] = value if keep_text and isinstance(value, str) else to_scalar(key, value)
     return row
 
 
@@ -102,11 +104,13 @@ class JsonlWriter:
 
     Opening an existing file appends to it (resume). Call :meth:`truncate_after` with the
     step a run resumes from so rows written after that checkpoint are not duplicated.
-    Non-finite values are written as ``null``.
+    Non-finite values are written as ``null``. ``text``: string values are written too (samples.jsonl's prompts
+    and completions); otherwise a string is an error (a metric must be a number).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], text: bool = False) -> None:
         self.path = Path(path)
+        self.text = text
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self._open()
         self._failed: OSError | None = None  # a write that failed: raised again, never retried half-way
@@ -130,7 +134,7 @@ class JsonlWriter:
             raise self._failed
         if self._fh is None:
             raise RuntimeError(f"JsonlWriter({self.path}) is closed")
-        text = "".join(json.dumps(_clean(step, row), allow_nan=False) + "\n" for row in rows)
+        text = "".join(json.dumps(_clean(step, row, keep_text=self.text), allow_nan=False) + "\n" for row in rows)
         try:
             self._fh.write(text)
             self._fh.flush()
@@ -295,27 +299,26 @@ class MultiWriter:
 
 def make_writers(
     out_dir: str | os.PathLike[str],
-    tensorboard: bool,
+    tensorboard: bool | None,
     wandb_project: str | None,
     config: Mapping[str, Any] | None,
 ) -> MultiWriter:
     """JSONL at ``out_dir/metrics.jsonl``, plus TensorBoard in ``out_dir/tb`` and W&B when asked.
 
-    A missing tensorboard package only warns (and is skipped); a missing wandb package when a
-    project is given raises ImportError.
+    ``tensorboard``: True, False, or None for "when installed". A package that is asked for and missing raises
+    :class:`tandemrl.extras.MissingExtraError` before anything is written (a run checks this earlier, with
+    :func:`tandemrl.extras.check_run_extras`, and says when None finds no tensorboard).
     """
+    if tensorboard:
+        require_extra("tensorboard", "tensorboard", "log.tensorboard = true")
+    if wandb_project:
+        require_extra("wandb", "wandb", f"log.wandb_project = {wandb_project!r} is set")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writers: list[MetricsWriter] = [JsonlWriter(out / "metrics.jsonl")]
     try:
-        if tensorboard:
-            tb = make_tensorboard_writer(out / "tb")
-            if tb is None:
-                warnings.warn(
-                    "TensorBoard logging requested but 'tensorboard' is not installed; skipping it", stacklevel=2
-                )
-            else:
-                writers.append(tb)
+        if tensorboard or tensorboard is None and tensorboard_available():
+            writers.append(TensorBoardWriter(out / "tb"))
         if wandb_project:
             cfg = dict(config or {})
             run_name = cfg.get("run_name") or cfg.get("name") or out.name

@@ -19,10 +19,13 @@ from tandemrl.config import Config
 from tandemrl.data.synthetic import synthetic_chance_accuracy
 from tandemrl.distributed.env import RankInfo
 from tandemrl.distributed.launch import process_group
+from tandemrl.extras import check_run_extras
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
 from tandemrl.rollout.setup import completion_budget
+from tandemrl.telemetry.completions import clipped_ratio
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
+from tandemrl.telemetry.reward_stats import reward_stats
 from tandemrl.telemetry.request_stats import request_metrics
 from tandemrl.telemetry.tandem import tandem_metrics
 from tandemrl.telemetry.tools import tool_metrics
@@ -34,6 +37,7 @@ from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import completion_logprobs
 from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
+from tandemrl.train.sample_log import show_completions
 from tandemrl.train.setup import Run, TrainerState, build_run
 from tandemrl.train.state_io import check_out_dir, restore_run, save_run, write_run_config, write_summary
 from tandemrl.train.update import policy_update
@@ -52,6 +56,8 @@ def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | N
 def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None, rank: RankInfo | None) -> dict:
     main = rank is None or rank.is_main
     console = console or Console(quiet=not main)
+    for note in check_run_extras(cfg):  # a missing optional package stops the run here, before anything is written
+        console.print(note, style="yellow", markup=False)
     if main:
         check_out_dir(out_dir, resume)
     run = build_run(cfg, out_dir, rank)  # data, model and task errors stop here, before the run directory is written
@@ -156,10 +162,13 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
     if run.sample_log is not None:
         run.sample_log.write(state.step, scored)
+    show_completions(display, cfg.log, state.step, scored)
     lengths = [len(r.completion_ids) for r in scored.rollouts]
     metrics = {
         "step": state.step, "epoch": run.train_prompts.epoch, "policy_version": state.policy_version,
         **reward_metrics(scored.reward),
+        **reward_stats(scored.reward.components, scored.reward.total, scored.group_ids),
+        **clipped_ratio([r.finish_reason for r in scored.rollouts]),
         "accuracy": sum(scored.correct) / len(scored.correct),
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),

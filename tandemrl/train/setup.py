@@ -178,7 +178,8 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None) -> Run:
                                   speculative=cfg.rollout.speculative.enabled),
         curriculum=(Curriculum(cfg.curriculum, [s.index for s in train_samples], cfg.rollout.group_size)
                     if cfg.curriculum.enabled else None),
-        sample_log=SampleLog(out_dir) if cfg.log.samples and (rank is None or rank.is_main) else None,
+        sample_log=(SampleLog(out_dir, cfg.log.sample_text_per_step)
+                    if cfg.log.samples and (rank is None or rank.is_main) else None),
         parallel=make_parallel(rank),
         engine_model=engine_model if rank is not None else None, engine_weights=engine_weights,
     )

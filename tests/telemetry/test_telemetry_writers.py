@@ -135,29 +135,36 @@ def test_make_writers_tensorboard(tmp_path):
 
 
 def test_make_tensorboard_writer_none_without_package(tmp_path, monkeypatch):
+    import tandemrl.extras as extras
     import tandemrl.telemetry.writers as writers
 
     monkeypatch.setattr(writers, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(extras, "installed", lambda package: package != "tensorboard")
     assert make_tensorboard_writer(tmp_path / "tb") is None
-    with pytest.warns(UserWarning, match="tensorboard"):
-        mw = writers.make_writers(tmp_path, tensorboard=True, wandb_project=None, config={})
+    # unset (None): when installed, so JSONL alone; asked for (True): one line naming the extra, nothing written
+    mw = writers.make_writers(tmp_path / "unset", tensorboard=None, wandb_project=None, config={})
     assert len(mw) == 1
+    mw.close()
+    with pytest.raises(extras.MissingExtraError, match=r"^log.tensorboard = true but tensorboard is not installed: "
+                       r"pip install 'tandemrl\[tensorboard\]'$"):
+        writers.make_writers(tmp_path / "asked", tensorboard=True, wandb_project=None, config={})
+    assert not (tmp_path / "asked").exists()
+
+
+@pytest.mark.skipif(not tensorboard_available(), reason="tensorboard not installed")
+def test_make_writers_tensorboard_when_installed(tmp_path):
+    mw = make_writers(tmp_path, tensorboard=None, wandb_project=None, config={})
+    assert len(mw) == 2
     mw.close()
 
 
 def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
-    import builtins
+    import tandemrl.extras as extras
 
-    real_import = builtins.__import__
-
-    def fake_import(name, *args, **kwargs):
-        if name == "wandb":
-            raise ImportError("No module named 'wandb'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", fake_import)
-    with pytest.raises(ImportError, match="pip install wandb"):
-        make_writers(tmp_path, tensorboard=False, wandb_project="proj", config={})
+    monkeypatch.setattr(extras, "installed", lambda package: package != "wandb")
+    with pytest.raises(extras.MissingExtraError, match=r"pip install 'tandemrl\[wandb\]'"):
+        make_writers(tmp_path / "run", tensorboard=False, wandb_project="proj", config={})
+    assert not (tmp_path / "run").exists()
 
 
 def test_finite_floats_keep_precision(tmp_path):
