@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tandemrl.engine.model.attention import DecodeMeta, sdpa_decode
+from tandemrl.engine.kernels.paged_kv import DecodeMeta
+from tandemrl.engine.model.attention import sdpa_decode
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.model.decode_plan import build_decode_plan

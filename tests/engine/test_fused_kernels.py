@@ -14,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, apply_rotary_pos_emb
 
 from tandemrl.engine.kernels import fused as fk
-from tandemrl.engine.model.attention import store_kv
+from tandemrl.engine.kernels.paged_kv import store_kv
 from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.config import EngineConfig
 from tests.engine.kernel_env import DEVICE, DTYPES, HAS_CUDA, needs_kernels

@@ -10,14 +10,13 @@ import pytest
 import torch
 
 import tandemrl.engine.kernels.triton_attention as triton_attention
+from tandemrl.engine.kernels.paged_kv import DecodeMeta, store_kv
 from tandemrl.engine.model.attention import (
-    DecodeMeta,
     query_groups,
     build_prefill_meta,
     decode_attention,
     prefill_attention,
     sdpa_decode,
-    store_kv,
 )
 from tandemrl.engine.kernels.triton_attention import (
     DEFAULT_DECODE_TILES,

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from tandemrl.engine.kernels import pdl
-from tandemrl.engine.model.attention import store_kv
+from tandemrl.engine.kernels.paged_kv import store_kv
 
 try:  # optional: without Triton (or off CUDA) the forward keeps its plain torch ops
     import triton
@@ -124,7 +124,7 @@ def rope_qk_store_(
     q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
     slot_mapping: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """``rope_qk_`` then ``attention.store_kv`` in one launch (one program per token): rotates q [N, Hq, D] and
+    """``rope_qk_`` then ``paged_kv.store_kv`` in one launch (one program per token): rotates q [N, Hq, D] and
     k [N, Hkv, D] in place (bit for bit as ``rope_qk_``) and writes token n's rotated k and its v [N, Hkv, D] to
     flat slot ``slot_mapping[n]`` (= block * block_size + offset) of k_cache / v_cache [blocks, block_size, Hkv, D],
     cast to the cache dtype. Slots must be valid; a slot named twice gets one of its tokens (as index_copy_)."""

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from tandemrl.engine.kernels import pdl
-
-if TYPE_CHECKING:
-    from tandemrl.engine.model.attention import PrefillMeta
+from tandemrl.engine.kernels.paged_kv import PrefillMeta
 
 try:  # optional: without Triton the SDPA paths of attention.py serve
     import triton

@@ -1,8 +1,6 @@
 """Paged attention: writing K/V into the block cache, and attending over it for prefill and for decode.
 
-Cache layout (one pair per layer): ``k_cache``, ``v_cache`` of shape [num_blocks, block_size, kv_heads, head_dim];
-token t of a sequence lives in slot ``block_table[t // block_size] * block_size + t % block_size``.
-
+The cache layout, the metadata types and ``store_kv`` live in kernels/paged_kv.py (the kernels read them too).
 Both paths read K/V back from the cache (after ``store_kv`` wrote this step's tokens), so prefix-cache hits and
 freshly computed tokens are treated alike. GQA is handled without repeating K/V: the query heads that share a
 KV head are folded into the query-length dimension of one SDPA call (HF's ``repeat_kv`` maps KV head h to query
@@ -16,48 +14,17 @@ triton_attention.py (``use_triton`` on the metadata).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tandemrl.engine.model.pending import copy_to_device
+from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta
 from tandemrl.engine.kernels.triton_attention import triton_paged_decode, triton_paged_prefill
+from tandemrl.engine.model.pending import copy_to_device
 
 # Bound on one prefill SDPA call's padded mask (sequences x Q*G queries x L keys); larger batches go in chunks.
 _PREFILL_MASK_ELEMENTS = 1 << 26
-
-
-@dataclass
-class PrefillMeta:
-    """A packed prefill of S sequences, N new tokens in all, padded to Q query rows per sequence inside attention."""
-
-    positions: Tensor  # [N] long: absolute position of each new token
-    slot_mapping: Tensor  # [N] long: cache slot each new token's K/V is written to
-    block_tables: Tensor  # [S, W] long: physical blocks of each sequence (padding rows/columns hold valid ids)
-    query_rows: Tensor  # [S, Q] long: packed row of each padded query (0 on padding)
-    query_pos: Tensor  # [S, Q] long: absolute position of each padded query (0 on padding)
-    unpad_index: Tensor  # [N] long: flat index s * Q + i of each packed token in the padded layout
-    last_rows: Tensor  # [S] long: packed row of each sequence's last token (the one we sample from)
-    query_lens: Tensor  # [S] long: new tokens of each sequence (they are its last ones)
-    context_lens: Tensor  # [S] long: tokens in each context, the new ones included
-    use_triton: bool = False  # attend with the Triton paged-prefill kernel instead of the padded SDPA calls
-
-
-@dataclass
-class DecodeMeta:
-    """One query token for each of B sequences."""
-
-    positions: Tensor  # [B] long
-    slot_mapping: Tensor  # [B] long
-    block_tables: Tensor  # [B, W] long
-    context_lens: Tensor  # [B] long: tokens in each context, the new one included (= position + 1)
-    use_triton: bool = False
-    # [B] long, optional: rows of one sequence side by side attend as a group (see ``query_groups``); a hint to the
-    # Triton kernel (each group's K/V read once), the result is the same
-    query_groups: Tensor | None = None
 
 
 def query_groups(row_of: np.ndarray, capacity: int) -> np.ndarray:
@@ -69,13 +36,6 @@ def query_groups(row_of: np.ndarray, capacity: int) -> np.ndarray:
     offset = np.arange(len(row_of)) - starts[run]
     left = lengths[run] - offset  # rows of the run from this one on
     return np.where(offset % capacity == 0, np.minimum(capacity, left), 0).astype(np.int64)
-
-
-def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Write k, v [N, kv_heads, head_dim] into the flattened caches at slot_mapping [N]."""
-    kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def gather_kv(cache: Tensor, block_tables: Tensor) -> Tensor:

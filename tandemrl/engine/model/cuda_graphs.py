@@ -32,18 +32,16 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from tandemrl.engine.model.attention import DecodeMeta, query_groups
+from tandemrl.engine.kernels.paged_kv import DecodeMeta
+from tandemrl.engine.model.attention import query_groups
 from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.pending import copy_to_device
-
-if TYPE_CHECKING:
-    from tandemrl.engine.model.round_graph import RoundGraph
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # One-step forwards also get a 512 bucket: a tandem burst's (stage_forwards), as a model catching up on the other's
@@ -106,8 +104,9 @@ class DecodeGraphs:
         self._burst = _Staged(0, 0, 0, False, 0, 0)
         self._staged_size = 0
         self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
-        # whole verify rounds (round_graph.py), keyed (bucket, width, k): they read a draft's pool and weights too
-        self.rounds: dict[tuple[int, int, int], RoundGraph] = {}
+        # whole verify rounds (round_graph.py's RoundGraph, typed there: this module imports nothing of the round
+        # code), keyed (bucket, width, k): they read a draft's pool and weights too
+        self.rounds: dict[tuple[int, int, int], object] = {}
 
     def width_for(self, blocks: int) -> int:
         """Block-table width of the graph that serves a batch whose longest table has `blocks` entries."""

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
-from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta, decode_attention, prefill_attention, store_kv
+from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta, store_kv
+from tandemrl.engine.model.attention import decode_attention, prefill_attention
 from tandemrl.models.lora import unwrap_causal_lm
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")

@@ -16,19 +16,18 @@ new pool, new weights) is captured again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
+from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.verify_round import Launch, Round, RoundInputs, RoundRows, one_round
 
-if TYPE_CHECKING:
-    from tandemrl.engine.model.runner import ModelRunner
 
 
 @dataclass
@@ -68,7 +67,7 @@ class RoundGraph:
         return Round(*(t[:self.rows].clone() for t in self.out))
 
 
-def round_graph(runner: ModelRunner, draft: ModelSlot, target: ModelSlot, k: int, batch: int,
+def round_graph(context: LaunchContext, draft: ModelSlot, target: ModelSlot, k: int, batch: int,
                 width: int) -> RoundGraph | None:
     """The round graph for ``batch`` greedy rows of ``width`` table columns and ``k`` proposals, captured on first
     use; None where graphs do not apply (eager slots, the draft on another device, a batch past the buckets)."""
@@ -80,14 +79,14 @@ def round_graph(runner: ModelRunner, draft: ModelSlot, target: ModelSlot, k: int
     # copies the padded table k + 4 times over, so a few more captures cost less than megabytes a launch
     width = min(1 << max(0, width - 1).bit_length(), graphs.max_width)
     found = graphs.rounds.get((bucket, width, k))
-    if found is not None and found.draft_graphs is draft.decode_graphs():
+    if isinstance(found, RoundGraph) and found.draft_graphs is draft.decode_graphs():
         return found
-    found = _capture(runner, draft, target, graphs, k, bucket, width)
+    found = _capture(context, draft, target, graphs, k, bucket, width)
     graphs.rounds[(bucket, width, k)] = found
     return found
 
 
-def _capture(runner: ModelRunner, draft: ModelSlot, target: ModelSlot, graphs: DecodeGraphs, k: int, bucket: int,
+def _capture(context: LaunchContext, draft: ModelSlot, target: ModelSlot, graphs: DecodeGraphs, k: int, bucket: int,
              width: int) -> RoundGraph:
     """Captured over a launch of dead rows: the warm-up run before the capture writes only the scratch block."""
     device = target.device
@@ -104,7 +103,7 @@ def _capture(runner: ModelRunner, draft: ModelSlot, target: ModelSlot, graphs: D
     rows = RoundRows.build(k, bucket, device)
 
     def body() -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        done = one_round(runner, draft, target, rows, launch, inputs, seqs=None)
+        done = one_round(context, draft, target, rows, launch, inputs, seqs=None)
         return done.tokens, done.logprobs, done.accepted, done.emitted
 
     graph, out = graphs.capture(body)

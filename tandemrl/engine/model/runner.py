@@ -27,9 +27,11 @@ from torch import Tensor, nn
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
-from tandemrl.engine.model.attention import PrefillMeta, build_prefill_meta
+from tandemrl.engine.kernels.paged_kv import PrefillMeta
+from tandemrl.engine.model.attention import build_prefill_meta
 from tandemrl.engine.model.decode_plan import build_decode_plan
 from tandemrl.engine.model.draft_rounds import launch_draft_rounds
+from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget, move  # noqa: F401 (tests)
 from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
@@ -40,7 +42,6 @@ from tandemrl.engine.model.tandem_runner import launch_tandem_burst
 from tandemrl.engine.model.verify_runner import keep_forced, launch_verify
 from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.step import TARGET, StepKind, StepPlan
-from tandemrl.engine.tandem import FROZEN
 
 
 class ModelRunner:
@@ -76,6 +77,7 @@ class ModelRunner:
             self._samplers.setdefault(slot.device, StepSampler(slot.device, slot.fused_kernels))
         self.num_blocks = 0
         self._last: LastSamples | None = None  # the latest launch's tokens: pending ones are fed from here
+        self.context = self._launch_context()
 
     def _slot(self, name: str, model: nn.Module, config: EngineConfig, attention_backend: str) -> ModelSlot:
         """The target on the runner's device; another slot on its model's device (e.g. tandem's frozen model on
@@ -95,12 +97,15 @@ class ModelRunner:
                          fused_kernels=fused, enforce_eager=eager, warmup_stream=stream,
                          home=self.device)
 
+    def _launch_context(self) -> LaunchContext:
+        """What the verify, round and tandem launches read of this runner (launch_context.py)."""
+        return LaunchContext(self.device, self.block_size, self.num_blocks, self.max_model_len, self.slots,
+                             self._samplers, self.accept)
+
     @property
     def pairs_tandem_forwards(self) -> bool:
-        """Whether a tandem burst runs in paired ticks (tandem_burst.py): the frozen model on this runner's GPU,
-        its forwards on its own stream beside the hot model's."""
-        frozen = self.slots.get(FROZEN)
-        return self.device.type == "cuda" and frozen is not None and frozen.device == self.device
+        """Whether a tandem burst runs in paired ticks (launch_context.py)."""
+        return self.context.pairs_tandem_forwards
 
     def sampler_for(self, slot: ModelSlot) -> StepSampler:
         """The sampler of the slot's device (the runner's own ``sampler`` on the runner's device)."""
@@ -149,6 +154,7 @@ class ModelRunner:
         for slot in sorted(self.slots.values(), key=lambda slot: slot.parked_pool_address):
             slot.allocate(num_blocks)
         self.num_blocks = num_blocks
+        self.context = self._launch_context()
 
     def free_kv_cache(self, keep_graphs: bool = False) -> None:
         """Drop the pools and the CUDA graphs (their buffers and pool). The memory goes back to PyTorch's caching
@@ -160,6 +166,7 @@ class ModelRunner:
             slot.free(keep_graphs)
         self._last = None
         self.num_blocks = 0
+        self.context = self._launch_context()
 
     # ------------------------------------------------------------------ one step
 
@@ -176,7 +183,7 @@ class ModelRunner:
         with eval_mode(slot.modules), torch.inference_mode():
             if plan.kind is StepKind.VERIFY:
                 rounds = plan.feed is None and plan.forced is None  # the draft proposes, on the device
-                pending = (launch_draft_rounds if rounds else launch_verify)(self, slot, plan)
+                pending = (launch_draft_rounds if rounds else launch_verify)(self.context, slot, plan)
                 self._last = None  # how many tokens a row keeps is known on the device only
                 return pending
             if plan.kind is StepKind.PREFILL:
@@ -191,7 +198,7 @@ class ModelRunner:
                 tokens, logprobs = tokens[:, None], logprobs[:, None]
             elif plan.tandem is not None:  # a row returns exactly its planned tokens: the next launch may feed on them
                 with eval_mode(self.slots[plan.proposer].modules):
-                    tokens, logprobs = launch_tandem_burst(self, plan, self._last)
+                    tokens, logprobs = launch_tandem_burst(self.context, plan, self._last)
             else:
                 tokens, logprobs = self._decode_burst(slot, plan.seqs, plan.num_tokens)
             self._last = LastSamples.of(plan.seqs, plan.num_tokens, tokens)
@@ -263,7 +270,8 @@ class ModelRunner:
             frozen, _ = sample_with_probs(proposer.logits(hidden[plan.proposer]), sampler.temperatures(plan.seqs),
                                           sampler.generator(plan.seqs))
         frozen = move(frozen, self.device)
-        return keep_forced(self, slot.logits(hidden[slot.name])[:, None], frozen[:, None], plan.forced, plan.seqs)
+        target_logits = slot.logits(hidden[slot.name])[:, None]
+        return keep_forced(self.context, target_logits, frozen[:, None], plan.forced, plan.seqs)
 
     def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, temperature: Tensor,
                generator: torch.Generator | None, greedy_only: bool) -> RejectionResult:

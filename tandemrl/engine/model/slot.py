@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from tandemrl.engine.kernels.triton_attention import decode_query_capacity
 from tandemrl.engine.kernels.triton_sampler import fused_sample
-from tandemrl.engine.model.attention import DecodeMeta, PrefillMeta, query_groups
+from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta
+from tandemrl.engine.model.attention import query_groups
 from tandemrl.engine.model.cuda_graphs import FORWARD_BUCKETS, DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
 from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder

@@ -21,7 +21,7 @@ indices and sampling columns are staged on its own device.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -29,26 +29,25 @@ from torch import Tensor
 
 from tandemrl.engine.kernels.triton_sampler import fused_token_logprobs
 from tandemrl.engine.model.decode_plan import DecodePlan, build_decode_plan
+from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import LastSamples, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import move
+from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.step import StepPlan
 from tandemrl.engine.tandem_burst import BurstForward, TandemBurst
 
-if TYPE_CHECKING:
-    from tandemrl.engine.model.runner import ModelRunner
-    from tandemrl.engine.model.slot import ModelSlot
 
 Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
 
 
-def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples | None) -> tuple[Tensor, Tensor]:
+def launch_tandem_burst(context: LaunchContext, plan: StepPlan, last: LastSamples | None) -> tuple[Tensor, Tensor]:
     """Run ``plan.tandem`` for ``plan.seqs`` on the runner's target (hot) and ``plan.proposer`` (frozen) slots; each
     row's last token, if pending, is fed from ``last`` (the previous launch's tokens) on the device. Returns the
     [B, K] tokens and log-probs, left on the hot model's device (no host sync)."""
     burst: TandemBurst = plan.tandem
     seqs = plan.seqs
-    hot, frozen = runner.slots[plan.slot], runner.slots[plan.proposer]
-    decode = build_decode_plan(seqs, plan.num_tokens, runner.block_size, runner.num_blocks, runner.max_model_len)
+    hot, frozen = context.slots[plan.slot], context.slots[plan.proposer]
+    decode = build_decode_plan(seqs, plan.num_tokens, context.block_size, context.num_blocks, context.max_model_len)
     first = np.array([seq.num_tokens for seq in seqs], dtype=np.int64)  # position of token 0
     width = burst.width
     linked = link_pending(decode.ids, seqs, last)  # a pending last token: a reference into ``last``
@@ -60,15 +59,15 @@ def launch_tandem_burst(runner: ModelRunner, plan: StepPlan, last: LastSamples |
     logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=hot.device)
     indices = _device_indices(burst, hot.device)
     far = indices if frozen.device == hot.device else _device_indices(burst, frozen.device)  # the frozen's side
-    hot_sampler = runner.sampler_for(hot)
+    hot_sampler = context.sampler_for(hot)
     sample = hot_sampler.for_subsets(seqs)
-    frozen_sample = sample if frozen.device == hot.device else runner.sampler_for(frozen).for_subsets(seqs)
+    frozen_sample = sample if frozen.device == hot.device else context.sampler_for(frozen).for_subsets(seqs)
     temperature = hot_sampler.temperatures(seqs)
     fused_scores = hot_sampler.fused  # asked once, not per forward
-    forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, runner.block_size)
+    forward_of = {model: _staged_forwards(slot, burst, model, decode.tables, first, context.block_size)
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
-    streams = _Streams.of(runner, frozen)
+    streams = _Streams.of(context, frozen)
     for forward, index, far_index in zip(burst.forwards, indices, far):
         with streams.beside(forward.beside):
             if not forward.hot:
@@ -113,10 +112,10 @@ class _Streams:
         self.start: torch.cuda.Event | None = None  # recorded before each main-stream forward
 
     @classmethod
-    def of(cls, runner: ModelRunner, frozen: ModelSlot) -> _Streams:
-        if not runner.pairs_tandem_forwards:
+    def of(cls, context: LaunchContext, frozen: ModelSlot) -> _Streams:
+        if not context.pairs_tandem_forwards:
             return cls(None, None)
-        return cls(torch.cuda.current_stream(runner.device), frozen.warmup_stream)
+        return cls(torch.cuda.current_stream(context.device), frozen.warmup_stream)
 
     @contextlib.contextmanager
     def beside(self, beside: bool) -> Iterator[None]:

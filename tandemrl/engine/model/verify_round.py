@@ -7,20 +7,19 @@ a prefix and adds the target's token after it, and the launch's lengths, budgets
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.placement import move
 from tandemrl.engine.model.rejection import RejectionResult
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.verify_runner import proposal_distributions
 
-if TYPE_CHECKING:
-    from tandemrl.engine.model.runner import ModelRunner
 
 
 @dataclass
@@ -114,19 +113,19 @@ class Round:
     emitted: Tensor
 
 
-def one_round(runner: ModelRunner, draft: ModelSlot, slot: ModelSlot, rows: RoundRows, launch: Launch,
+def one_round(context: LaunchContext, draft: ModelSlot, slot: ModelSlot, rows: RoundRows, launch: Launch,
               inputs: RoundInputs, seqs) -> Round:
     """One round (module docstring): the draft's proposals, the target's verify forward, the acceptance; advances
     ``launch`` in place. Only device work, no host sync: a round graph captures it whole (round_graph.py)."""
-    batch, k, device = len(launch.length), len(rows.sizes) - 1, runner.device
+    batch, k, device = len(launch.length), len(rows.sizes) - 1, context.device
     active, drafts = launch.left > 0, (launch.left - 1).clamp(0, k)
-    columns = rows.columns(launch, runner.block_size, runner.num_blocks * runner.block_size)
+    columns = rows.columns(launch, context.block_size, context.scratch_slot)
     tokens, logits = _propose(draft, inputs.first, inputs.step, inputs.sample, launch.last_two, columns[:-1])
     hidden = inputs.verify(torch.cat((launch.last_two[:, 1:], tokens), dim=1).reshape(-1), columns[-1])
     target_logits = slot.logits(hidden).view(batch, k + 1, -1)
     probs = (_no_probs(tokens, slot) if inputs.greedy
-             else move(proposal_distributions(runner, seqs, logits, tokens, inputs.proposer), device))
-    result = runner.accept(target_logits, probs, tokens, drafts, inputs.temperature, inputs.generator,
+             else move(proposal_distributions(context, seqs, logits, tokens, inputs.proposer), device))
+    result = context.accept(target_logits, probs, tokens, drafts, inputs.temperature, inputs.generator,
                            inputs.greedy)
     emitted = torch.where(active, result.num_emitted, 0)
     launch.last_two.copy_(torch.where(active[:, None], _last_two(result, launch.last_two), launch.last_two))

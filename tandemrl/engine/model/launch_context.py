@@ -1,0 +1,60 @@
+"""What a launch's verify, round and tandem code reads of the runner: its slots, samplers, KV geometry and
+acceptance rule. runner.py hands one to draft_rounds.py, verify_runner.py, verify_round.py, round_graph.py and
+tandem_runner.py instead of itself, so they import nothing back from it (no import circle through the runner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from tandemrl.engine.model.rejection import RejectionResult
+from tandemrl.engine.model.slot import ModelSlot
+from tandemrl.engine.model.step_sampler import StepSampler
+from tandemrl.engine.step import TARGET
+from tandemrl.engine.tandem import FROZEN
+
+# (target logits [B, k+1, V], draft probs [B, k, V], proposals [B, k], proposals per row [B], temperatures [B],
+#  generator, every row greedy) -> what the verify step keeps (rejection.py's rule by default)
+AcceptRule = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, torch.Generator | None, bool], RejectionResult]
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """The runner as a launch sees it; rebuilt whenever the KV pools change (``num_blocks``)."""
+
+    device: torch.device  # the runner's (the target's) device
+    block_size: int
+    num_blocks: int  # block ids the block manager owns; the scratch block is ``num_blocks``
+    max_model_len: int
+    slots: Mapping[str, ModelSlot]
+    samplers: Mapping[torch.device, StepSampler]  # one per device a slot lives on
+    accept: AcceptRule
+
+    @property
+    def sampler(self) -> StepSampler:
+        """The sampler of the runner's device."""
+        return self.samplers[self.device]
+
+    def sampler_for(self, slot: ModelSlot) -> StepSampler:
+        """The sampler of the slot's device (its rows' sampling columns and generator live there)."""
+        return self.samplers[slot.device]
+
+    @property
+    def target(self) -> ModelSlot:
+        return self.slots[TARGET]
+
+    @property
+    def scratch_slot(self) -> int:
+        """The first KV slot of the scratch block: dead rows write there."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def pairs_tandem_forwards(self) -> bool:
+        """Whether a tandem burst runs in paired ticks (tandem_burst.py): the frozen model on the runner's GPU, its
+        forwards on its own stream beside the hot model's."""
+        frozen = self.slots.get(FROZEN)
+        return self.device.type == "cuda" and frozen is not None and frozen.device == self.device
