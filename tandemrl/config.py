@@ -22,26 +22,38 @@ class ConfigError(ValueError):
 
 
 class LoraConfig(Section):
-    enabled: bool = False
-    rank: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """LoRA through peft (the `lora` extra): only the adapter's weights train; the base model stays frozen."""
+
+    enabled: bool = Field(False, description="train a LoRA adapter instead of every weight")
+    rank: int = Field(16, ge=1, description="the adapter's rank r")
+    alpha: int = Field(32, ge=1, description="LoRA alpha: the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the linear modules that get an adapter (default: every linear layer of a "
+                    "Qwen/Llama-style decoder block)")
 
 
 class ModelConfig(Section):
-    # "tiny" builds the project's offline Qwen2-architecture model into `tiny_dir` on first use.
-    name_or_path: str = "tiny"
-    tiny_dir: str = "runs/tiny-model"
-    tiny_seed: int = 0
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    device: str = "auto"
-    gradient_checkpointing: bool = False
-    attn_implementation: str | None = None
-    trust_remote_code: bool = False
-    # CPU threads for torch's operators; None: 1 for models under 50M parameters (a tiny model's operators are too
-    # small to split, and spinning threads crawl when another process holds a core), else torch's default
-    cpu_threads: int | None = Field(None, ge=1)
+    """The policy model: the model that is trained and, with the default backend, samples the rollouts."""
+
+    name_or_path: str = Field("tiny", description="hub id, local directory, or a llama.cpp `.gguf` file "
+                              "(dequantised into a plain trainable model; the `gguf` extra); `\"tiny\"` builds the "
+                              "project's offline Qwen2-architecture model into `model.tiny_dir` on first use")
+    tiny_dir: str = Field("runs/tiny-model", description="where `\"tiny\"` is built (and reused once it exists)")
+    tiny_seed: int = Field(0, description="seed of the tiny model's random initialisation")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="`auto`: bfloat16 on CUDA (float32 where the GPU has no bfloat16), float32 on CPU")
+    device: str = Field("auto", description="`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
+                                         "memory, more time")
+    attn_implementation: str | None = Field(None, description="passed to transformers' `from_pretrained` (e.g. "
+                                            "`sdpa`, `eager`); unset: transformers' choice")
+    trust_remote_code: bool = Field(False, description="let transformers run model and tokenizer code from the "
+                                    "model's repository")
+    cpu_threads: int | None = Field(None, ge=1, description="torch's CPU threads; unset: 1 for models under 50M "
+                                    "parameters (a tiny model's operators are too small to split, and spinning "
+                                    "threads crawl when another process holds a core), else torch's default")
     lora: LoraConfig = LoraConfig()
 
 
@@ -56,24 +68,31 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    # engine: paged KV cache; hf: plain batched decoding; server: a `tandemrl serve` process at server_url;
-    # vllm: a colocated vLLM (extra `tandemrl[vllm]`)
-    backend: Literal["engine", "hf", "server", "vllm"] = "engine"
-    server_url: str | None = None
-    # a rollout sampled by weights more than this many versions behind the trainer's is refused (0 = on-policy)
-    max_staleness: int = Field(0, ge=0)
+    """How rollouts are sampled: the backend, the batch of each step and the sampling settings."""
+
+    backend: Literal["engine", "hf", "server", "vllm"] = Field(
+        "engine", description="`engine`: tandemrl's engine (paged KV cache, prefix sharing, CUDA graphs; Qwen2/2.5, "
+        "Qwen3, Llama, Mistral, other architectures fall back to `hf`); `hf`: plain batched decoding; `server`: a "
+        "`tandemrl serve` process at `rollout.server_url`; `vllm`: vLLM (`rollout.vllm.*`)")
+    server_url: str | None = Field(None, description="the server backend: base URL of `tandemrl serve`, e.g. "
+                                   "`\"http://127.0.0.1:8000\"`")
+    max_staleness: int = Field(0, ge=0, description="the server backend: a rollout sampled by weights more than "
+                               "this many versions behind the trainer's is refused (0 = on-policy)")
     server_retries: int = Field(3, ge=0, description="attempts after the first when the server does not answer")
     server_backoff_s: float = Field(2.0, ge=0.0, description="wait before the first retry; doubles each time")
     server_timeout_s: float = Field(600.0, gt=0.0, description="seconds one rollout request may take")
-    prompts_per_step: int = Field(16, ge=1)
+    prompts_per_step: int = Field(16, ge=1, description="prompts drawn per step; each is sampled "
+                                  "`rollout.group_size` times")
     group_size: int = Field(8, ge=2, description="samples per prompt; GRPO needs at least 2")
-    max_tokens: int = Field(3, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    stop: list[str] = []
-    ignore_eos: bool = False
-    max_batch_size: int = Field(256, ge=1)
+    max_tokens: int = Field(3, ge=1, description="most tokens generated per completion")
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the smallest set of tokens whose "
+                         "probability reaches top_p (1 = off)")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0 = off)")
+    stop: list[str] = Field([], description="strings that end a completion")
+    ignore_eos: bool = Field(False, description="keep generating past the end-of-sequence token, up to "
+                             "`rollout.max_tokens`")
+    max_batch_size: int = Field(256, ge=1, description="the `hf` backend: sequences decoded together at most")
     speculative: SpeculativeConfig = SpeculativeConfig()
     vllm: VLLMConfig = VLLMConfig()
 
@@ -102,28 +121,41 @@ class RewardConfig(Section):
 
 
 class TrainConfig(Section):
-    max_steps: int = Field(800, ge=1)
+    """The GRPO update: steps, optimizer, advantage, loss and batching."""
+
+    max_steps: int = Field(800, ge=1, description="number of steps (a rollout batch and its updates)")
     max_minutes: float | None = Field(None, gt=0, description="stop stepping after this many minutes of the run "
                                       "(resumes included), then evaluate and save as after max_steps")
-    seed: int = 0
-    lr: float = Field(1e-3, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    adam_betas: tuple[float, float] = (0.9, 0.99)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    advantage: str = "grpo"
-    policy_loss: str = "grpo"
-    aggregation: str = "token-mean"
-    eps_low: float = Field(0.2, ge=0.0)
-    eps_high: float = Field(0.2, ge=0.0)
-    kl_beta: float = Field(0.0, ge=0.0)
+    seed: int = Field(0, description="seeds sampling, data order and initialisation")
+    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule after the warm-up (`linear` and `cosine` decay to 0 at "
+        "`train.max_steps`)")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from 0 to `train.lr`")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="clip the gradient's global norm to this")
+    advantage: str = Field("grpo", description="`grpo` (reward minus the group mean, divided by the group std), "
+                           "`dr_grpo` (mean-centred only) or `step_norm` (normalised over the whole step, groups "
+                           "ignored); each prompt's group is normalised on its own, whatever its size")
+    policy_loss: str = Field("grpo", description="the policy loss: `grpo` (the clipped surrogate plus "
+                             "`train.kl_beta` times the k3 KL)")
+    aggregation: str = Field("token-mean", description="how token losses become one number: `token-mean`, "
+                             "`seq-mean-token-mean` or `seq-mean-token-sum-norm` (Dr.GRPO)")
+    eps_low: float = Field(0.2, ge=0.0, description="clip range of the ratio: [1 - eps_low, 1 + eps_high]")
+    eps_high: float = Field(0.2, ge=0.0, description="upper clip: 1 + eps_high (DAPO's clip-higher when above "
+                            "eps_low)")
+    kl_beta: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the frozen reference (the initial "
+                           "model; with LoRA the base model); 0 = no KL and no reference model")
     tis_cap: float = Field(0.0, ge=0.0, description="truncated importance sampling cap on the rollout weight; 0 = off")
-    epochs_per_batch: int = Field(1, ge=1)
-    mini_batches: int = Field(1, ge=1)
-    micro_batch_size: int = Field(64, ge=1)
+    epochs_per_batch: int = Field(1, ge=1, description="passes over each rollout batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch is split into this many "
+                              "parts)")
+    micro_batch_size: int = Field(64, ge=1, description="sequences per forward; a mini-batch accumulates "
+                                  "gradients over its micro-batches")
     logprob_chunk_size: int = Field(1024, ge=1, description="tokens per lm_head chunk when computing log-probs")
-    max_nonfinite_steps: int = Field(3, ge=1)
+    max_nonfinite_steps: int = Field(3, ge=1, description="stop after this many steps in a row with a NaN/inf "
+                                     "loss (each one is skipped)")
     max_invalid_reward_steps: int = Field(3, ge=1, description="stop after this many steps in a row with no valid reward")
 
 
@@ -138,8 +170,10 @@ class EvalConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every_steps: int = Field(200, ge=0)  # 0 = only at the end
-    keep_last: int = Field(2, ge=1)
+    """Checkpoints under `<run>/checkpoints/`; one is always written at the end of a run."""
+
+    every_steps: int = Field(200, ge=0, description="checkpoint interval in steps (0 = only at the end)")
+    keep_last: int = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
 
 
 class LogConfig(Section):

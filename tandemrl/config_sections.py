@@ -67,21 +67,30 @@ class VLLMConfig(Section):
     """rollout.backend = "vllm": a colocated vllm.LLM in the trainer's process, or (mode = "server") a running vLLM
     OpenAI server driven over HTTP (see tandemrl/backends/vllm/)."""
 
-    mode: Literal["colocated", "server"] = "colocated"
-    url: str | None = None  # server mode: where `python -m vllm.entrypoints.openai.api_server` listens
-    # server mode: how the weights reach the server. disk: a safetensors file in weights_dir, which vLLM reloads
-    # (same path on both sides); http: inside the request (needs the server's --worker-extension-cls, any host)
-    weight_transfer: Literal["disk", "http"] = "disk"
-    weights_dir: str | None = None  # disk: None = a temporary directory (the server must run on this host)
+    mode: Literal["colocated", "server"] = Field(
+        "colocated", description="`colocated`: a `vllm.LLM` in the trainer's process; `server`: a vLLM OpenAI "
+        "server you run, driven over HTTP")
+    url: str | None = Field(None, description="server mode: the server's base URL, where `python -m "
+                            "vllm.entrypoints.openai.api_server` listens, e.g. `\"http://127.0.0.1:8000\"`")
+    weight_transfer: Literal["disk", "http"] = Field(
+        "disk", description="server mode: how the weights reach the server. `disk`: a safetensors file in "
+        "`rollout.vllm.weights_dir`, which vLLM reloads (same path on both sides); `http`: inside the request "
+        "(needs the server's `--worker-extension-cls`; any host)")
+    weights_dir: str | None = Field(None, description="`disk` transfer: a directory the trainer and the server see "
+                                    "at the same path; unset: a temporary directory (the server must run on this "
+                                    "host)")
     timeout_s: float = Field(600.0, gt=0.0, description="server mode: seconds one HTTP request may take")
 
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="share of GPU memory vLLM may take")
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE wins if set)")
-    enforce_eager: bool = True  # no CUDA graphs / compilation: a start of seconds, not minutes
-    enable_prefix_caching: bool = True  # reset after every weight update
-    max_model_len: int | None = Field(None, ge=1, description="None: the model's max_position_embeddings")
+    enforce_eager: bool = Field(True, description="no CUDA graphs or compilation: a start of seconds, not "
+                                "minutes (set false on a GPU for speed)")
+    enable_prefix_caching: bool = Field(True, description="vLLM's prefix cache (emptied at every weight update)")
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + completion; unset: the model's "
+                                      "max_position_embeddings")
     probe_tokens: int = Field(32, ge=2, description="length of the fixed sequence that checks each weight update")
-    probe_tolerance: float | None = Field(None, gt=0.0, description="None: by dtype (float32 2e-3, bf16 0.2)")
+    probe_tolerance: float | None = Field(None, gt=0.0, description="largest log-prob difference the weight "
+                                          "check accepts; unset: by dtype (float32 2e-3, float16 5e-2, bfloat16 0.2)")
 
     @model_validator(mode="after")
     def _check_server(self) -> VLLMConfig:
@@ -123,22 +132,29 @@ class ToolsConfig(Section):
     """Multi-turn tool calling (tandemrl/rollout/): on when ``names`` lists tools (a task may bring its own, see
     tandemrl/data/task_defaults.py), unless ``enabled = false``."""
 
-    enabled: bool | None = None  # None: on when `names` is not empty
-    names: list[str] = []  # built-in tools: python, calculator, peek
-    format: Literal["hermes", "plain"] = "hermes"  # hermes: <tool_call>{json}</tool_call>; plain: base models
-    call_open: str = Field("<call>", min_length=1, description="the plain format's markers")
-    call_close: str = "</call>"  # empty: the opener alone is a call of the only tool
-    result_open: str = "<result>"
-    result_close: str = "</result>\n"
+    enabled: bool | None = Field(None, description="multi-turn tool calling; unset: on when `tools.names` lists "
+                                 "tools (a task's defaults may name them)")
+    names: list[str] = Field([], description="built-in tools the model may call: `python`, `calculator`, `peek`")
+    format: Literal["hermes", "plain"] = Field(
+        "hermes", description="`hermes`: `<tool_call>{json}</tool_call>` blocks (Qwen2.5/Qwen3/Hermes chat "
+        "templates); `plain`: `call_open name arguments call_close`, for base models")
+    call_open: str = Field("<call>", min_length=1, description="the plain format: the marker that opens a call")
+    call_close: str = Field("</call>", description="the plain format: the marker that closes a call (the turn "
+                            "stops there); empty: the opener alone is a call of the only tool")
+    result_open: str = Field("<result>", description="the plain format: the text before a tool's result")
+    result_close: str = Field("</result>\n", description="the plain format: the text after a tool's result")
     max_turns: int = Field(8, ge=1, description="generation turns per trajectory")
     max_tool_calls: int = Field(8, ge=1, description="tool calls per trajectory")
     max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
     max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
-    sandbox_timeout_s: float = Field(5.0, gt=0.0)
-    sandbox_cpu_s: int = Field(5, ge=1)
-    sandbox_memory_mb: int = Field(512, ge=64)
-    sandbox_max_file_mb: int = Field(4, ge=1)
-    sandbox_max_output_chars: int = Field(2000, ge=1)
+    sandbox_timeout_s: float = Field(5.0, gt=0.0, description="the Python sandbox: wall-clock seconds per call "
+                                     "(then its process group is killed)")
+    sandbox_cpu_s: int = Field(5, ge=1, description="the Python sandbox: CPU seconds per call")
+    sandbox_memory_mb: int = Field(512, ge=64, description="the Python sandbox: address space in MB")
+    sandbox_max_file_mb: int = Field(4, ge=1, description="the Python sandbox: largest file it may write, in MB "
+                                     "(stdout and stderr included)")
+    sandbox_max_output_chars: int = Field(2000, ge=1, description="the Python sandbox: output returned to the "
+                                          "model is cut to this many characters")
 
     @property
     def active(self) -> bool:
@@ -149,10 +165,16 @@ class ToolsConfig(Section):
 class SyncConfig(Section):
     """How the trainer's weights reach the process that samples its rollouts (tandemrl.sync)."""
 
-    kind: Literal["inprocess", "checkpoint", "lora", "ipc", "nccl"] = "inprocess"
-    dir: str | None = None  # checkpoint: where the pushed checkpoints go (default <run dir>/sync)
-    nccl_init_method: str | None = None  # nccl: e.g. "tcp://127.0.0.1:29511" (the trainer and the server join it)
-    nccl_backend: Literal["nccl", "gloo"] = "nccl"
+    kind: Literal["inprocess", "checkpoint", "lora", "ipc", "nccl"] = Field(
+        "inprocess", description="`inprocess`: the engine decodes with the trainer's own tensors (nothing to push); "
+        "with `rollout.backend = \"server\"`: `checkpoint` (full weights on disk), `lora` (the adapter only), "
+        "`ipc` (CUDA IPC, same GPU) or `nccl` (broadcast to another GPU)")
+    dir: str | None = Field(None, description="`checkpoint`: where the pushed checkpoints go; unset: "
+                            "`<run dir>/sync`")
+    nccl_init_method: str | None = Field(None, description="`nccl`: the rendezvous the trainer and the server "
+                                         "join, e.g. `\"tcp://127.0.0.1:29511\"`")
+    nccl_backend: Literal["nccl", "gloo"] = Field("nccl", description="`nccl`: the torch.distributed backend of "
+                                                  "the broadcast (`gloo` on CPU)")
 
 
 class InferenceRewardConfig(Section):
@@ -171,17 +193,19 @@ class CurriculumConfig(Section):
     """Adaptive curriculum: a per-sample reward EMA, KDE valleys split the samples into difficulty buckets after
     each epoch, harder buckets get more rollouts per prompt. Defaults are the inference_aware_grpo_training seed's."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="spend more rollouts on the prompts the model gets wrong")
     ema_decay: float = Field(0.7, ge=0.0, lt=1.0, description="ema = decay*ema + (1-decay)*epoch mean")
     unseen_reward: float = Field(0.5, description="the EMA of a sample not yet rolled out")
-    normalize: Literal["minmax", "clip"] = "minmax"  # minmax: rescale EMAs to [0, 1]; clip: clamp them to [0, 1]
-    # scipy gaussian_kde's bw_method: "scott", "silverman" or a factor of the data's std. The seed's code uses 0.05,
-    # which on a few hundred samples makes a wiggly density whose noise valleys split even a unimodal set.
-    bandwidth: float | Literal["scott", "silverman"] = "scott"
-    grid_points: int = Field(512, ge=3)
+    normalize: Literal["minmax", "clip"] = Field("minmax", description="`minmax`: rescale the EMAs to [0, 1]; "
+                                                 "`clip`: clamp them to [0, 1]")
+    bandwidth: float | Literal["scott", "silverman"] = Field(
+        "scott", description="scipy gaussian_kde's bw_method: `scott`, `silverman` or a factor of the data's std. "
+        "The seed's code uses 0.05, which on a few hundred samples makes a wiggly density whose noise valleys "
+        "split even a unimodal set")
+    grid_points: int = Field(512, ge=3, description="points of the KDE grid over [0, 1]")
     min_bucket_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="a valley leaving a smaller bucket is skipped")
     n_buckets: int = Field(3, ge=1, description="at most this many buckets (n_buckets - 1 valleys as boundaries)")
-    base_rollouts: int = Field(4, ge=1)
+    base_rollouts: int = Field(4, ge=1, description="rollouts per prompt of the easiest bucket, before `alpha`")
     alpha: float = Field(1.5, ge=0.0, description="rollouts = max(1, round(base*(1 + alpha*(1 - bucket mean))))")
     min_samples: int = Field(8, ge=2, description="fewer samples than this: one bucket")
 
@@ -195,6 +219,7 @@ class CurriculumConfig(Section):
 class DistributedConfig(Section):
     """Multi-process runs under torchrun (read only when torchrun's RANK / WORLD_SIZE are set)."""
 
-    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
-    # how long a collective waits for a missing rank before the job fails (a rank evaluating alone counts too)
-    timeout_s: float = Field(1800.0, gt=0.0)
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="the process group's backend; `auto`: "
+                                                     "`nccl` on CUDA, `gloo` on CPU")
+    timeout_s: float = Field(1800.0, gt=0.0, description="seconds a collective waits for a missing rank before "
+                             "the job fails (a rank evaluating alone counts too)")

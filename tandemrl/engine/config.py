@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -21,26 +21,37 @@ class EngineConfig:
 
     __pydantic_config__ = {"extra": "forbid"}
 
-    block_size: int = 16
-    num_blocks: int | None = None
-    gpu_memory_utilization: float = 0.3
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 16384
-    enable_prefix_caching: bool = True
-    cuda_graphs: bool = True
-    # Decode steps run back to back per engine step (the sampled tokens feed the next step on the device): the host
-    # schedules, stages inputs and checks stop conditions once per burst. A sequence that finishes inside a burst
-    # wastes at most decode_steps - 1 tokens of compute; waiting requests join at the next burst. On an H100 16 was
-    # 2-5 % faster per token than 8 at batches 1-256, and 32 another 5 % at batch 256 (the host's work per burst,
-    # ~2-3 ms for 256 sequences, leaves the GPU idle; bench/RESULTS.md).
-    decode_steps: int = 32
-    # Launch each step before reading back the previous one's tokens (engine.py): the host's scheduling and
-    # postprocessing overlap the device's work. A sequence stopped by EOS or a stop string may compute one burst
-    # more than it needed (dropped).
-    async_scheduling: bool = True
-    max_model_len: int | None = None
-    # Triton kernels for RMSNorm + residual add, RoPE and the SiLU product (CUDA with Triton only; CPU: torch ops).
-    fused_kernels: bool = True
+    block_size: int = field(default=16, metadata={"description": "tokens per KV-cache block"})
+    num_blocks: int | None = field(default=None, metadata={
+        "description": "KV-cache blocks; unset: sized from `engine.gpu_memory_utilization` (on CPU, the runner's "
+                       "own default)"})
+    gpu_memory_utilization: float = field(default=0.3, metadata={
+        "description": "share of the GPU's memory the KV cache may take when `engine.num_blocks` is unset"})
+    max_num_seqs: int = field(default=256, metadata={"description": "sequences running at once at most"})
+    max_num_batched_tokens: int = field(default=16384, metadata={
+        "description": "tokens computed by one prefill step at most (prefix-cache hits are free); a single "
+                       "longer sequence still runs, alone in its step"})
+    enable_prefix_caching: bool = field(default=True, metadata={
+        "description": "reuse the KV blocks of a prefix already computed: the samples of one prompt prefill it "
+                       "once"})
+    cuda_graphs: bool = field(default=True, metadata={
+        "description": "replay decode forwards as CUDA graphs, one per batch size (CUDA only)"})
+    decode_steps: int = field(default=32, metadata={
+        "description": "decode steps run back to back per engine step, each step's tokens fed to the next on the "
+                       "device: the host schedules, stages inputs and checks stop conditions once per burst. A "
+                       "sequence that finishes inside a burst wastes at most decode_steps - 1 tokens of compute; "
+                       "waiting requests join at the next burst. On an H100 16 was 2-5 % faster per token than 8 "
+                       "at batches 1-256, and 32 another 5 % at batch 256 (bench/RESULTS.md)"})
+    async_scheduling: bool = field(default=True, metadata={
+        "description": "launch each step before reading back the previous one's tokens, so the host's scheduling "
+                       "and postprocessing overlap the device's work; a sequence stopped by EOS or a stop string "
+                       "may compute one burst more than it needed (dropped)"})
+    max_model_len: int | None = field(default=None, metadata={
+        "description": "longest prompt + completion; unset: no limit beyond the pool's size (the backend fills in "
+                       "the model's own)"})
+    fused_kernels: bool = field(default=True, metadata={
+        "description": "Triton kernels for RMSNorm + residual add, RoPE and the SiLU product (CUDA with Triton "
+                       "only; on CPU torch ops)"})
 
     def validate(self) -> None:
         _positive_int("block_size", self.block_size)

@@ -11,7 +11,7 @@ ngram.py). Scheduling is synchronous: what a launch kept decides the next one's 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from tandemrl.engine.ngram import NgramConfig, NgramIndex
@@ -29,15 +29,20 @@ class SpeculativeConfig:
 
     __pydantic_config__ = {"extra": "forbid"}
 
-    method: Literal["draft", "ngram"] | None = None
-    num_tokens: int = 4
-    draft_model: str | None = None
-    ngram_max: int = 3
-    ngram_min: int = 1
-    # Verify rounds the device runs back to back per launch (method "draft"): the host reads back, postprocesses and
-    # schedules once per launch. A sequence that ends (EOS, stop) inside a launch wastes its later rounds. 16 against
-    # 8: 0-16 % (median 3 %) less time per token at batch 8 on an H100 (bench/RESULTS.md, 2026-11-25).
-    rounds: int = 16
+    method: Literal["draft", "ngram"] | None = field(default=None, metadata={
+        "description": "unset: off; `draft`: a draft model proposes; `ngram`: prompt lookup in the sequence's own "
+                       "earlier tokens (no second model)"})
+    num_tokens: int = field(default=4, metadata={"description": "tokens proposed per sequence per verify round"})
+    draft_model: str | None = field(default=None, metadata={
+        "description": "`draft`: the draft's hub id or local directory (`\"tiny\"`: the offline model); it must "
+                       "share the target's vocabulary"})
+    ngram_max: int = field(default=3, metadata={"description": "`ngram`: the longest n-gram looked up"})
+    ngram_min: int = field(default=1, metadata={"description": "`ngram`: the shortest n-gram looked up"})
+    rounds: int = field(default=16, metadata={
+        "description": "`draft`: verify rounds the device runs back to back per launch (the host reads back, "
+                       "postprocesses and schedules once per launch); a sequence that ends inside a launch wastes "
+                       "its later rounds. 16 against 8: 0-16 % (median 3 %) less time per token at batch 8 on an "
+                       "H100 (bench/RESULTS.md)"})
 
     @property
     def enabled(self) -> bool:

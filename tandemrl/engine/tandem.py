@@ -18,7 +18,7 @@ turns into loss weights.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from tandemrl.engine.selectors import OwnerStream, TandemSelectorConfig, make_stream
@@ -39,16 +39,31 @@ class TandemConfig:
 
     __pydantic_config__ = {"extra": "forbid"}
 
-    enabled: bool = False
-    frozen_model: str | None = None
-    selector: Literal["bernoulli", "chunk", "alternating", "sentence", "word"] = "bernoulli"
-    p: float = 0.5
-    chunk_tokens: int = 8
-    max_gap_tokens: int = 32
-    frozen_token_weight: float = 0.2
-    max_run_tokens: int = 4
-    frozen_device: str | None = None
-    frozen_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
+    enabled: bool = field(default=False, metadata={
+        "description": "tandem rollouts: the trained model and a frozen one write each completion together"})
+    frozen_model: str | None = field(default=None, metadata={
+        "description": "hub id or directory of the frozen model; unset: a second copy of the starting model"})
+    selector: Literal["bernoulli", "chunk", "alternating", "sentence", "word"] = field(default="bernoulli", metadata={
+        "description": "whose token is kept where: `bernoulli` (each position is the hot model's with "
+                       "probability `tandem.p`), `chunk` (chunks of `tandem.chunk_tokens`), `alternating`, "
+                       "`sentence` / `word` (the writer of each sentence / word is drawn)"})
+    p: float = field(default=0.5, metadata={
+        "description": "probability that a position (a chunk, a sentence, a word) is the hot model's"})
+    chunk_tokens: int = field(default=8, metadata={"description": "`chunk`: tokens per chunk"})
+    max_gap_tokens: int = field(default=32, metadata={
+        "description": "`sentence` / `word`: a segment ends after this many tokens without a boundary token"})
+    frozen_token_weight: float = field(default=0.2, metadata={
+        "description": "loss weight of frozen-written tokens (hot ones weigh 1.0)"})
+    max_run_tokens: int = field(default=4, metadata={
+        "description": "`sentence` / `word`: frozen tokens proposed per engine step at most (the other selectors "
+                       "run bursts of 2 x `engine.decode_steps` forwards)"})
+    frozen_device: str | None = field(default=None, metadata={
+        "description": "where the frozen model lives; unset: the hot model's device; else `cpu`, `cuda` or "
+                       "`cuda:N` (it computes there and only token ids cross)"})
+    frozen_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = field(default=None, metadata={
+        "description": "the frozen model's dtype; unset: `model.dtype` (a CPU frozen model with `auto` loads in "
+                       "float32); e.g. `bfloat16` beside a hot model trained in float32: half the memory and "
+                       "bandwidth"})
 
     @property
     def drawn_ahead(self) -> bool:
