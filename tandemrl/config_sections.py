@@ -147,6 +147,10 @@ class ToolsConfig(Section):
     max_tool_calls: int = Field(8, ge=1, description="tool calls per trajectory")
     max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
     max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap", description="the Python sandbox's isolation: bwrap = bubblewrap namespaces, a read-only root, no "
+        "network (needs the bubblewrap package and user namespaces); none = unsandboxed, logged as a warning "
+        "(trusted code only)")
     sandbox_timeout_s: float = Field(5.0, gt=0.0, description="the Python sandbox: wall-clock seconds per call "
                                      "(then its process group is killed)")
     sandbox_cpu_s: int = Field(5, ge=1, description="the Python sandbox: CPU seconds per call")

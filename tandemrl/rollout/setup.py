@@ -31,7 +31,7 @@ def build_format(tools: ToolsConfig, registry: ToolRegistry) -> ToolFormat:
 def sandbox_limits(tools: ToolsConfig) -> SandboxLimits:
     return SandboxLimits(timeout_s=tools.sandbox_timeout_s, cpu_s=tools.sandbox_cpu_s,
                          memory_mb=tools.sandbox_memory_mb, max_file_mb=tools.sandbox_max_file_mb,
-                         max_output_chars=tools.sandbox_max_output_chars)
+                         max_output_chars=tools.sandbox_max_output_chars, isolation=tools.sandbox)
 
 
 def build_agent(cfg: Config, backend: Any, tokenizer: Any) -> AgentLoop | None:
