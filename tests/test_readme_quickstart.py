@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MARKER = "<!-- quickstart -->"
@@ -31,6 +33,7 @@ def test_quickstart_blocks_are_marked():
         assert lang in ("bash", "python"), f"a quickstart block in {lang!r}: only bash and python run"
 
 
+@pytest.mark.slow  # three tandemrl processes and a Python run: about 2 minutes on a shared 2-core machine
 def test_readme_quickstart_runs(tmp_path: Path):
     bin_dir = Path(sys.executable).parent  # the environment running the tests: its python and tandemrl
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
