@@ -44,3 +44,13 @@ test-vllm: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs
+
+# The python tool's sandbox runs model-written code under bubblewrap (tandemrl/rollout/sandbox_bwrap.py). Installed
+# here when we are root with apt-get; otherwise one line says so and `make run` goes on (its default uses no tools),
+# while the sandbox's tests fail (they never skip).
+.PHONY: sandbox-deps
+run test: sandbox-deps
+sandbox-deps:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+	  echo "tandemrl: the python tool's sandbox needs bubblewrap: install the 'bubblewrap' package (bwrap)"

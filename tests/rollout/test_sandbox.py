@@ -135,3 +135,32 @@ def test_kernel_process_limit(audit_hook):
     run = Sandbox(LIMITS, audit_hook=audit_hook).run(
         "import threading\nthreading.Thread(target=print, args=('thread ran',)).start()")
     assert "thread ran" not in run.stdout and run.error == "RuntimeError: can't start new thread"
+
+
+def test_pid_namespace_takes_every_descendant_down(tmp_path):
+    """The sandbox's command with fork allowed (no child.py, no limits): a daemonised grandchild in a session of its
+    own is gone the moment the command returns, because it lived in the PID namespace."""
+    import subprocess
+    import time
+    import uuid
+
+    from tandemrl.rollout import sandbox_bwrap
+    from tandemrl.rollout.sandbox import CHILD
+
+    tag = f"tandemrl-survivor-{uuid.uuid4().hex[:8]}"
+    plan = sandbox_bwrap.plan()
+    script = f"setsid /bin/sh -c 'sleep 30 # {tag}' </dev/null >/dev/null 2>&1 & sleep 0.2; echo started"
+    done = subprocess.run(sandbox_bwrap.command(plan, 2**20, CHILD, ["/bin/sh", "-c", script]), capture_output=True,
+                          text=True, timeout=30)
+    assert done.stdout.strip() == "started", done
+    time.sleep(0.1)
+    alive = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _cmdline_has(pid, tag)]
+    assert alive == []
+
+
+def _cmdline_has(pid: str, tag: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return tag.encode() in f.read()
+    except OSError:
+        return False
