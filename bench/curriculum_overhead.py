@@ -57,7 +57,7 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, seed, curr
     rollouts, rollout_s = timed(backend.generate, requests)
     _sync(device)
     n = len(rollouts)
-    task = CompositeReward({"accuracy": (lambda p, c, **k: torch.rand(len(c), generator=gen).tolist(), 1.0)})
+    task = CompositeReward({"accuracy": (lambda prompts, completions, **k: torch.rand(len(completions), generator=gen).tolist(), 1.0)})
     result = task([""] * n, [""] * n)
     result, terms_s = timed(add_inference_terms, result, rollouts, SEED_WEIGHTS)
     group_ids = [i for i in range(args.prompts) for _ in range(args.group)]

@@ -1,4 +1,4 @@
-"""`tandemrl train | eval | config | serve | make-tiny-model | plot`. Heavy imports (torch, transformers) are deferred per command."""
+"""`tandemrl train | eval | export | config | serve | make-tiny-model | plot`, a thin layer over the Python API. Heavy imports (torch, transformers) are deferred per command."""
 
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     train.set_defaults(command=_train)
 
-    evaluate = commands.add_parser("eval", help="accuracy (greedy and pass@k) on the test split")
+    evaluate = commands.add_parser("eval", help="score a run (or a model) on its test set: eval.metric, accuracy, "
+                                                "reward, pass@k")
+    evaluate.add_argument("run", nargs="?", type=Path, help="a run directory (its config and latest checkpoint) or a "
+                                                            "checkpoint inside one")
     _add_config_args(evaluate)
-    evaluate.add_argument("--model", help="model name or path (a checkpoint dir works; a run directory scores its "
-                                           "latest checkpoint); overrides model.name_or_path")
+    evaluate.add_argument("--model", help="model name or path; overrides model.name_or_path (a run directory here "
+                                           "is the same as RUN)")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(command=_eval)
 
@@ -45,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     config.set_defaults(command=_config)
 
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (the engine behind it)")
-    serve.add_argument("model", help="hub id, local directory or 'tiny' (overrides model.name_or_path)")
+    serve.add_argument("model", help="hub id, local directory, 'tiny' (overrides model.name_or_path), or a run "
+                                     "directory / checkpoint (its config; LoRA merged)")
     _add_config_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed on start)")
@@ -54,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="accept CUDA IPC weight handles (sync.kind = 'ipc'; they are pickles: trusted clients only)")
     serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
     serve.set_defaults(command=_serve)
+
+    export = commands.add_parser("export", help="write a run's latest checkpoint as a Hugging Face model directory "
+                                                "(LoRA merged)")
+    export.add_argument("run", type=Path, help="a run directory, or a checkpoint inside one")
+    export.add_argument("out", type=Path, help="the model directory to write (must not exist, or be empty)")
+    export.set_defaults(command=_export)
 
     tiny = commands.add_parser("make-tiny-model", help="build the small offline Qwen2-architecture model")
     tiny.add_argument("dir", type=Path)
@@ -93,9 +103,8 @@ def _quiet_transformers() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from tandemrl.api import Trainer
     from tandemrl.config import load_config
-    from tandemrl.train.loop import train
-    from tandemrl.train.setup import default_out_dir
 
     config_path = args.config
     if args.resume:
@@ -109,34 +118,60 @@ def _train(args: argparse.Namespace) -> int:
     torchrun = launched_by_torchrun()
     if torchrun and args.out is None and cfg.log.out_dir is None:
         raise ValueError("under torchrun pass --out DIR (or log.out_dir): every rank must name the same run directory")
-    out_dir = args.out or (Path(cfg.log.out_dir) if cfg.log.out_dir else default_out_dir(cfg))
-    summary = train(cfg, out_dir, resume=args.resume)
-    initial, final = summary["initial"]["accuracy"], summary["final"]["accuracy"]
+    trainer = Trainer(config=cfg, out_dir=args.out)
+    summary = trainer.train(resume=args.resume)
+    if summary.get("already_finished"):  # --resume of a finished run: train said so in one line (exit 0)
+        return 0
+    initial, final = summary["initial"]["score"], summary["final"]["score"]
     if not torchrun or os.environ.get("RANK") == "0":
-        print(f"accuracy {initial:.3f} -> {final:.3f}; run directory: {out_dir}")
+        print(f"{summary['metric']} {initial:.3f} -> {final:.3f}; run directory: {trainer.out_dir}")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
     from tandemrl.config import load_config
-    from tandemrl.train.evaluate import evaluate_config
+    from tandemrl.train.eval_run import evaluate_config, find_run, run_config
 
-    model = resolve_eval_model(args.model) if args.model else None
-    overrides = list(args.overrides) + ([f'model.name_or_path="{model}"'] if model else [])
-    cfg = load_config(args.config, overrides)
-    # Say what is scored: without --model it is the config's default, easy to mistake for a trained run.
-    name = cfg.model.name_or_path
-    shown = f"{name} ({cfg.model.tiny_dir})" if name == "tiny" else name
-    print(f"scoring model: {shown}", file=sys.stderr if args.json else sys.stdout, flush=True)
-    _quiet_transformers()
-    result = evaluate_config(cfg)
-    if args.json:
-        print(json.dumps(result.to_dict()))
+    target = args.run or (Path(args.model) if args.model and find_run(Path(args.model)) else None)
+    found = find_run(target) if target is not None else None
+    if target is not None and found is None:
+        raise FileNotFoundError(f"{target} is not a run directory (no config.toml) or a checkpoint inside one")
+    if found is not None:
+        if args.config is not None:
+            raise ValueError("eval RUN uses the run's own config.toml; drop --config (use --set to change a key)")
+        run, checkpoint = found
+        cfg = run_config(run, args.overrides)
+        what = f"run {run}, checkpoint {checkpoint.name if checkpoint else 'none (the starting model)'}"
     else:
-        line = f"accuracy (greedy) {result.accuracy:.3f}, reward {result.reward:.3f}"
+        overrides = list(args.overrides) + ([f'model.name_or_path="{args.model}"'] if args.model else [])
+        cfg = load_config(args.config, overrides)
+        # Say what is scored: without --model it is the config's default, easy to mistake for a trained run.
+        name = cfg.model.name_or_path
+        what = f"model {name} ({cfg.model.tiny_dir})" if name == "tiny" else f"model {name}"
+    out = sys.stderr if args.json else sys.stdout
+    print(f"scoring {what} on task {cfg.data.task_name}", file=out, flush=True)
+    _quiet_transformers()
+    result = evaluate_config(cfg, source=target)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "task": cfg.data.task_name}))
+    else:
+        parts = [f"{result.metric} {result.score:.3f}"]
+        if result.accuracy is not None and result.metric != "accuracy":
+            parts.append(f"accuracy (greedy) {result.accuracy:.3f}")
+        if result.metric != "reward":
+            parts.append(f"reward {result.reward:.3f}")
         if result.pass_at_k is not None:
-            line += f", pass@{result.k} {result.pass_at_k:.3f}"
-        print(f"{line} over {result.num_prompts} prompts")
+            parts.append(f"pass@{result.k} {result.pass_at_k:.3f}")
+        print(f"{', '.join(parts)} over {result.num_prompts} samples of task {cfg.data.task_name}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tandemrl.train.eval_run import export_run
+
+    _quiet_transformers()
+    checkpoint = export_run(args.run, args.out)
+    print(f"wrote {args.out} (from {checkpoint}; load it with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -148,28 +183,22 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def resolve_eval_model(model: str) -> str:
-    """`eval --model`: a run directory (it has `checkpoints/`) becomes its latest complete checkpoint; any
-    other name or path passes through unchanged."""
-    path = Path(model)
-    checkpoints = path / "checkpoints"
-    if not checkpoints.is_dir():
-        return model
-    from tandemrl.train.checkpoint import find_latest
-
-    latest = find_latest(checkpoints)
-    if latest is None:
-        raise FileNotFoundError(f"run directory {path} has no complete checkpoint under {checkpoints}")
-    return str(latest)
-
-
 def _serve(args: argparse.Namespace) -> int:
     from tandemrl.config import load_config
     from tandemrl.serve.server import ServeOptions, serve
 
-    cfg = load_config(args.config, list(args.overrides) + [f'model.name_or_path="{args.model}"'])
+    from tandemrl.train.eval_run import find_run, run_config
+
+    found = find_run(Path(args.model))
+    if found is not None:  # a run (its config; LoRA merged) or a checkpoint inside one
+        if args.config is not None:
+            raise ValueError("serve RUN uses the run's own config.toml; drop --config (use --set to change a key)")
+        cfg = run_config(found[0], args.overrides)
+    else:
+        cfg = load_config(args.config, list(args.overrides) + [f'model.name_or_path="{args.model}"'])
     _quiet_transformers()
-    serve(cfg, ServeOptions(args.host, args.port, args.served_model_name, args.log_level, args.allow_ipc))
+    serve(cfg, ServeOptions(args.host, args.port, args.served_model_name or (args.model if found else None),
+                            args.log_level, args.allow_ipc), checkpoint=found[1] if found else None)
     return 0
 
 

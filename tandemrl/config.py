@@ -58,13 +58,52 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str = "synthetic:add"  # "gsm8k", "arith2" or "synthetic:<add|copy|add2|peek>"
-    path: str | None = None  # local dir/file for gsm8k; None = the hub dataset
-    train_split: str = "train"
-    test_split: str = "test"
-    train_limit: int | None = Field(None, ge=1)
-    use_chat_template: bool = False
-    system_prompt: str | None = None
+    """The prompts: your own dataset (`data.path`) or a built-in task (`data.task`)."""
+
+    task: str | None = Field(None, description="a built-in task: `gsm8k` (GSM8K's rows, with its instruction and "
+                             "`####` answers), `arith2`, `synthetic:add|copy|add2|peek`; unset: your own dataset at "
+                             "`data.path` (both unset: `synthetic:add`, the offline demo)")
+    path: str | None = Field(None, description="your dataset: a .jsonl / .json / .parquet / .csv file, a folder of "
+                             "`<split>.jsonl`-style files or one saved by `datasets`, or a hub dataset id (the `data` "
+                             "extra); with `data.task = \"gsm8k\"`: where GSM8K is (unset: the hub's `openai/gsm8k`)")
+    test_path: str | None = Field(None, description="the test set, in any form `data.path` takes; unset: the "
+                                  "`data.test_split` of a folder or hub dataset, else a held-out `data.test_fraction`")
+    prompt_column: str = Field("prompt", min_length=1, description="the column holding the prompt: text, or a list "
+                               "of chat messages `[{role, content}]` rendered with the tokenizer's chat template; "
+                               "every other column reaches the reward functions by name")
+    subset: str | None = Field(None, description="a hub dataset's subset (its config name, e.g. `main`)")
+    train_split: str = Field("train", description="the split trained on (folders, saved datasets, hub datasets)")
+    test_split: str = Field("test", description="the split evaluated on, when the dataset has it")
+    test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="with no test set given: the fraction of the "
+                                 "training rows held out as the test set (at least one row); the run says so")
+    split_seed: int = Field(0, description="seed of the held-out split; apart from `train.seed` so that runs with "
+                            "different seeds are scored on the same rows")
+    train_limit: int | None = Field(None, ge=1, description="train on the first N rows only")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="the longest prompt allowed, in tokens; unset: "
+                                          "the model's context less `rollout.max_tokens`")
+    long_prompts: Literal["error", "skip"] = Field("error", description="a prompt over `data.max_prompt_tokens`: "
+                                                   "`error` names its row and stops; `skip` leaves it out and "
+                                                   "counts it")
+    use_chat_template: bool = Field(False, description="render text prompts as a user message with the "
+                                    "tokenizer's chat template (prompts given as messages always are)")
+    system_prompt: str | None = Field(None, description="a system message before each prompt (chat template only)")
+
+    @property
+    def task_name(self) -> str:
+        """The run's task: `task`, else `"dataset"` (your own, at `path`), else the offline demo."""
+        from tandemrl.data.loading import task_name
+
+        return task_name(self.task, self.path)
+
+    @model_validator(mode="after")
+    def _check_prompt_settings(self) -> DataConfig:
+        if self.system_prompt is not None and not self.use_chat_template and self.path is None:
+            raise ValueError("data.system_prompt needs data.use_chat_template = true (a system message only exists "
+                             "in the chat template)")
+        if self.task is not None and "prompt_column" in self.model_fields_set:
+            raise ValueError(f"data.prompt_column applies to your own dataset; data.task = {self.task!r} has its "
+                             "own columns: unset one of them")
+        return self
 
 
 class RolloutConfig(Section):
@@ -115,9 +154,37 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    # name (registered, or "package.module:function") -> weight
-    weights: dict[str, float] = {"accuracy": 1.0}
+    """The reward: a weighted sum of reward functions (TRL's contract), plus the inference-aware terms."""
+
+    functions: list[str] = Field(["accuracy"], description="reward functions: registered names (`accuracy`, "
+                                 "`format`, `length_penalty`, `tool_use`, `tool_errors`), `package.module:function` "
+                                 "or `path/to/file.py:function`; unset with `reward.weights` set: the keys of "
+                                 "`reward.weights`")
+    weights: dict[str, float] = Field({}, description="weight of each reward function by name (1.0 for a function "
+                                      "not listed here)")
     inference: InferenceRewardConfig = InferenceRewardConfig()
+
+    def components(self) -> dict[str, float]:
+        """name -> weight of every reward function the run calls."""
+        return {name: self.weights.get(name, 1.0) for name in self.functions}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _functions_from_weights(cls, data: Any) -> Any:
+        """`reward.weights` alone names the functions too (`{accuracy = 1.0, format = 0.1}`)."""
+        if isinstance(data, dict) and "functions" not in data and isinstance(data.get("weights"), dict):
+            data = {**data, "functions": list(data["weights"])}
+        return data
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> RewardConfig:
+        unused = [name for name in self.weights if name not in self.functions]
+        if unused:
+            raise ValueError(f"reward.weights names {unused[0]!r}, which is not in reward.functions "
+                             f"({', '.join(self.functions)}): add it there or remove its weight")
+        if not self.functions:
+            raise ValueError("no reward function: set reward.functions (e.g. [\"accuracy\"])")
+        return self
 
 
 class TrainConfig(Section):
@@ -160,11 +227,18 @@ class TrainConfig(Section):
 
 
 class EvalConfig(Section):
-    every_steps: int = Field(0, ge=0)  # 0 = only before the first and after the last update
-    limit: int | None = Field(200, ge=1)
-    pass_k: int = Field(4, ge=0)  # samples per prompt for pass@k; 0 disables
-    temperature: float = Field(1.0, ge=0.0)
-    batch_size: int = Field(256, ge=1)
+    """Evaluation on the test set: greedy completions (the metric, reward and accuracy) and pass@k."""
+
+    metric: str | None = Field(None, description="what the summary, the progress line, best-checkpoint selection "
+                               "and early stopping use: `accuracy`, `reward` (the weighted total) or the name of a "
+                               "reward function; unset: `accuracy` when the data has an `answer` column, else "
+                               "`reward`")
+    every_steps: int = Field(0, ge=0, description="evaluate every N steps; 0: only before the first and after the "
+                             "last update")
+    limit: int | None = Field(200, ge=1, description="score the first N test rows (unset: all)")
+    pass_k: int = Field(4, ge=0, description="samples per prompt for pass@k (needs an `answer` column); 0 disables")
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature of the pass@k samples")
+    batch_size: int = Field(256, ge=1, description="completions generated together")
     every_epochs: int = Field(0, ge=0, description="evaluate after every N-th epoch of the train set; 0 = off")
     early_stop_patience: int = Field(0, ge=0, description="stop after N epoch evaluations without a new best; 0 = off")
 
@@ -307,6 +381,14 @@ class Config(Section):
                 f"train.mini_batches={self.train.mini_batches} must divide rollout.prompts_per_step * "
                 f"rollout.group_size = {samples}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_effects(self) -> Config:
+        """Last: a key that is set but has no effect (its section switched off) is an error naming what to set."""
+        from tandemrl.config_effects import check_effects, preset_keys
+
+        check_effects(self, preset_keys(self))
         return self
 
 

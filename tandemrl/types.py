@@ -183,9 +183,12 @@ class Trajectory:
 
 @dataclass
 class Sample:
-    """One task item: the prompt text plus the columns rewards need (e.g. the gold answer)."""
+    """One task item: the prompt (text, or chat messages ``[{"role": ..., "content": ...}]``), the gold answer of
+    the built-in tasks (None for a user's dataset, whose columns hold whatever its rewards need) and the other
+    columns, which reach the reward functions by name. ``source`` names the file and row it came from."""
 
-    prompt: str
-    answer: str
+    prompt: str | list[dict[str, Any]]
+    answer: str | None = None
     index: int = 0
     columns: dict[str, Any] = field(default_factory=dict)
+    source: str = ""

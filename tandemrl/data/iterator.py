@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import zlib
 from typing import Any
@@ -70,7 +71,8 @@ class PromptIterator:
     def _fingerprint(self) -> int:
         crc = 0
         for s in self.samples:
-            crc = zlib.crc32(s.prompt.encode("utf-8", "replace") + b"\0", crc)
+            text = s.prompt if isinstance(s.prompt, str) else json.dumps(s.prompt, sort_keys=True)  # chat messages
+            crc = zlib.crc32(text.encode("utf-8", "replace") + b"\0", crc)
         return crc
 
     def state_dict(self) -> dict[str, Any]:

@@ -51,35 +51,38 @@ def format_prompt(sample: Sample, tokenizer: Any, use_chat_template: bool, syste
                   tools: list[dict[str, Any]] | None = None) -> str:
     """The text to generate from.
 
-    With ``use_chat_template`` the prompt becomes a user message (after an optional system message) rendered by
-    ``tokenizer.apply_chat_template(..., tokenize=False, add_generation_prompt=True)``. Without it the raw
-    ``sample.prompt`` is returned unchanged (``system_prompt`` is then not used). ``tools`` (JSON-schema
-    descriptions) go to the chat template, which describes them to the model (Qwen's templates do).
+    A prompt given as chat messages is always rendered by ``tokenizer.apply_chat_template(..., tokenize=False,
+    add_generation_prompt=True)`` (after ``system_prompt`` when the messages have no system message of their own).
+    A text prompt is returned unchanged, or with ``use_chat_template`` rendered as one user message the same way.
+    ``tools`` (JSON-schema descriptions) go to the chat template, which describes them to the model (Qwen's
+    templates do).
     """
-    if not use_chat_template:
-        return sample.prompt
+    conversational = isinstance(sample.prompt, list)
+    if not (use_chat_template or conversational):
+        return sample.prompt  # type: ignore[return-value]
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "use_chat_template is set but the tokenizer has no chat template; "
-            "set data.use_chat_template = false or use an instruct model's tokenizer"
-        )
-    messages = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": sample.prompt})
+        where = f"{sample.source}: the prompt is a list of chat messages, but" if conversational else \
+            "data.use_chat_template is set but"
+        raise ValueError(f"{where} the tokenizer has no chat template; use an instruct model's tokenizer"
+                         + ("" if conversational else " or set data.use_chat_template = false"))
+    messages = list(sample.prompt) if conversational else [{"role": "user", "content": sample.prompt}]
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
     extra = {"tools": tools} if tools else {}
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def reward_columns(samples: list[Sample]) -> dict[str, list[Any]]:
-    """Columns for reward functions, aligned with ``samples``: ``answer`` plus every key of ``Sample.columns``
-    (None where a sample lacks a key). Repeat each sample ``group_size`` times before calling for grouped
-    rollouts."""
+    """Columns for reward functions, aligned with ``samples``: every key of ``Sample.columns`` (None where a sample
+    lacks a key), and ``answer`` from ``Sample.answer`` for the built-in tasks. Repeat each sample ``group_size``
+    times before calling for grouped rollouts."""
     keys: dict[str, None] = {}
     for s in samples:
         keys.update(dict.fromkeys(s.columns))
-    keys.pop("answer", None)
-    columns: dict[str, list[Any]] = {"answer": [s.answer for s in samples]}
+    columns: dict[str, list[Any]] = {}
+    if any(s.answer is not None for s in samples):
+        keys.pop("answer", None)
+        columns["answer"] = [s.answer for s in samples]
     for key in keys:
         columns[key] = [s.columns.get(key) for s in samples]
     return columns

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import statistics
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +32,23 @@ class RewardResult:
         return [name for name, vals in self.components.items() if all(v is None for v in vals)]
 
 
+# Rewards beyond float32's range would overflow the advantages (computed in float32): such a value is handled like
+# NaN (the sample is left out of the update), not summed into an infinity or an OverflowError.
+MAX_REWARD_MAGNITUDE = 3.0e38
+
+
 class CompositeReward:
     """``components``: name -> (fn, weight). Calling it evaluates every component on the batch.
 
+    Each function is called as TRL calls reward functions: by keyword, ``fn(prompts=..., completions=...,
+    completion_ids=..., **columns)``; an ``async def`` function is awaited (all of them concurrently). A ``None``
+    value means that function abstains for that sample: its term is left out of that sample's sum, as in TRL. A
+    sample where every function abstains has no reward (None, left out of the update).
+
     A component that raises, returns the wrong number of values, or returns a non-number gives None for all its
-    samples, counts one error, and (the first time) leaves its traceback in ``first_traceback``. NaN/inf values
-    become None and are counted in ``nonfinite``.
+    samples, counts one error, and (the first time) leaves its traceback in ``first_traceback``; those samples have
+    no reward. NaN, infinite or overflowing values (beyond +-3e38) are counted in ``nonfinite`` and leave that
+    sample without a reward.
     """
 
     def __init__(self, components: dict[str, tuple[Callable[..., Any], float]]) -> None:
@@ -52,42 +65,43 @@ class CompositeReward:
     def names(self) -> list[str]:
         return list(self.components)
 
-    def __call__(
-        self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list[Any]] | None = None
-    ) -> RewardResult:
-        columns = dict(columns or {})
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list[Any]] | None = None,
+                 completion_ids: Sequence[list[int]] | None = None) -> RewardResult:
         n = len(completions)
-        if len(prompts) != n:
-            raise ValueError(f"{len(prompts)} prompts for {n} completions")
-        for key, column in columns.items():
-            if key in ("prompts", "completions"):
-                raise ValueError(f"column name {key!r} is reserved for the reward function arguments")
-            if len(column) != n:
-                raise ValueError(f"column {key!r} has {len(column)} values for {n} completions")
+        arguments = _arguments(prompts, completions, columns or {}, completion_ids)
+        outcomes = _call_all({name: fn for name, (fn, _) in self.components.items()}, arguments)
         values: dict[str, list[float | None]] = {}
         errors: dict[str, int] = {}
         first_traceback: str | None = None
         nonfinite_by: dict[str, int] = {}
-        for name, (fn, _) in self.components.items():
+        broken = [False] * n  # samples a component failed on (raised, NaN, overflow): they get no reward
+        for name, outcome in outcomes.items():
             try:
-                # fresh lists per component: one component mutating its inputs cannot affect the next
-                raw = fn(list(prompts), list(completions), **{k: list(v) for k, v in columns.items()})
-                values[name], bad = _check_values(name, raw, n)
-                if bad:
-                    nonfinite_by[name] = bad
-            except Exception:
-                values[name] = [None] * n
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                values[name], bad = _check_values(name, outcome, n)
+            except Exception as err:  # noqa: BLE001 - a failing user function must not stop the run
+                values[name], bad = [None] * n, []
                 errors[name] = errors.get(name, 0) + 1
+                broken = [True] * n
                 if first_traceback is None:
-                    first_traceback = f"reward component {name!r} failed:\n{traceback.format_exc()}"
-        total: list[float | None] = []
-        for i in range(n):
-            parts = [values[name][i] for name in self.components]
-            if any(v is None for v in parts):
-                total.append(None)
-            else:
-                total.append(sum(w * v for (_, w), v in zip(self.components.values(), parts)))
+                    trace = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+                    first_traceback = f"reward component {name!r} failed:\n{trace}"
+            for i in bad:
+                broken[i] = True
+            if bad:
+                nonfinite_by[name] = len(bad)
+        total = [None if broken[i] else self._weighted_sum(values, i) for i in range(n)]
+        overflowed = sum(1 for i, t in enumerate(total) if t is not None and not _usable(t))
+        total = [t if t is not None and _usable(t) else None for t in total]
+        if overflowed:
+            nonfinite_by["total"] = overflowed
         return RewardResult(total, values, errors, first_traceback, sum(nonfinite_by.values()), nonfinite_by)
+
+    def _weighted_sum(self, values: dict[str, list[float | None]], i: int) -> float | None:
+        """The weighted sum of the terms that did not abstain; None when all abstained."""
+        terms = [(w, values[name][i]) for name, (_, w) in self.components.items() if values[name][i] is not None]
+        return sum(w * v for w, v in terms) if terms else None
 
     @staticmethod
     def metrics(result: RewardResult) -> dict[str, float]:
@@ -95,28 +109,79 @@ class CompositeReward:
         return metrics(result)
 
 
-def _check_values(name: str, raw: Any, n: int) -> tuple[list[float | None], int]:
+def _arguments(prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list[Any]],
+               completion_ids: Sequence[list[int]] | None) -> dict[str, Any]:
+    n = len(completions)
+    if len(prompts) != n:
+        raise ValueError(f"{len(prompts)} prompts for {n} completions")
+    if completion_ids is not None and len(completion_ids) != n:
+        raise ValueError(f"{len(completion_ids)} completion_ids for {n} completions")
+    for key, column in columns.items():
+        if key in ("prompts", "completions", "completion_ids"):
+            raise ValueError(f"column name {key!r} is reserved for the reward function arguments")
+        if len(column) != n:
+            raise ValueError(f"column {key!r} has {len(column)} values for {n} completions")
+    ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in range(n)]
+    return {"prompts": list(prompts), "completions": list(completions), "completion_ids": ids, **columns}
+
+
+def _call_all(functions: dict[str, Callable[..., Any]], arguments: dict[str, Any]) -> dict[str, Any]:
+    """Each function's return value, or the exception it raised. Every call gets fresh lists, so that a function
+    mutating its inputs cannot affect the next; async functions run concurrently on one event loop."""
+    def fresh() -> dict[str, Any]:
+        return {k: list(v) for k, v in arguments.items()}
+
+    outcomes: dict[str, Any] = {}
+    pending: dict[str, Any] = {}
+    for name, fn in functions.items():
+        try:
+            result = fn(**fresh())
+        except Exception as err:  # noqa: BLE001
+            result = err
+        if inspect.isawaitable(result):
+            pending[name] = result
+        outcomes[name] = result
+    if pending:
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*pending.values(), return_exceptions=True)
+
+        outcomes.update(zip(pending, asyncio.run(gather())))
+    return outcomes
+
+
+def _usable(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= MAX_REWARD_MAGNITUDE
+
+
+def _check_values(name: str, raw: Any, n: int) -> tuple[list[float | None], list[int]]:
+    """The values as floats (None kept: abstention) and the indices of unusable ones (NaN, inf, overflow)."""
     if raw is None or isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__"):
         raise RewardComponentError(f"reward {name!r} returned {type(raw).__name__}, expected a list of {n} floats")
     raw = list(raw)
     if len(raw) != n:
         raise RewardComponentError(f"reward {name!r} returned {len(raw)} values for {n} completions")
     out: list[float | None] = []
-    nonfinite = 0
+    bad: list[int] = []
     for i, v in enumerate(raw):
         if v is None:
             out.append(None)
             continue
+        if isinstance(v, bool):
+            v = float(v)
         try:
             f = float(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError) as err:
+            if isinstance(err, OverflowError):  # an int too large for a float
+                out.append(None)
+                bad.append(i)
+                continue
             raise RewardComponentError(f"reward {name!r} returned a non-number at index {i}: {v!r}") from None
-        if math.isfinite(f):
+        if _usable(f):
             out.append(f)
         else:
             out.append(None)
-            nonfinite += 1
-    return out, nonfinite
+            bad.append(i)
+    return out, bad
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -138,16 +203,24 @@ def metrics(result: RewardResult) -> dict[str, float]:
     return out
 
 
-def build_reward(spec: dict[str, float]) -> CompositeReward:
-    """A CompositeReward from name -> weight; names are registered rewards or ``package.module:function``.
-    A ``module:function`` component is named after its function (the full string if that name is taken)."""
+def build_reward(spec: Mapping[str | Callable[..., Any], float]) -> CompositeReward:
+    """A CompositeReward from reward -> weight. A reward is a registered name, ``package.module:function``,
+    ``path/to/file.py:function`` or a callable. A loaded function is named after itself (``reward/<name>/mean``);
+    the full string where that name is taken."""
     if not spec:
-        raise ValueError("reward weights are empty; give at least one, e.g. {'accuracy': 1.0}")
+        raise ValueError("no reward function: give at least one, e.g. {'accuracy': 1.0}")
+    taken = {key for key in spec if isinstance(key, str)}
     components: dict[str, tuple[Callable[..., Any], float]] = {}
     for key, weight in spec.items():
         fn = resolve_reward(key)
-        name = key.rpartition(":")[2].rpartition(".")[2] if ":" in key else key
-        if name in components or name in spec and name != key:
-            name = key
+        name = _short_name(key)
+        if name in components or (name in taken and name != key):
+            name = key if isinstance(key, str) else f"{name}_{len(components)}"
         components[name] = (fn, weight)
     return CompositeReward(components)
+
+
+def _short_name(key: str | Callable[..., Any]) -> str:
+    if not isinstance(key, str):
+        return getattr(key, "__name__", type(key).__name__)
+    return key.rpartition(":")[2].rpartition(".")[2] if ":" in key else key

@@ -7,11 +7,14 @@ A completion may be a string or, in TRL's conversational form, a list of message
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tandemrl.rewards.math import answers_match, boxed_span, extract_answer, parse_number
@@ -139,7 +142,8 @@ def tool_error_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any
 
 
 def resolve_reward(name: str | RewardFn) -> RewardFn:
-    """A registered reward name, or ``"package.module:function"`` imported dynamically (a callable passes through)."""
+    """A registered reward name, ``"package.module:function"`` (imported; the working directory is searched too) or
+    ``"path/to/file.py:function"`` (loaded from that file); a callable passes through."""
     if callable(name):
         return name
     if not isinstance(name, str):
@@ -153,7 +157,7 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
             "or give your own as 'package.module:function'"
         )
     try:
-        module = _import_reward_module(module_name)
+        module = _load_reward_file(module_name) if _is_file(module_name) else _import_reward_module(module_name)
     except ImportError as err:
         raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {err}") from err
     obj: Any = module
@@ -164,6 +168,27 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
     if not callable(obj):
         raise ValueError(f"reward {name!r}: {attr!r} in {module_name!r} is not callable")
     return obj
+
+
+def _is_file(module_name: str) -> bool:
+    return module_name.endswith(".py") or "/" in module_name or os.sep in module_name
+
+
+def _load_reward_file(path_text: str) -> Any:
+    """A user's reward file, loaded as a module of its own (its name cannot shadow an installed module)."""
+    path = Path(os.path.expanduser(path_text)).resolve()
+    if not path.is_file():
+        raise ImportError(f"no such file: {path_text}")
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(f"tandemrl_user_reward_{path.stem}_{digest}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path_text} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - the user's file raised while loading: say where
+        raise ImportError(f"{path_text} raised {type(err).__name__}: {err}") from err
+    return module
 
 
 def _import_reward_module(module_name: str) -> Any:

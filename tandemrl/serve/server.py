@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -30,14 +31,16 @@ class ServeOptions:
     allow_ipc: bool = False
 
 
-def build_state(cfg: Config, served_name: str, allow_ipc: bool = False) -> ServerState:
-    """Model, tokenizer, engine (tandemrl's own, continuous batching) and its loop thread, not yet started."""
+def build_state(cfg: Config, served_name: str, allow_ipc: bool = False, checkpoint: Path | None = None) -> ServerState:
+    """Model, tokenizer, engine (tandemrl's own, continuous batching) and its loop thread, not yet started.
+    ``checkpoint``: a run's checkpoint (``cfg`` is that run's config); a LoRA adapter is merged into its base."""
     from tandemrl.backends.engine_backend import EngineBackend
     from tandemrl.models.load import resolve_device
-    from tandemrl.train.setup import load_policy, set_cpu_threads
+    from tandemrl.train.eval_run import load_merged
+    from tandemrl.train.setup import set_cpu_threads
 
     device = resolve_device(cfg.model.device)
-    model, tokenizer = load_policy(cfg.model, device)
+    model, tokenizer = load_merged(cfg, checkpoint, device)
     set_cpu_threads(cfg.model.cpu_threads, model, device)
     model.eval().requires_grad_(False)
     backend = EngineBackend(model, tokenizer, cfg.engine, device=device)
@@ -72,13 +75,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg: Config, options: ServeOptions) -> None:
+def serve(cfg: Config, options: ServeOptions, checkpoint: Path | None = None) -> None:
     import uvicorn
 
     from tandemrl.serve.app import build_app
 
     served = options.served_model_name or cfg.model.name_or_path
-    state = build_state(cfg, served, options.allow_ipc)
+    state = build_state(cfg, served, options.allow_ipc, checkpoint)
     state.loop.start()
     sock = bind_socket(options.host, options.port)
     host, port = sock.getsockname()[:2]

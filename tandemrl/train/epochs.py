@@ -25,16 +25,16 @@ def end_of_epoch(run: Run, state: TrainerState, writers: MultiWriter, display: T
     if every and epoch % every == 0:
         result = evaluate_now()
         writers.write(state.step, {**result.metrics(), "eval/epoch": epoch})
-        track_best(run, state, result.accuracy, display)
+        track_best(run, state, result.score, display)
 
 
-def track_best(run: Run, state: TrainerState, accuracy: float, display: TrainDisplay) -> None:
-    """A new best accuracy saves checkpoints/best/; ``eval.early_stop_patience`` evaluations without one stop the
-    run (``state.stopped_early``)."""
-    if state.best_eval is None or accuracy > state.best_eval:
-        state.best_eval, state.best_step, state.evals_since_best = accuracy, state.step, 0
+def track_best(run: Run, state: TrainerState, score: float, display: TrainDisplay) -> None:
+    """A new best ``eval.metric`` saves checkpoints/best/; ``eval.early_stop_patience`` evaluations without one
+    stop the run (``state.stopped_early``)."""
+    if state.best_eval is None or score > state.best_eval:
+        state.best_eval, state.best_step, state.evals_since_best = score, state.step, 0
         path = save_run(run, state, best=True)
-        display.print(f"step {state.step}: new best eval accuracy {accuracy:.4f}, saved {path}")
+        display.print(f"step {state.step}: new best eval {run.metric} {score:.4f}, saved {path}")
         return
     state.evals_since_best += 1
     patience = run.cfg.eval.early_stop_patience

@@ -38,8 +38,10 @@ from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import completion_logprobs
 from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
 from tandemrl.train.sample_log import show_completions
+from tandemrl.train.inputs import RunInputs, write_inline_datasets
 from tandemrl.train.setup import Run, TrainerState, build_run
-from tandemrl.train.state_io import check_out_dir, restore_run, save_run, write_run_config, write_summary
+from tandemrl.train.state_io import (check_out_dir, finished_message, read_summary, restore_run, save_run,
+                                     saved_eval, write_run_config, write_summary)
 from tandemrl.train.update import policy_update
 
 
@@ -47,30 +49,39 @@ class TrainingError(RuntimeError):
     pass
 
 
-def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | None = None) -> dict:
-    """One process, or one rank of a torchrun job (then rank 0 alone writes logs, summary and the console)."""
+def train(cfg: Config, out_dir: Path, resume: bool = False, console: Console | None = None,
+          inputs: RunInputs | None = None) -> dict:
+    """One process, or one rank of a torchrun job (then rank 0 alone writes logs, summary and the console).
+    ``inputs``: the Python API's objects (model, in-memory datasets, reward callables) beside the config."""
     with process_group(cfg) as rank:
-        return train_rank(cfg, out_dir, resume, console, rank)
+        return train_rank(cfg, out_dir, resume, console, rank, inputs)
 
 
-def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None, rank: RankInfo | None) -> dict:
+def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None, rank: RankInfo | None,
+               inputs: RunInputs | None = None) -> dict:
     main = rank is None or rank.is_main
     console = console or Console(quiet=not main)
     for note in check_run_extras(cfg):  # a missing optional package stops the run here, before anything is written
         console.print(note, style="yellow", markup=False)
     if main:
         check_out_dir(out_dir, resume)
-    run = build_run(cfg, out_dir, rank)  # data, model and task errors stop here, before the run directory is written
+    run = build_run(cfg, out_dir, rank, inputs)  # data, model, task errors stop here, before the run dir is written
+    state = starting_state(run, resume, console)  # a refused --resume stops here too: config.toml stays the run's
+    started = time.perf_counter() - state.seconds  # a resumed run's clock goes on from its checkpoint's total
+    if state.final_eval is not None and not _steps_left(run, state, started):  # --resume of a finished run
+        close_logs(run, MultiWriter([]))
+        return finished_run(run, state, console)
+    state.final_eval = None  # steps follow: the final evaluation runs again after them
     if main:
         write_run_config(out_dir, cfg)
-    state = starting_state(run, resume, console)
+        write_inline_datasets(out_dir, inputs)
+    announce_data(run, console)
     writers = make_writers(out_dir, cfg.log.tensorboard, cfg.log.wandb_project, cfg.model_dump()) if main \
         else MultiWriter([])
     # a resumed run rewrites the steps after its checkpoint; a fresh one (initial eval still to do) all of them
     for log in (writers, run.sample_log):
         if log is not None:
             log.truncate_after(state.step if state.initial_eval is not None else -1)
-    started = time.perf_counter() - state.seconds  # a resumed run's clock goes on from its checkpoint's total
     run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
@@ -97,6 +108,7 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
         raise KeyboardInterrupt
     final = run_evaluation(run, state)
     writers.write(state.step, final.metrics())
+    state.final_eval = final.to_dict()  # so that --resume of this run knows it is finished
     checkpoint(run, state, started)
     close_logs(run, writers)
     summary = build_summary(cfg, state, final, time.perf_counter() - started)
@@ -104,6 +116,33 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
         write_summary(out_dir, summary)
     print_summary(_headline(summary), console)
     return summary
+
+
+def announce_data(run: Run, console: Console) -> None:
+    """Say what the run is scored on, and what it left out: no metric should be read on other data than thought."""
+    console.print(f"test set: {run.test_origin}; {len(run.test_samples)} prompts scored by {run.metric} "
+                  "(eval.metric)", markup=False, soft_wrap=True)
+    if run.skipped_prompts:
+        console.print(f"[yellow]left out {run.skipped_prompts} rows whose prompt is over data.max_prompt_tokens = "
+                      f"{run.encoder.max_tokens} (data.long_prompts = 'skip')")
+
+
+def finished_run(run: Run, state: TrainerState, console: Console) -> dict:
+    """--resume of a finished run: one line, nothing written but a summary.json that a kill left missing."""
+    summary = read_summary(run.out_dir)
+    if summary is None:
+        summary = build_summary(run.cfg, state, saved_eval(state.final_eval), state.seconds)
+        if run.parallel.is_main:
+            write_summary(run.out_dir, summary)
+    console.print(finished_message(run.out_dir, run.cfg, state, summary), markup=False, highlight=False,
+                  soft_wrap=True)
+    return {**summary, "already_finished": True}
+
+
+def _steps_left(run: Run, state: TrainerState, started: float) -> bool:
+    """Whether the loop below would run a step (the same test)."""
+    cfg = run.cfg
+    return state.step < cfg.train.max_steps and not run.parallel.any(state.stopped_early or _out_of_time(cfg, started))
 
 
 def close_logs(run: Run, writers: MultiWriter) -> None:
@@ -169,7 +208,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **reward_metrics(scored.reward),
         **reward_stats(scored.reward.components, scored.reward.total, scored.group_ids),
         **clipped_ratio([r.finish_reason for r in scored.rollouts]),
-        "accuracy": sum(scored.correct) / len(scored.correct),
+        **({"accuracy": sum(scored.correct) / len(scored.correct)} if scored.correct is not None else {}),
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "rollouts_per_prompt/mean": len(scored.rollouts) / len(prompts),
@@ -234,7 +273,7 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
 def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
     was_training = run.model.training
     result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
-                      agent=run.agent)
+                      agent=run.agent, metric=run.metric)
     run.model.train(was_training)
     return result
 
@@ -244,22 +283,25 @@ def build_summary(cfg: Config, state: TrainerState, final: EvalResult, seconds: 
         "initial": state.initial_eval,
         "final": final.to_dict(),
         "steps": state.step,
-        "task": cfg.data.task,
+        "task": cfg.data.task_name,
+        "metric": final.metric,
         "seconds": round(seconds, 1),
     }
     if state.best_eval is not None:  # epoch evaluations ran: checkpoints/best/ holds the best one
-        summary["best_eval_accuracy"], summary["best_step"] = state.best_eval, state.best_step
+        summary["best_eval"], summary["best_step"] = state.best_eval, state.best_step
     if state.stopped_early:
         summary["stopped_early"] = True
-    if cfg.data.task.startswith("synthetic:"):
-        summary["chance_accuracy"] = synthetic_chance_accuracy(cfg.data.task.split(":", 1)[1])
+    if cfg.data.task_name.startswith("synthetic:"):
+        summary["chance_accuracy"] = synthetic_chance_accuracy(cfg.data.task_name.split(":", 1)[1])
     return summary
 
 
 def _headline(summary: dict) -> dict:
     """What the closing table shows: the scores side by side, then the run's facts."""
     def scores(result: dict) -> dict:
-        named = {"accuracy": result["accuracy"], "reward": result["reward"]}
+        named = {result["metric"]: result["score"], "reward": result["reward"]}
+        if result["accuracy"] is not None:
+            named["accuracy"] = result["accuracy"]
         if result.get("pass_at_k") is not None:
             named[f"pass@{result['k']}"] = result["pass_at_k"]
         return named

@@ -22,26 +22,53 @@ from tandemrl.rollout.trajectory import TrajectorySpec
 from tandemrl.types import Request, Rollout, Sample, SamplingParams, Trajectory
 
 
+class PromptTooLong(ValueError):
+    """A prompt over the run's token limit; the message names its row."""
+
+
 @dataclass
 class PromptEncoder:
-    """Turns task samples into prompt token ids, with or without the model's chat template."""
+    """Turns task samples into prompt token ids, with or without the model's chat template. ``max_tokens``: the
+    longest prompt allowed (None: no limit); a longer one raises :class:`PromptTooLong` naming its row, after
+    tokenising at most ``max_tokens * max_chars_per_token`` characters of it."""
 
     tokenizer: object
     use_chat_template: bool
     system_prompt: str | None
     tools: list[dict[str, Any]] = field(default_factory=list)  # described through the chat template
+    max_tokens: int | None = None
+    max_chars_per_token: int = 64
 
     def encode(self, sample: Sample) -> tuple[str, list[int]]:
         text = format_prompt(sample, self.tokenizer, self.use_chat_template, self.system_prompt, self.tools)
+        templated = self.use_chat_template or isinstance(sample.prompt, list)
+        if self.max_tokens is not None and len(text) > self.max_tokens * self.max_chars_per_token:
+            raise PromptTooLong(f"{sample.source or f'sample {sample.index}'}: the prompt has {len(text):,} "
+                                f"characters, far over data.max_prompt_tokens = {self.max_tokens}")
         # A chat template already carries the special tokens it needs.
-        ids = self.tokenizer(text, add_special_tokens=not self.use_chat_template)["input_ids"]
-        return text, list(ids)
+        ids = list(self.tokenizer(text, add_special_tokens=not templated)["input_ids"])
+        if self.max_tokens is not None and len(ids) > self.max_tokens:
+            raise PromptTooLong(f"{sample.source or f'sample {sample.index}'}: the prompt has {len(ids):,} tokens, "
+                                f"more than data.max_prompt_tokens = {self.max_tokens}")
+        return text, ids
 
 
-def prompt_encoder(cfg: Config, tokenizer: object, agent: AgentLoop | None) -> PromptEncoder:
-    """The run's prompt encoder; with tools, the chat template describes them to the model."""
+def prompt_encoder(cfg: Config, tokenizer: object, agent: AgentLoop | None, context: int | None = None) -> PromptEncoder:
+    """The run's prompt encoder; with tools, the chat template describes them to the model. ``context``: the
+    model's context length (``max_position_embeddings``); the prompt limit is ``data.max_prompt_tokens``, else the
+    context less ``rollout.max_tokens``."""
     tools = agent.tools.describe() if agent is not None else []
-    return PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt, tools)
+    limit = cfg.data.max_prompt_tokens
+    if limit is None and context is not None:
+        limit = max(1, context - cfg.rollout.max_tokens)
+    return PromptEncoder(tokenizer, cfg.data.use_chat_template, cfg.data.system_prompt, tools, limit,
+                         longest_token_chars(tokenizer))
+
+
+def longest_token_chars(tokenizer: object) -> int:
+    """The most characters one token can stand for (a bound for rejecting a huge prompt before tokenising it)."""
+    vocab = getattr(tokenizer, "get_vocab", lambda: {})()
+    return max((len(t) for t in vocab), default=64) or 64
 
 
 @dataclass
@@ -50,7 +77,7 @@ class ScoredRollouts:
     prompts: list[str]
     rollouts: list[Rollout]
     reward: RewardResult
-    correct: list[bool]
+    correct: list[bool] | None  # the built-in accuracy, where the data has an `answer` column
     group_ids: list[int]  # the position of each rollout's prompt in the batch: its GRPO group
     trajectories: list[Trajectory] | None = None  # multi-turn rollouts (tools); None for single-turn ones
 
@@ -83,18 +110,29 @@ def generate_and_score(
         requests = [Request(f"{tag}-{i}-{j}", encoded[i][1], params, tandem=tandem)
                     for i, n in enumerate(counts) for j in range(n)]
         rollouts = backend.generate(requests, policy_version=policy_version)
-        completions = [r.text for r in rollouts]
+        texts = [r.text for r in rollouts]
     else:
         trajectories = run_agent(backend, agent, samples, encoded, params, counts, policy_version, tag)
         rollouts = [t.rollout for t in trajectories]
-        completions = [t.final_text for t in trajectories]  # the answer; the rest is in the columns below
+        texts = [t.final_text for t in trajectories]  # the answer; the rest is in the columns below
         columns.update(trajectory_columns(trajectories))
-    result = reward(prompts, completions, columns)
+    # TRL's contract: the dataset's own prompts, and completions as messages when the prompts are messages
+    raw_prompts = [s.prompt for s in expanded]
+    completions = [as_completion(text, s.prompt) for text, s in zip(texts, expanded)]
+    result = reward(raw_prompts, completions, columns, completion_ids=[r.completion_ids for r in rollouts])
     if inference is not None:
         result = inference(result, rollouts)
-    accuracy = REWARD_FUNCTIONS["accuracy"](prompts, completions, **columns)
-    correct = [a == 1.0 for a in accuracy]
+    correct = None
+    if "answer" in columns:
+        accuracy = REWARD_FUNCTIONS["accuracy"](prompts=raw_prompts, completions=completions, **columns)
+        correct = [a == 1.0 for a in accuracy]
     return ScoredRollouts(expanded, prompts, rollouts, result, correct, group_ids, trajectories)
+
+
+def as_completion(text: str, prompt: Any) -> Any:
+    """A completion as reward functions get it: text, or ``[{"role": "assistant", "content": text}]`` when the
+    prompt was chat messages (TRL's conversational format)."""
+    return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
 
 
 def run_agent(backend: RolloutBackend, agent: AgentLoop, samples: list[Sample], encoded: list[tuple[str, list[int]]],

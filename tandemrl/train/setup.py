@@ -6,6 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +16,7 @@ from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config, ModelConfig
 from tandemrl.curriculum import Curriculum
 from tandemrl.data.iterator import PromptIterator
-from tandemrl.data.tasks import load_task
+from tandemrl.data.loading import check_batch_fits
 from tandemrl.distributed.env import RankInfo
 from tandemrl.distributed.launch import make_parallel
 from tandemrl.distributed.parallel import Parallel, SingleProcess
@@ -27,6 +28,8 @@ from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.setup import build_agent
 from tandemrl.sync.base import InProcessSync, WeightSync
 from tandemrl.sync.factory import make_weight_sync
+from tandemrl.train.metric import resolve_metric
+from tandemrl.train.inputs import RunInputs, fitting_prompts, has_answer, reward_spec, run_data
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder, prompt_encoder
 from tandemrl.train.sample_log import SampleLog
@@ -45,10 +48,11 @@ class TrainerState:
     data: dict = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the run up to this checkpoint, summed over every resume
     curriculum: dict = field(default_factory=dict)  # Curriculum.state_dict(): EMA, buckets, rollouts per sample
-    best_eval: float | None = None  # the best epoch evaluation's accuracy so far
+    best_eval: float | None = None  # the best epoch evaluation's eval.metric so far
     best_step: int | None = None
     evals_since_best: int = 0  # epoch evaluations since the best one
     stopped_early: bool = False
+    final_eval: dict | None = None  # the final evaluation, once the run has finished
 
 
 @dataclass
@@ -75,28 +79,45 @@ class Run:
     engine_weights: Any = None  # torchrun: WeightGather, refreshing engine_model from the shards after updates
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
     sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
+    test_origin: str = ""  # where the test samples come from, in words (the run says so at its start)
+    metric: str = "accuracy"  # eval.metric, resolved
+    skipped_prompts: int = 0  # rows left out for a prompt over data.max_prompt_tokens (data.long_prompts = "skip")
 
 
 def default_out_dir(cfg: Config) -> Path:
-    task = cfg.data.task.replace(":", "-")
+    task = cfg.data.task_name.replace(":", "-")
     return Path("runs") / f"{task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def load_policy(cfg: ModelConfig, device: torch.device) -> tuple[nn.Module, object]:
-    path = resolve_name_or_path(cfg.name_or_path, tiny_dir=cfg.tiny_dir, tiny_seed=cfg.tiny_seed)
-    model = load_model(
-        path, dtype=cfg.dtype, device=device, gradient_checkpointing=cfg.gradient_checkpointing,
-        attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
-    )
-    tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
-    if path.lower().endswith(".gguf"):  # the tokenizer's eos may have been fixed; HF generate reads the model's
-        from tandemrl.models.gguf import align_generation_eos
+def load_policy(cfg: ModelConfig, device: torch.device, inputs: RunInputs | None = None) -> tuple[nn.Module, object]:
+    """The model to train and its tokenizer: ``inputs.model`` (the Python API's object) or ``cfg.name_or_path``;
+    with ``cfg.lora.enabled`` wrapped in a fresh LoRA adapter."""
+    if inputs is not None and inputs.model is not None:
+        model = inputs.model.to(device)
+        tokenizer = inputs.tokenizer or load_tokenizer(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        path = resolve_name_or_path(cfg.name_or_path, tiny_dir=cfg.tiny_dir, tiny_seed=cfg.tiny_seed)
+        model = load_model(
+            path, dtype=cfg.dtype, device=device, gradient_checkpointing=cfg.gradient_checkpointing,
+            attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
+        )
+        tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
+        if path.lower().endswith(".gguf"):  # the tokenizer's eos may have been fixed; HF generate reads the model's
+            from tandemrl.models.gguf import align_generation_eos
 
-        align_generation_eos(model, tokenizer)
+            align_generation_eos(model, tokenizer)
     if cfg.lora.enabled:
         lora = cfg.lora
         model = apply_lora(model, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.target_modules)))
     return model, tokenizer
+
+
+def model_context(model: nn.Module) -> int | None:
+    """The model's context length (``max_position_embeddings``), where its config says."""
+    config = getattr(model, "config", None)
+    return getattr(config, "max_position_embeddings", None)
 
 
 SMALL_MODEL_PARAMETERS = 50_000_000
@@ -137,16 +158,15 @@ def load_frozen(cfg: Config, device: torch.device) -> nn.Module | None:
     return frozen.eval().requires_grad_(False)
 
 
-def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None) -> Run:
+def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: RunInputs | None = None) -> Run:
     """`rank` (under torchrun): the model is sharded with FSDP2 and the engine decodes a full replica of it."""
+    inputs = inputs or RunInputs()
     torch.manual_seed(cfg.train.seed)
     device = rank.device if rank is not None else resolve_device(cfg.model.device)
-    train_samples = load_task(cfg.data.task, cfg.data.train_split, path=cfg.data.path,
-                              limit=cfg.data.train_limit, seed=cfg.train.seed)
-    test_samples = load_task(cfg.data.task, cfg.data.test_split, path=cfg.data.path,
-                             limit=cfg.eval.limit, seed=cfg.train.seed)
-    reward = build_reward(cfg.reward.weights)
-    model, tokenizer = load_policy(cfg.model, device)
+    data = run_data(cfg, inputs)
+    reward = build_reward(reward_spec(cfg, inputs))
+    metric = resolve_metric(cfg.eval.metric, reward.names, has_answer(data.test))
+    model, tokenizer = load_policy(cfg.model, device, inputs)
     set_cpu_threads(cfg.model.cpu_threads, model, device)
     model.train()
     # With LoRA the reference is the base model (adapter disabled); otherwise a frozen copy.
@@ -155,7 +175,8 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None) -> Run:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     engine_model, engine_weights = model, None
     if rank is not None:
-        from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
+        from tandemrl.distributed.fsdp import WeightGather, plain_replica
+        from tandemrl.train.sharding import shard_model
 
         engine_model = plain_replica(model)  # before sharding: it starts with the full weights
         shard_model(model)
@@ -164,12 +185,16 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None) -> Run:
     backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device))
     agent = build_agent(cfg, backend, tokenizer)
+    encoder = prompt_encoder(cfg, tokenizer, agent, context=model_context(model))
+    train_samples, skipped = fitting_prompts(encoder, data.train, cfg.data.long_prompts)
+    test_samples, skipped_test = fitting_prompts(encoder, data.test, cfg.data.long_prompts)
+    check_batch_fits(train_samples, cfg.rollout.prompts_per_step, "the prompts that fit data.max_prompt_tokens")
     sync = make_weight_sync(cfg, out_dir)
     if hasattr(backend, "resync"):  # a server that comes back at an old version gets the weights again
         backend.resync = lambda version: sync.push(model, version)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,
-        encoder=prompt_encoder(cfg, tokenizer, agent),
+        encoder=encoder, test_origin=data.test_origin, metric=metric, skipped_prompts=skipped + skipped_test,
         backend=backend, sync=sync,
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),

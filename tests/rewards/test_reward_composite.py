@@ -32,7 +32,7 @@ def test_weighted_total_and_columns_passed():
     result = reward(["p", "q"], ["xx", "yyyy"], {"answer": ["1", "2"]})
     assert result.total == [3.0, 4.0]
     assert result.components == {"a": [1.0, 1.0], "len": [2.0, 4.0]}
-    assert seen == {"answer": ["1", "2"]}
+    assert seen == {"answer": ["1", "2"], "completion_ids": [[], []]}
     assert result.errors == {} and result.first_traceback is None and result.nonfinite == 0
 
 
@@ -70,7 +70,7 @@ def test_wrong_length_and_non_numbers_are_errors():
     def words(prompts, completions, **kwargs):
         return ["high"] * len(completions)
 
-    reward = CompositeReward({"short": (short, 1.0), "words": (words, 1.0), "scalar": (lambda p, c, **k: 1.0, 1.0)})
+    reward = CompositeReward({"short": (short, 1.0), "words": (words, 1.0), "scalar": (lambda prompts, completions, **k: 1.0, 1.0)})
     result = reward(["p", "p"], ["a", "b"], {})
     assert result.errors == {"short": 1, "words": 1, "scalar": 1}
     assert "returned 1 values for 2 completions" in result.first_traceback
@@ -110,7 +110,7 @@ def test_build_reward_name_clash_keeps_full_name():
 
 
 def test_build_reward_errors():
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="no reward function"):
         build_reward({})
     with pytest.raises(ValueError, match="unknown reward"):
         build_reward({"acuracy": 1.0})

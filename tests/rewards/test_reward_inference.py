@@ -19,7 +19,7 @@ def rollout(latency_s, tokens, peak_blocks, drafted, accepted, cached, prompt=8,
 
 
 def task_reward(values):
-    return CompositeReward({"accuracy": (lambda p, c, **k: list(values), 1.0)})
+    return CompositeReward({"accuracy": (lambda prompts, completions, **k: list(values), 1.0)})
 
 
 def test_the_composite_reward_equals_a_hand_computation():

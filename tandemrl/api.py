@@ -1,0 +1,167 @@
+"""The Python API: ``Trainer(model=..., train_dataset=..., reward_funcs=[...]).train()``.
+
+The CLI is a thin layer over it. Nothing global: each Trainer holds its own config, model and data, so two trainers
+in one process do not see each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tandemrl.config import Config, ConfigError, load_config, validate_config
+from tandemrl.train.inputs import INLINE_REWARD, RunInputs, inline_data_path, reward_record
+
+ConfigLike = Config | Mapping[str, Any] | str | os.PathLike | None
+RewardLike = str | Callable[..., Any]
+
+
+class Trainer:
+    """GRPO on a model, a dataset and reward functions.
+
+    Args:
+        model: a hub id, a local directory, a ``.gguf`` file, ``"tiny"`` (the offline test model) or a
+            transformers ``PreTrainedModel`` (then pass its ``tokenizer`` too, unless its ``name_or_path`` has one).
+            None: the config's ``model.name_or_path``.
+        train_dataset: a .jsonl/.json/.parquet/.csv file, a folder (``<split>.jsonl`` files, or saved by
+            ``datasets``), a hub dataset id, a list of dicts or a ``datasets.Dataset``. Each row has a ``prompt``
+            (text, or a list of chat messages) and any other columns, which reach the reward functions by name.
+            None: the config's ``data.path`` / ``data.task``.
+        reward_funcs: reward functions with TRL's contract (``fn(prompts, completions, completion_ids, **columns)
+            -> list[float | None]``, called by keyword; ``async def`` allowed), registered names such as
+            ``"accuracy"``, ``"module:function"`` or ``"path/to/file.py:function"``. None: ``reward.functions``.
+        reward_weights: one weight per reward function (default 1.0 each), as TRL's ``reward_weights``.
+        eval_dataset: the test set, in any form ``train_dataset`` takes. None: the dataset's test split, else a
+            held-out ``data.test_fraction`` of ``train_dataset``.
+        config: a :class:`Config`, a dict of settings (nested ``{"train": {"lr": 1e-5}}`` or dotted
+            ``{"train.lr": 1e-5}``), or the path of a TOML file. The arguments above override it.
+        out_dir: the run directory (default ``runs/<task>-<time>``).
+    """
+
+    def __init__(self, model: Any = None, train_dataset: Any = None, reward_funcs: Sequence[RewardLike] | None = None,
+                 *, reward_weights: Sequence[float] | None = None, eval_dataset: Any = None,
+                 config: ConfigLike = None, out_dir: str | os.PathLike | None = None, tokenizer: Any = None) -> None:
+        from tandemrl.train.setup import default_out_dir
+
+        raw = _raw_config(config)
+        out = Path(out_dir) if out_dir is not None else None
+        self.inputs = RunInputs(tokenizer=tokenizer)
+        _set_model(raw, self.inputs, model)
+        self.config = validate_config(raw)  # the out dir's default names the task: validate once without data
+        self.out_dir = out or (Path(self.config.log.out_dir) if self.config.log.out_dir else
+                               default_out_dir(self.config))
+        _set_data(raw, self.inputs, train_dataset, eval_dataset, self.out_dir)
+        _set_rewards(raw, self.inputs, reward_funcs, reward_weights)
+        self.config = validate_config(raw)
+
+    def train(self, resume: bool = False) -> dict:
+        """Run GRPO; returns the summary (also in ``out_dir/summary.json``): the initial and final evaluations,
+        steps, seconds. ``resume``: continue the run in ``out_dir`` from its latest checkpoint."""
+        from tandemrl.train.loop import train
+
+        return train(self.config, self.out_dir, resume=resume, inputs=self.inputs)
+
+    def evaluate(self, dataset: Any = None, checkpoint: str | os.PathLike | None = None) -> dict:
+        """Score a model on ``dataset`` (default: the run's test set): the eval.metric, accuracy (where the data has
+        an ``answer`` column), reward and its functions, pass@k. ``checkpoint``: a checkpoint directory or this
+        run's directory (its latest checkpoint); default: the run's latest checkpoint if it has one, else the
+        starting model."""
+        from tandemrl.train.eval_run import evaluate_config
+
+        inputs = self.inputs
+        if dataset is not None:
+            inputs = RunInputs(inputs.model, inputs.tokenizer, inputs.train_dataset, dataset, inputs.reward_funcs)
+        source = Path(checkpoint) if checkpoint is not None else self.out_dir
+        return evaluate_config(self.config, inputs, source).to_dict()
+
+
+def _raw_config(config: ConfigLike) -> dict[str, Any]:
+    """The user's keys as nested dicts (not yet validated): arguments are merged in before validation."""
+    if config is None:
+        return {}
+    if isinstance(config, Config):
+        return config.model_dump(exclude_unset=True)
+    if isinstance(config, (str, os.PathLike)):
+        load_config(config)  # a clear error for a missing or invalid file
+        import tomllib
+
+        return tomllib.loads(Path(config).read_text())
+    if isinstance(config, Mapping):
+        raw: dict[str, Any] = {}
+        for key, value in config.items():
+            _set(raw, key, value)
+        return raw
+    raise ConfigError(f"config must be a Config, a dict or a TOML file path; got {type(config).__name__}")
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *sections, name = dotted.split(".")
+    node = raw
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key {dotted!r}: {section!r} is a value, not a section")
+    if isinstance(value, Mapping) and isinstance(node.get(name), dict):
+        for key, inner in value.items():
+            _set(node[name], key, inner)
+    else:
+        node[name] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _set_model(raw: dict[str, Any], inputs: RunInputs, model: Any) -> None:
+    if model is None:
+        return
+    if isinstance(model, (str, os.PathLike)):
+        _set(raw, "model.name_or_path", str(model))
+        return
+    if not hasattr(model, "config") or not hasattr(model, "forward"):
+        raise TypeError(f"model must be a hub id, a path or a transformers PreTrainedModel; got {type(model).__name__}")
+    inputs.model = model
+    _set(raw, "model.name_or_path", getattr(model, "name_or_path", "") or type(model).__name__)
+
+
+def _set_data(raw: dict[str, Any], inputs: RunInputs, train: Any, test: Any, out_dir: Path) -> None:
+    for key, split, dataset in (("data.path", "train", train), ("data.test_path", "test", test)):
+        if dataset is None:
+            continue
+        if isinstance(dataset, (str, os.PathLike)):
+            _set(raw, key, str(dataset))
+            continue
+        _check_serializable(dataset, f"{split} dataset")
+        setattr(inputs, "train_dataset" if split == "train" else "eval_dataset", dataset)
+        _set(raw, key, str(inline_data_path(out_dir, split).resolve()))  # the run keeps a copy there
+
+
+def _check_serializable(rows: Any, what: str) -> None:
+    for i, row in enumerate(rows, start=1):
+        try:
+            json.dumps(dict(row))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{what}, row {i}: cannot be saved as JSON with the run ({err}); give the dataset as a "
+                             "file, or keep its columns to text, numbers, lists and dicts") from None
+
+
+def _set_rewards(raw: dict[str, Any], inputs: RunInputs, funcs: Sequence[RewardLike] | None,
+                 weights: Sequence[float] | None) -> None:
+    if funcs is None:
+        if weights is not None:
+            raise ValueError("reward_weights needs reward_funcs: one weight per reward function")
+        return
+    if isinstance(funcs, (str, bytes)) or callable(funcs):
+        funcs = [funcs]  # type: ignore[list-item]
+    if weights is not None and len(weights) != len(funcs):
+        raise ValueError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs")
+    names = []
+    for fn in funcs:
+        name = fn if isinstance(fn, str) else reward_record(fn)
+        if name in names:
+            name = f"{INLINE_REWARD}{len(names)}-{getattr(fn, '__name__', 'reward')}"
+        if not isinstance(fn, str):
+            inputs.reward_funcs[name] = fn
+        names.append(name)
+    section = raw.setdefault("reward", {})
+    section["functions"] = names  # the arguments replace the config's reward functions and weights
+    section["weights"] = dict(zip(names, weights)) if weights is not None else {}
