@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+import tomllib
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from tandemrl.config import Config, config_to_toml
-from tandemrl.train.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from tandemrl.train.checkpoint import CheckpointError, find_latest, load_checkpoint, save_checkpoint
+from tandemrl.train.evaluate import EvalResult
 from tandemrl.train.setup import Run, TrainerState
 
 
@@ -35,8 +37,8 @@ def save_run(run: Run, state: TrainerState, best: bool = False) -> Path:
     """The whole trainer state into checkpoints/ (or, ``best``, into checkpoints/best/, keeping one)."""
     state.data = run.train_prompts.state_dict()
     state.curriculum = run.curriculum.state_dict() if run.curriculum is not None else {}
-    if run.engine_model is not None:  # torchrun: a collective save of the shards (tandemrl/distributed/checkpoint.py)
-        from tandemrl.distributed.checkpoint import save_distributed
+    if run.engine_model is not None:  # torchrun: a collective save of the shards (distributed_checkpoint.py)
+        from tandemrl.train.distributed_checkpoint import save_distributed
 
         root = run.out_dir / "checkpoints"
         return save_distributed(
@@ -52,12 +54,27 @@ def save_run(run: Run, state: TrainerState, best: bool = False) -> Path:
     )
 
 
+class ResumeRefused(ValueError):
+    """--resume with a config the checkpoint does not fit; raised before anything in the run directory changes."""
+
+
 def restore_run(run: Run) -> TrainerState | None:
-    """The state of the latest complete checkpoint, loaded into `run`; None if no save ever finished."""
+    """The state of the latest complete checkpoint, loaded into `run`; None if no save ever finished. A checkpoint
+    that does not fit the config raises ResumeRefused, naming the keys that differ from the run's config.toml."""
     path = find_latest(run.out_dir / "checkpoints")
     if path is None:
         return None
-    from tandemrl.distributed.checkpoint import load_distributed, require_distributed_format
+    try:
+        return _restore(run, path)
+    except (ValueError, CheckpointError) as exc:
+        changed = changed_keys(run.out_dir / "config.toml", run.cfg)
+        differs = f"; keys that differ from {run.out_dir / 'config.toml'}: {changed}" if changed else ""
+        raise ResumeRefused(f"cannot resume {run.out_dir} from {path.name}: {exc}{differs}; nothing was changed "
+                            "(resume without the --set/--config that changed them)") from exc
+
+
+def _restore(run: Run, path: Path) -> TrainerState:
+    from tandemrl.train.distributed_checkpoint import load_distributed, require_distributed_format
 
     if run.engine_model is not None:
         raw = load_distributed(path, parallel=run.parallel, model=run.model, optimizer=run.optimizer,
@@ -71,6 +88,60 @@ def restore_run(run: Run) -> TrainerState | None:
     if run.curriculum is not None and state.curriculum:
         run.curriculum.load_state_dict(state.curriculum)
     return state
+
+
+def changed_keys(saved: Path, cfg: Config, show: int = 5) -> str:
+    """'data.task ('synthetic:add' -> 'synthetic:copy'), ...': where `cfg` differs from the config file `saved`."""
+    try:
+        before = _flatten(tomllib.loads(saved.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return ""
+    now = _flatten(tomllib.loads(config_to_toml(cfg)))
+    diffs = [f"{key} ({before.get(key, 'unset')!r} -> {now.get(key, 'unset')!r})"
+             for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]
+    return ", ".join(diffs[:show]) + (f" and {len(diffs) - show} more" if len(diffs) > show else "")
+
+
+def _flatten(table: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def finished_message(out_dir: Path, cfg: Config, state: TrainerState, summary: dict) -> str:
+    """What --resume of a finished run says (it changes nothing), and how to train on."""
+    if state.stopped_early:
+        why, more = "it stopped early (eval.early_stop_patience)", "raise eval.early_stop_patience"
+    elif state.step >= cfg.train.max_steps:
+        why, more = f"train.max_steps = {cfg.train.max_steps}", f"--set train.max_steps=N (N > {state.step})"
+    else:
+        why, more = f"train.max_minutes = {cfg.train.max_minutes} is spent", "raise train.max_minutes"
+    metric = summary.get("metric", "accuracy")
+    scores = " -> ".join(_score(summary.get(when) or {}, metric) for when in ("initial", "final"))
+    return (f"{out_dir} is already finished at step {state.step} ({why}; {metric} {scores}): nothing to do; "
+            f"to train on, resume with {more}")
+
+
+def _score(result: dict, metric: str) -> str:
+    value = result.get("score", result.get(metric))
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "?"
+
+
+def saved_eval(saved: dict) -> EvalResult:
+    """An EvalResult from its to_dict() (which may add derived keys, such as the score)."""
+    names = {f.name for f in fields(EvalResult)}
+    return EvalResult(**{key: value for key, value in saved.items() if key in names})
+
+
+def read_summary(out_dir: Path) -> dict | None:
+    try:
+        return json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def write_summary(out_dir: Path, summary: dict) -> None:
