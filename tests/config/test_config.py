@@ -187,11 +187,12 @@ def test_numbers_refuse_strings_non_finite_values_and_booleans_inside_lists(over
 
 
 def test_numbers_that_stay_valid_after_the_strict_check():
-    cfg = load_config(None, ["train.lr=1", "engine.block_size=16.0", "tandem.p=1", "train.adam_betas=[1, 0.5]",
-                             'curriculum.bandwidth="silverman"', "model.lora.enabled=true", "train.max_minutes=2"])
+    cfg = load_config(None, ["train.lr=1", "engine.block_size=16.0", "tandem.enabled=true", "tandem.p=1",
+                             "train.adam_betas=[1, 0.5]", "curriculum.enabled=true", 'curriculum.bandwidth="silverman"',
+                             "model.lora.enabled=true", "train.max_minutes=2"])
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float) and cfg.engine.block_size == 16
     assert cfg.train.adam_betas == (1.0, 0.5) and cfg.curriculum.bandwidth == "silverman"
-    assert load_config(None, ["curriculum.bandwidth=0.3"]).curriculum.bandwidth == 0.3
+    assert load_config(None, ["curriculum.enabled=true", "curriculum.bandwidth=0.3"]).curriculum.bandwidth == 0.3
     again = Config.model_validate(cfg.model_dump())  # the resolved config (config.toml) validates again
     assert again == cfg
     with pytest.raises(ValueError, match=r"lr[\s\S]*boolean"):
