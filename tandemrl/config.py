@@ -391,14 +391,6 @@ class Config(Section):
         check_effects(self, preset_keys(self))
         return self
 
-    @model_validator(mode="after")
-    def _check_effects(self) -> Config:
-        """Last: a key that is set but has no effect (its section switched off) is an error naming what to set."""
-        from tandemrl.config_effects import check_effects, preset_keys
-
-        check_effects(self, preset_keys(self))
-        return self
-
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a TOML file (optional), apply `a.b=c` overrides, validate everything."""

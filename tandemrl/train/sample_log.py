@@ -36,7 +36,8 @@ def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
         row: Row = {
             "sample": sample.index, "group": scored.group_ids[i], "tokens": len(rollout.completion_ids),
             "finish_reason": rollout.finish_reason,
-            "correct": int(scored.correct[i]), "latency_ms": 1000.0 * stats.latency, "kv_mb": stats.peak_kv_mb,
+            "correct": None if scored.correct is None else int(scored.correct[i]),  # None: no `answer` column
+            "latency_ms": 1000.0 * stats.latency, "kv_mb": stats.peak_kv_mb,
             "cache_reuse": stats.cache_hit_ratio, "accept_rate": stats.acceptance_rate,
             "reward": scored.reward.total[i],
         }
