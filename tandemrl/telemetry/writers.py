@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import json
 import math
 import numbers
@@ -17,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from tandemrl.extras import require_extra
+from tandemrl.extras import installed, require_extra
 
 __all__ = [
     "MetricsWriter",
@@ -199,7 +198,7 @@ class JsonlWriter:
 
 
 def tensorboard_available() -> bool:
-    return importlib.util.find_spec("tensorboard") is not None
+    return installed("tensorboard")
 
 
 class TensorBoardWriter:
@@ -207,7 +206,7 @@ class TensorBoardWriter:
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         if not tensorboard_available():
-            raise ImportError("TensorBoard logging needs the 'tensorboard' package: pip install tensorboard")
+            require_extra("tensorboard", "tensorboard", "TensorBoard logging was asked for")
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(logdir)
@@ -242,13 +241,9 @@ class WandbWriter:
     """Weights & Biases logging; ``wandb`` is imported only when this is constructed."""
 
     def __init__(self, project: str, run_name: str | None, config: Mapping[str, Any] | None = None, **init_kwargs: Any) -> None:
-        try:
-            import wandb  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ImportError(
-                f"W&B logging was requested (project {project!r}) but the 'wandb' package is not installed: "
-                "pip install wandb, or drop the wandb project option"
-            ) from exc
+        require_extra("wandb", "wandb", f"log.wandb_project = {project!r} is set")
+        import wandb  # type: ignore[import-not-found]
+
         self._wandb = wandb
         self._run = wandb.init(project=project, name=run_name, config=dict(config or {}), **init_kwargs)
 
