@@ -59,7 +59,8 @@ def run_worker(args: argparse.Namespace) -> None:
     from tandemrl.backends.engine_backend import EngineBackend
     from tandemrl.config import DistributedConfig, TrainConfig
     from tandemrl.distributed.env import destroy_process_group, init_process_group
-    from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
+    from tandemrl.distributed.fsdp import WeightGather, plain_replica
+    from tandemrl.train.sharding import shard_model
     from tandemrl.distributed.parallel import Distributed, SingleProcess
     from tandemrl.engine.config import EngineConfig
     from tandemrl.engine.tandem import TandemConfig

@@ -43,7 +43,7 @@ from bench.serve_process import ServerProcess, save_model_dir
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.models.lora import LoraSettings, apply_lora
-from tandemrl.serve.client import ServerClient
+from tandemrl.sync.client import ServerClient
 from tandemrl.serve.weight_memory import owned_weight_bytes
 from tandemrl.sync.base import InProcessSync
 from tandemrl.sync.checkpoint import CheckpointSync

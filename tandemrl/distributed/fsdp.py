@@ -14,7 +14,7 @@ import copy
 import time
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -30,31 +30,22 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def shard_model(model: nn.Module) -> None:
+def fully_shard_decoder(model: nn.Module, forward_methods: Mapping[str, Callable[..., Any]]) -> None:
     """FSDP2 over each decoder layer, then the root (embeddings, final norm, lm_head: tied weights stay together).
 
-    FSDP averages the gradients over ranks; each rank's loss is normalised by the global normalisers divided by the
-    world size (Parallel.global_norm), so that average is the gradient of the global loss.
+    ``forward_methods``: name -> function(model, ...), bound on the root and registered as FSDP forward methods, so
+    each runs between FSDP's gather of the root's shards and its gradient hooks (the trainer's log-prob pass:
+    train/sharding.py). FSDP averages the gradients over ranks; each rank's loss is normalised by the global
+    normalisers divided by the world size (Parallel.global_norm), so that average is the gradient of the global loss.
     """
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-
-    from tandemrl.train.logprobs import FSDP_FORWARD
 
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
-    # The trainer's log-prob pass calls the decoder and reads lm_head.weight directly (chunked, without full
-    # logits); as a registered forward method of the root it runs between FSDP's gather and its gradient hooks.
-    setattr(model, FSDP_FORWARD, types.MethodType(_sharded_logprobs, model))
-    register_fsdp_forward_method(model, FSDP_FORWARD)
-
-
-def _sharded_logprobs(model: nn.Module, batch: Any, temperature: float, chunk_size: int) -> Any:
-    from tandemrl.train.logprobs import TokenLogprobs, logprobs_of
-
-    out = logprobs_of(model, batch, temperature, chunk_size)
-    # FSDP hooks its backward onto the outputs: fresh tensors, not views (an in-place op on a view drops the hook)
-    return TokenLogprobs(out.logprobs.clone(), out.entropy)
+    for name, method in forward_methods.items():
+        setattr(model, name, types.MethodType(method, model))
+        register_fsdp_forward_method(model, name)
 
 
 def plain_replica(model: nn.Module) -> nn.Module:

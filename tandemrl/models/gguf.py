@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from tandemrl.models.load import DTYPE_KWARG, ModelLoadError
+from tandemrl.models.load_errors import DTYPE_KWARG, ModelLoadError
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from packaging.version import Version
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from tandemrl.models.load_errors import DTYPE_KWARG, ModelLoadError
 from tandemrl.models.tokenizer import restore_unk
 
 TINY_HINT = "pass a local directory, or run `tandemrl make-tiny-model DIR`"
@@ -35,13 +35,6 @@ _DTYPES = {
     "fp16": torch.float16,
     "half": torch.float16,
 }
-# transformers 4.56 added `dtype=` to from_pretrained; 5.0 removed `torch_dtype=`.
-DTYPE_KWARG = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
-
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer could not be loaded, for a reason the user can fix; the message says how."""
-
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """"auto" means cuda when available, else cpu; anything else is checked against what this machine has."""

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from tandemrl.models.lora import unwrap_causal_lm
-from tandemrl.serve.client import ServerClient
 from tandemrl.sync.base import SyncReport
+from tandemrl.sync.client import ServerClient
 
 
 def save_checkpoint(model: nn.Module, directory: Path, version: int) -> Path:

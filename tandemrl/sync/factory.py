@@ -12,7 +12,7 @@ def make_weight_sync(cfg: Config, out_dir: Path) -> WeightSync:
     kind = cfg.sync.kind
     if kind == "inprocess":
         return InProcessSync()
-    from tandemrl.serve.client import ServerClient
+    from tandemrl.sync.client import ServerClient
 
     client = ServerClient(cfg.rollout.server_url or "", timeout_s=cfg.rollout.server_timeout_s)
     if kind == "checkpoint":

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from torch.multiprocessing.reductions import reduce_tensor
 
 from tandemrl.models.lora import unwrap_causal_lm
-from tandemrl.serve.client import ServerClient
 from tandemrl.sync.base import SyncReport
+from tandemrl.sync.client import ServerClient
 
 
 def _parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

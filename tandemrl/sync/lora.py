@@ -9,8 +9,8 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 from torch import Tensor, nn
 
-from tandemrl.serve.client import ServerClient
 from tandemrl.sync.base import SyncReport
+from tandemrl.sync.client import ServerClient
 
 
 def adapter_tensors(model: nn.Module) -> dict[str, Tensor]:

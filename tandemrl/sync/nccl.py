@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from tandemrl.models.lora import unwrap_causal_lm
-from tandemrl.serve.client import ServerClient
 from tandemrl.sync.base import SyncReport
+from tandemrl.sync.client import ServerClient
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16)}
 

@@ -14,15 +14,32 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Literal
+from concurrent.futures import Future
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from tandemrl.models.lora import unwrap_causal_lm
-from tandemrl.serve.engine_loop import EngineLoop
 
 Scope = Literal["full", "adapter"]
+
+
+class PrefixCache(Protocol):
+    def invalidate_prefix_cache(self) -> None: ...
+
+
+class ServingLoop(Protocol):
+    """What a receiver needs of the server's engine loop (serve/engine_loop.py's EngineLoop): the served policy
+    version, its engine's prefix cache and work run between two steps. A protocol, not an import: the server
+    imports this module."""
+
+    policy_version: int
+
+    @property
+    def engine(self) -> PrefixCache: ...
+
+    def between_steps(self, fn: Callable[[], Any]) -> Future: ...
 
 
 class WeightPushError(ValueError):
@@ -61,7 +78,7 @@ def target_tensors(model: nn.Module, scope: Scope) -> tuple[dict[str, Tensor], s
 class WeightReceiver:
     """Applies pushes to ``model`` through ``loop`` (between engine steps); keeps the history the routes report."""
 
-    def __init__(self, model: nn.Module, loop: EngineLoop, kind: str) -> None:
+    def __init__(self, model: nn.Module, loop: ServingLoop, kind: str) -> None:
         self.model = model
         self.loop = loop
         self.kind = kind

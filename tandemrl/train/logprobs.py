@@ -22,7 +22,7 @@ class TokenLogprobs:
     entropy: Tensor  # [B, T] float32, detached (a metric only)
 
 
-# The name of the forward method an FSDP2-sharded model carries (tandemrl/distributed/fsdp.py): the decoder and the
+# The name of the forward method an FSDP2-sharded model carries (sharding.py): the decoder and the
 # lm_head are reached inside it, so FSDP gathers the root's shards (embeddings, norm, lm_head) around the whole call.
 FSDP_FORWARD = "tandemrl_completion_logprobs"
 

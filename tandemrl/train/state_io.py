@@ -37,8 +37,8 @@ def save_run(run: Run, state: TrainerState, best: bool = False) -> Path:
     """The whole trainer state into checkpoints/ (or, ``best``, into checkpoints/best/, keeping one)."""
     state.data = run.train_prompts.state_dict()
     state.curriculum = run.curriculum.state_dict() if run.curriculum is not None else {}
-    if run.engine_model is not None:  # torchrun: a collective save of the shards (tandemrl/distributed/checkpoint.py)
-        from tandemrl.distributed.checkpoint import save_distributed
+    if run.engine_model is not None:  # torchrun: a collective save of the shards (distributed_checkpoint.py)
+        from tandemrl.train.distributed_checkpoint import save_distributed
 
         root = run.out_dir / "checkpoints"
         return save_distributed(
@@ -74,7 +74,7 @@ def restore_run(run: Run) -> TrainerState | None:
 
 
 def _restore(run: Run, path: Path) -> TrainerState:
-    from tandemrl.distributed.checkpoint import load_distributed, require_distributed_format
+    from tandemrl.train.distributed_checkpoint import load_distributed, require_distributed_format
 
     if run.engine_model is not None:
         raw = load_distributed(path, parallel=run.parallel, model=run.model, optimizer=run.optimizer,

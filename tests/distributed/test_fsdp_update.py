@@ -13,13 +13,14 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from tandemrl.config import TrainConfig
-from tandemrl.distributed.checkpoint import load_distributed
 from tandemrl.distributed.env import RankInfo
-from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
+from tandemrl.distributed.fsdp import WeightGather, plain_replica
 from tandemrl.distributed.parallel import Distributed
 from tandemrl.models.tiny import ensure_tiny_model
 from tandemrl.train.checkpoint import find_latest
+from tandemrl.train.distributed_checkpoint import load_distributed
 from tandemrl.train.optim import build_optimizer, build_scheduler
+from tandemrl.train.sharding import shard_model
 
 
 # token-mean: the ranks hold different token counts, so only global normalisers give the 1-process loss;

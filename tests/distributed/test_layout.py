@@ -71,7 +71,7 @@ def test_layouts_that_cannot_split_fail_before_any_work():
 def test_checkpoints_resume_only_in_their_own_mode(tmp_path):
     import json
 
-    from tandemrl.distributed.checkpoint import require_distributed_format
+    from tandemrl.train.distributed_checkpoint import require_distributed_format
     from tandemrl.train.weights_io import CheckpointError
 
     def checkpoint(name: str, model_format: str):

@@ -23,7 +23,7 @@ from tests.serve.conftest import MODEL_NAME, child_env, serve_config, start_serv
 TRAINER = textwrap.dedent("""
     import sys, torch
     from tandemrl.models.load import load_model
-    from tandemrl.serve.client import ServerClient
+    from tandemrl.sync.client import ServerClient
     from tandemrl.sync.ipc import IpcSync
 
     model_dir, url = sys.argv[1:3]

@@ -21,7 +21,7 @@ from tests.serve.conftest import child_env, serve_config, start_server  # noqa: 
 TRAINER = textwrap.dedent("""
     import os, sys, torch
     from transformers import AutoModelForCausalLM
-    from tandemrl.serve.client import ServerClient
+    from tandemrl.sync.client import ServerClient
     from tandemrl.sync import nccl
 
     model_dir, url, init_method = sys.argv[1:4]

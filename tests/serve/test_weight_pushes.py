@@ -12,7 +12,7 @@ import torch
 
 openai = pytest.importorskip("openai")
 
-from tandemrl.serve.client import ServerClient, ServerError  # noqa: E402
+from tandemrl.sync.client import ServerClient, ServerError  # noqa: E402
 from tandemrl.sync.checkpoint import CheckpointSync, save_checkpoint  # noqa: E402
 from tandemrl.sync.lora import LoraSync, adapter_tensors  # noqa: E402
 from tests.serve.conftest import MODEL_NAME, serve_config, start_server  # noqa: E402

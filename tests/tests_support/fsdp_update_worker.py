@@ -15,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from tandemrl.config import TrainConfig
-from tandemrl.distributed.checkpoint import save_distributed
 from tandemrl.distributed.env import RankInfo
-from tandemrl.distributed.fsdp import WeightGather, plain_replica, shard_model
+from tandemrl.distributed.fsdp import WeightGather, plain_replica
 from tandemrl.distributed.parallel import Distributed
 from tandemrl.train.batch import TrainBatch, build_batch
+from tandemrl.train.distributed_checkpoint import save_distributed
 from tandemrl.train.optim import build_optimizer, build_scheduler
+from tandemrl.train.sharding import shard_model
 from tandemrl.train.update import policy_update
 from tandemrl.types import Rollout
 

@@ -1,4 +1,5 @@
-"""A small HTTP client of a `tandemrl serve` process, for the trainer's backend and weight pushes (httpx)."""
+"""A small HTTP client of a `tandemrl serve` process, for the trainer's weight pushes (httpx). Here in sync/, beside
+the kinds that post with it: the server imports sync's receiver, so sync imports nothing of serve."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ its shards; a load re-shards, so a run resumes with another number of processes)
 weights in Hugging Face layout (from the engine replica: `tandemrl eval RUN_DIR` and `from_pretrained` read them),
 tokenizer, scheduler, trainer state and one RNG file per rank.
 
-The folder is published exactly as single-process checkpoints are (tandemrl/train/checkpoint.py): everything lands
+Here in train/, beside the single-process checkpoint.py whose format it extends (train imports distributed, never
+the reverse). The folder is published exactly as single-process checkpoints are: everything lands
 in a staging folder, rank 0 writes COMPLETE, renames it to step-N and replaces `latest` only after every rank's
 part is on disk — a rank dying at any moment leaves the previous checkpoint intact.
 """
