@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from tandemrl.config import Config
+# tandemrl.config.Config, not imported: config.py calls this module from its validator (no import circle)
+Config = Any
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tandemrl.config import Config
 
 
 class MissingExtraError(ValueError):
@@ -28,16 +24,17 @@ def require_extra(package: str, extra: str, why: str) -> None:
         raise MissingExtraError(f"{why} but {package} is not installed: pip install 'tandemrl[{extra}]'")
 
 
-def check_run_extras(cfg: Config) -> list[str]:
-    """Every optional package the run's settings need, checked up front; the notes to print for settings that
-    go without theirs (log.tensorboard unset: when installed)."""
-    if cfg.log.wandb_project:
-        require_extra("wandb", "wandb", f"log.wandb_project = {cfg.log.wandb_project!r} is set")
-    if cfg.model.lora.enabled:
+def check_run_extras(tensorboard: bool | None, wandb_project: str | None, lora: bool) -> list[str]:
+    """Every optional package a run's settings (log.tensorboard, log.wandb_project, model.lora.enabled) need,
+    checked up front; the notes to print for settings that go without theirs (log.tensorboard unset: when
+    installed)."""
+    if wandb_project:
+        require_extra("wandb", "wandb", f"log.wandb_project = {wandb_project!r} is set")
+    if lora:
         require_extra("peft", "lora", "model.lora.enabled = true")
-    if cfg.log.tensorboard:
+    if tensorboard:
         require_extra("tensorboard", "tensorboard", "log.tensorboard = true")
-    if cfg.log.tensorboard is None and not installed("tensorboard"):
+    if tensorboard is None and not installed("tensorboard"):
         return ["tensorboard is not installed: metrics go to metrics.jsonl only (pip install 'tandemrl[tensorboard]'; "
                 "log.tensorboard = false says nothing)"]
     return []

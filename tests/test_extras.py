@@ -12,6 +12,10 @@ from tandemrl.extras import MissingExtraError, check_run_extras, require_extra
 from tandemrl.train.loop import train
 
 
+def run_extras(cfg):
+    return check_run_extras(cfg.log.tensorboard, cfg.log.wandb_project, cfg.model.lora.enabled)
+
+
 def without(monkeypatch, *packages: str) -> None:
     monkeypatch.setattr(extras, "installed", lambda package: package not in packages)
 
@@ -41,17 +45,17 @@ def test_installed_survives_a_missing_parent_package():
 def test_each_missing_package_stops_the_run(monkeypatch, overrides, package, message):
     without(monkeypatch, package)
     with pytest.raises(MissingExtraError) as err:
-        check_run_extras(load_config(None, overrides))
+        run_extras(load_config(None, overrides))
     assert str(err.value) == message
 
 
 def test_unset_tensorboard_without_the_package_says_so_and_goes_on(monkeypatch):
     without(monkeypatch, "tensorboard")
-    notes = check_run_extras(load_config(None, []))
+    notes = run_extras(load_config(None, []))
     assert len(notes) == 1 and "pip install 'tandemrl[tensorboard]'" in notes[0]
-    assert check_run_extras(load_config(None, ["log.tensorboard=false"])) == []
+    assert run_extras(load_config(None, ["log.tensorboard=false"])) == []
     without(monkeypatch)
-    assert check_run_extras(load_config(None, [])) == []
+    assert run_extras(load_config(None, [])) == []
 
 
 def test_nothing_is_written_before_the_error(monkeypatch, tmp_path):

@@ -61,7 +61,8 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
                inputs: RunInputs | None = None) -> dict:
     main = rank is None or rank.is_main
     console = console or Console(quiet=not main)
-    for note in check_run_extras(cfg):  # a missing optional package stops the run here, before anything is written
+    # a missing optional package stops the run here, before anything is written
+    for note in check_run_extras(cfg.log.tensorboard, cfg.log.wandb_project, cfg.model.lora.enabled):
         console.print(note, style="yellow", markup=False)
     if main:
         check_out_dir(out_dir, resume)
