@@ -185,12 +185,52 @@ def _write_contents(
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), folder / OPTIMIZER)
+        torch_save(optimizer.state_dict(), folder / OPTIMIZER)
     if scheduler is not None:
-        torch.save(scheduler.state_dict(), folder / SCHEDULER)
-    torch.save(rng_state, folder / RNG)
+        torch_save(scheduler.state_dict(), folder / SCHEDULER)
+    torch_save(rng_state, folder / RNG)
     with open(folder / TRAINER_STATE, "w", encoding="utf-8") as f:
         f.write(state_text)
+
+
+class _FileWriter:
+    """What torch.save writes through: every byte reaches the file, and the first OSError is kept, because torch's
+    writer reports a failed write as "unexpected pos N vs M" and drops the cause (ENOSPC: the disk is full)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            _write_all(self.fd, data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def torch_save(obj: Any, path: Path) -> None:
+    """torch.save(obj, path), raising the OSError of a failed write (not torch's "unexpected pos ...")."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    writer = _FileWriter(fd)
+    try:
+        torch.save(obj, writer)
+    except RuntimeError as exc:
+        if writer.error is not None:
+            raise writer.error from exc
+        raise
+    finally:
+        os.close(fd)
 
 
 def _write_complete(folder: Path, step: int) -> None:
@@ -240,7 +280,15 @@ def _reason(exc: BaseException) -> str:
     text = str(exc)
     reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     # say it in words: "[Errno 28]" alone does not tell a user to free space
-    return f"the disk is full: {reason}" if isinstance(exc, OSError) and exc.errno == errno.ENOSPC else reason
+    return f"the disk is full: {reason}" if _disk_full(exc) else reason
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT, as an OSError or in the text of a library's own error (safetensors: "os error 28")."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
 
 
 # ------------------------------------------------------------------------------------------------- find

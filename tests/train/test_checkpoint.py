@@ -245,8 +245,7 @@ def test_enospc_in_torch_save_keeps_previous(tmp_path, monkeypatch):
     opt, _ = optim_for(model)
 
     def full_disk(obj, f, *args, **kwargs):
-        with open(f, "wb") as out:
-            out.write(b"\0" * 100)
+        f.write(b"\0" * 100)  # the checkpoint's writer (checkpoint.torch_save), a file object
         raise _enospc()
 
     monkeypatch.setattr(ckpt.torch, "save", full_disk)
@@ -275,6 +274,57 @@ def test_enospc_in_save_pretrained_keeps_previous(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint step-00000001"):
         save(tmp_path, 2, failing)
     _assert_previous_intact(tmp_path, model)
+
+
+def test_enospc_inside_torch_save_is_the_disk_full_message_not_unexpected_pos(tmp_path, monkeypatch):
+    """Issue 34, path 8: torch's own writer turns a failed write into "unexpected pos N vs M"; the save must say
+    the disk is full. The failure is injected where the bytes reach the file, half-way through optimizer.pt."""
+    model = tiny_model(0)
+    save(tmp_path, 1, model)
+    later = tiny_model(3)
+    opt, sched = optim_for(later)
+    train_step(later, opt, sched)
+    real_write_all, calls = ckpt._write_all, []
+
+    def disk_fills_up(fd, data):
+        calls.append(len(data))
+        if len(calls) == 3:
+            os.write(fd, bytes(data)[: len(data) // 2])
+            raise _enospc()
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(ckpt, "_write_all", disk_fills_up)
+    with pytest.raises(CheckpointError) as info:
+        save(tmp_path, 2, later, opt, sched)
+    message = str(info.value)
+    assert "the disk is full: OSError: [Errno 28] No space left on device" in message, message
+    assert "unexpected pos" not in message and message.endswith("the previous checkpoint step-00000001 is intact")
+    monkeypatch.undo()
+    _assert_previous_intact(tmp_path, model)
+
+
+def test_enospc_in_safetensors_is_the_disk_full_message(tmp_path, monkeypatch):
+    from safetensors import SafetensorError
+
+    model = tiny_model(0)
+    save(tmp_path, 1, model)
+    failing = tiny_model(3)
+    text = "Error while serializing: I/O error: No space left on device (os error 28)"
+    monkeypatch.setattr(failing, "save_pretrained", lambda *a, **k: (_ for _ in ()).throw(SafetensorError(text)),
+                        raising=False)
+    with pytest.raises(CheckpointError, match="step-00000002: the disk is full: SafetensorError: Error while"):
+        save(tmp_path, 2, failing)
+    _assert_previous_intact(tmp_path, model)
+
+
+def test_torch_save_through_the_writer_is_byte_identical(tmp_path):
+    import io
+
+    state = {"x": torch.arange(1000.0), "nested": [1, {"y": torch.ones(3, dtype=torch.int64)}]}
+    ckpt.torch_save(state, tmp_path / "a.pt")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    assert (tmp_path / "a.pt").read_bytes() == buffer.getvalue()
 
 
 def test_failure_when_resaving_a_step_restores_the_old_folder(tmp_path, monkeypatch):

@@ -104,3 +104,47 @@ def test_a_finished_run_trains_on_with_a_larger_max_steps(finished, tmp_path):
     (run / "checkpoints" / "latest").write_text("step-00000003\n")
     assert main(["train", "--resume", "--out", str(run), "--set", "train.max_steps=3"]) == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 3 and eval_rows(run, 3) == 1
+
+
+# ------------------------------------------------------------------------------------ a full disk (path 8)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 1.5 MiB (root only; skipped where mounting is not allowed); `remount(size)` resizes it."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+
+    def remount(size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+
+    try:
+        yield mnt, remount
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_during_a_save_says_so_and_keeps_the_previous_checkpoint(small_disk, tmp_path, capsys):
+    """Issue 34, path 8: torch.save's "unexpected pos N vs M" reached the user instead of "the disk is full"."""
+    from tandemrl.train.checkpoint import find_latest, is_complete_checkpoint
+
+    disk, remount = small_disk
+    run = disk / "run"
+    args = ["train", "--out", str(run), "--set", f'model.tiny_dir="{tmp_path / "tiny"}"', *SMALL]
+    capsys.readouterr()
+    assert main([*args, "--set", "train.max_steps=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the disk is full" in err and "unexpected pos" not in err, err
+    assert "could not write checkpoint step 2 to" in err and "the previous checkpoint step-00000001 is intact" in err
+    latest = find_latest(run / "checkpoints")
+    assert latest.name == "step-00000001" and is_complete_checkpoint(latest)
+    remount("64m")
+    assert main(["train", "--resume", "--out", str(run)]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
