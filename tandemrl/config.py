@@ -100,7 +100,7 @@ class DataConfig(Section):
         if self.system_prompt is not None and not self.use_chat_template and self.path is None:
             raise ValueError("data.system_prompt needs data.use_chat_template = true (a system message only exists "
                              "in the chat template)")
-        if self.task is not None and "prompt_column" in self.model_fields_set:
+        if self.task is not None and self.prompt_column != "prompt":  # a resolved config.toml writes the default
             raise ValueError(f"data.prompt_column applies to your own dataset; data.task = {self.task!r} has its "
                              "own columns: unset one of them")
         return self
@@ -270,6 +270,9 @@ class LogConfig(Section):
 
 
 class Config(Section):
+    """Every setting of a run, section by section (docs/configuration.md lists each key). Build it with
+    :func:`load_config` (a TOML file and ``section.key=value`` overrides) or pass a dict to ``Trainer(config=...)``."""
+
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()

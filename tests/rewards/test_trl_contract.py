@@ -1,0 +1,149 @@
+"""TRL's reward-function contract: keyword calls, conversational completions, None abstains, async functions,
+functions loaded from a file; TRL's documented example reward functions run unchanged (held verbatim below)."""
+
+import asyncio
+import re
+
+import pytest
+
+from tandemrl.rewards.composite import CompositeReward, build_reward, metrics
+from tandemrl.rewards.functions import resolve_reward
+
+# --- TRL's documentation, verbatim (GRPOTrainer: quick start and "Using a custom reward function") --------------
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def reward_num_unique_chars(completions, **kwargs):
+    return [len(set(c)) for c in completions]
+
+
+def reward_func_ids(completion_ids, **kwargs):
+    """Reward function that assigns higher scores to longer completions (in terms of token count)."""
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def format_reward_func(completions, **kwargs):
+    """Reward function that checks if the completion has a specific format."""
+    pattern = r"^<think>.*?</think><answer>.*?</answer>$"
+    completion_contents = [completion[0]["content"] for completion in completions]
+    matches = [re.match(pattern, content) for content in completion_contents]
+    return [1.0 if match else 0.0 for match in matches]
+
+
+def reward_func_ground_truth(completions, ground_truth, **kwargs):
+    # Regular expression to capture content inside \boxed{}
+    matches = [re.search(r"\\boxed\{(.*?)\}", completion) for completion in completions]
+    contents = [match.group(1) if match else "" for match in matches]
+    # Reward 1 if the content is the same as the ground truth, 0 otherwise
+    return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
+
+
+def math_reward_func(prompts, completions, task, **kwargs):
+    rewards = []
+    for prompt, completion, t in zip(prompts, completions, task):
+        if t == "math":
+            # Calculate math-specific reward
+            correct = completion.strip() == "4"
+            reward = 1.0 if correct else -1.0
+            rewards.append(reward)
+        else:
+            # Return None for non-math tasks
+            rewards.append(None)
+    return rewards
+
+
+def coding_reward_func(prompts, completions, task, **kwargs):
+    rewards = []
+    for prompt, completion, t in zip(prompts, completions, task):
+        if t == "coding":
+            # Calculate coding-specific reward
+            works = "def" in completion
+            reward = 1.0 if works else -1.0
+            rewards.append(reward)
+        else:
+            # Return None for non-coding tasks
+            rewards.append(None)
+    return rewards
+
+
+async def async_reward_func(prompts, completions, **kwargs):
+    await asyncio.sleep(0)
+    return [float(len(c) > 3) for c in completions]
+
+# --- end of TRL's examples --------------------------------------------------------------------------------------
+
+
+def test_trl_examples_on_text_completions():
+    reward = build_reward({reward_len: 1.0, reward_num_unique_chars: 1.0, reward_func_ids: 1.0,
+                           reward_func_ground_truth: 1.0, async_reward_func: 1.0})
+    result = reward(["p1", "p2"], [r"so \boxed{4}", "abc"], {"ground_truth": ["4", "5"]},
+                    completion_ids=[[1, 2, 3], [4]])
+    assert result.components == {
+        "reward_len": [-8.0, -17.0], "reward_num_unique_chars": [11.0, 3.0], "reward_func_ids": [3.0, 1.0],
+        "reward_func_ground_truth": [1.0, 0.0], "async_reward_func": [1.0, 0.0]}
+    assert result.total == [8.0, -13.0] and result.errors == {}
+
+
+def test_trl_conversational_example():
+    completions = [[{"role": "assistant", "content": "<think>x</think><answer>4</answer>"}],
+                   [{"role": "assistant", "content": "4"}]]
+    prompts = [[{"role": "user", "content": "2+2?"}]] * 2
+    result = build_reward({format_reward_func: 1.0})(prompts, completions)
+    assert result.total == [1.0, 0.0]
+
+
+def test_none_abstains_for_that_function_only():
+    """TRL's multi-task example: each sample is scored by the function of its task; the other abstains."""
+    reward = build_reward({math_reward_func: 1.0, coding_reward_func: 2.0})
+    result = reward(["2+2", "sum", "3*4", "add"], ["4", "def f(): pass", "13", "no"],
+                    {"task": ["math", "coding", "math", "coding"]})
+    assert result.components["math_reward_func"] == [1.0, None, -1.0, None]
+    assert result.total == [1.0, 2.0, -1.0, -2.0]  # not dropped: the one function that scored it counts
+    m = metrics(result)
+    assert m["reward/math_reward_func/mean"] == 0.0 and m["reward/coding_reward_func/mean"] == 0.0
+
+
+def test_all_abstaining_means_no_reward():
+    none = build_reward({(lambda completions, **k: [None] * len(completions)): 1.0})
+    assert none(["p"], ["c"]).total == [None]
+
+
+def test_rewards_are_called_by_keyword():
+    seen = {}
+
+    def spy(*, prompts, completions, completion_ids, answer):
+        seen.update(prompts=prompts, completions=completions, ids=completion_ids, answer=answer)
+        return [0.0]
+
+    CompositeReward({"spy": (spy, 1.0)})(["p"], ["c"], {"answer": ["1"]}, completion_ids=[[7, 8]])
+    assert seen == {"prompts": ["p"], "completions": ["c"], "ids": [[7, 8]], "answer": ["1"]}
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308, 10**400, float("inf"), float("nan")])
+def test_overflowing_rewards_are_handled_like_nan(value):
+    """A reward of 1e308 used to raise OverflowError in the metrics; now the sample is left out and counted."""
+    reward = build_reward({(lambda completions, **k: [value, 1.0]): 2.0, (lambda completions, **k: [1.0, 1.0]): 1.0})
+    result = reward(["p", "q"], ["a", "b"])
+    assert result.total == [None, 3.0] and result.nonfinite == 1
+    assert metrics(result)["reward/mean"] == 3.0
+
+
+def test_weighted_sum_that_overflows_is_left_out():
+    big = build_reward({(lambda completions, **k: [3e38, 1.0]): 1.0, (lambda completions, **k: [3e38, 1.0]): 1.0})
+    result = big(["p", "q"], ["a", "b"])
+    assert result.total == [None, 2.0] and result.nonfinite_by == {"total": 1}
+
+
+def test_reward_from_a_file_and_errors(tmp_path):
+    file = tmp_path / "my_rewards.py"
+    file.write_text("def shout(completions, **kwargs):\n    return [float(c.isupper()) for c in completions]\n")
+    fn = resolve_reward(f"{file}:shout")
+    assert fn(completions=["A", "b"]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+        resolve_reward(f"{file}:nope")
+    with pytest.raises(ValueError, match="no such file"):
+        resolve_reward(f"{tmp_path / 'missing.py'}:shout")
+    assert build_reward({f"{file}:shout": 1.0}).names == ["shout"]
