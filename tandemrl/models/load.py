@@ -23,6 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from tandemrl.models.load_errors import DTYPE_KWARG, ModelLoadError
 from tandemrl.models.tokenizer import restore_unk
+from tandemrl.models.weight_files import check_weight_files
 
 TINY_HINT = "pass a local directory, or run `tandemrl make-tiny-model DIR`"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "name" or "org/name", as huggingface_hub allows
@@ -150,6 +151,8 @@ def load_model(
     kwargs = {DTYPE_KWARG: torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if local:
+        check_weight_files(Path(src))  # a truncated file: one line naming it, before from_pretrained's traceback
     try:
         model = AutoModelForCausalLM.from_pretrained(src, config=config, **kwargs)
     except OSError as exc:

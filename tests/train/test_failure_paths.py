@@ -148,3 +148,39 @@ def test_a_full_disk_during_a_save_says_so_and_keeps_the_previous_checkpoint(sma
     remount("64m")
     assert main(["train", "--resume", "--out", str(run)]) == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
+
+
+# ------------------------------------------------------------------------ a truncated model.safetensors (path 6)
+
+
+def truncate(file: Path, keep: int | None = None) -> None:
+    size = file.stat().st_size
+    with open(file, "r+b") as f:
+        f.truncate(size // 2 if keep is None else keep)
+
+
+@pytest.mark.parametrize("keep", [None, 5])  # half the data; a torn header
+def test_a_truncated_model_directory_is_one_line_naming_the_file(finished, tmp_path, capsys, keep):
+    """Issue 34, path 6: a truncated model.safetensors given as model.name_or_path was a SafetensorError traceback."""
+    model = tmp_path / "model"
+    shutil.copytree(finished.parent / "tiny", model)
+    truncate(model / "model.safetensors", keep)
+    capsys.readouterr()
+    code = main(["train", "--out", str(tmp_path / "run"), "--set", f'model.name_or_path="{model}"', *SMALL])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"{model / 'model.safetensors'}" in err and "truncated" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_checkpoint_given_as_the_model_is_one_line_naming_the_file(finished, tmp_path, capsys):
+    run = copy_run(finished, tmp_path)
+    step = run / "checkpoints" / "step-00000002"
+    truncate(step / "model.safetensors")
+    capsys.readouterr()
+    code = main(["eval", "--model", str(step), "--set", "model.device=cpu", "--set", "eval.limit=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{step / 'model.safetensors'}" in err, err
+    # --resume skips the damaged checkpoint (its COMPLETE lists another size) and goes on from step 1
+    assert main(["train", "--resume", "--out", str(run), "--set", "train.max_steps=3"]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
