@@ -91,6 +91,14 @@ def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path):
 
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     assert not any("lora" in name for name, _ in merged.named_parameters())
+    import torch
+
+    from tandemrl.train.eval_run import find_run, load_merged, run_config
+
+    run, checkpoint = find_run(tmp_path / "run")  # what `tandemrl serve run` loads: the same merged weights
+    served, _ = load_merged(run_config(run, ['model.tiny_dir="' + str(tmp_path / "runs/tiny-model") + '"']),
+                            checkpoint, torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), merged.state_dict().values()))
     again = tandemrl_cli("export", "run", "merged", cwd=tmp_path)
     assert again.returncode == 2 and "exists and is not empty" in again.stderr
 
