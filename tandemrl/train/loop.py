@@ -98,7 +98,10 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
             if run.train_prompts.epoch_complete:
                 end_of_epoch(run, state, writers, display, lambda: run_evaluation(run, state))
             if _due(state.step, cfg.eval.every_steps, cfg.train.max_steps):
-                writers.write(state.step, run_evaluation(run, state).metrics())
+                result = run_evaluation(run, state)
+                writers.write(state.step, result.metrics())
+                display.print(f"step {state.step}: eval {result.metric} {result.score:.4f} over "
+                              f"{result.num_prompts} test prompts")
             if _due(state.step, cfg.checkpoint.every_steps, cfg.train.max_steps):
                 checkpoint(run, state, started)
     if run.parallel.any(interrupt.requested):
