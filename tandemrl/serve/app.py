@@ -108,6 +108,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI says only "There was an error parsing the body"
+            return _error(400, f"the body is not valid UTF-8: {exc.__cause__}", "invalid_request_error")
         return _error(exc.status_code, str(exc.detail), "invalid_request_error")
 
     @app.exception_handler(Exception)

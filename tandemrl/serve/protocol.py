@@ -15,23 +15,27 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from tandemrl.types import SamplingParams
 
 MAX_N = 128
+MAX_INT32 = 2**31 - 1  # token counts and top_k: far above any context, and what the engine's tensors hold
+INT64 = 2**63  # a seed is an int64 (torch.Generator's, OpenAI's and vLLM's range)
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 class _Body(BaseModel):
     # Clients send fields we have no use for (user, metadata, service_tier ...): ignored, as OpenAI-compatible
     # servers do; the ones that would change the output are checked in `unsupported()`.
-    model_config = ConfigDict(extra="ignore")
+    # allow_inf_nan: Python's JSON parser reads Infinity, NaN and 1e999; no sampling setting means anything there
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: StrictStr
-    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_INT32)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(0, ge=0)
+    top_k: StrictInt = Field(0, ge=0, le=MAX_INT32)
     n: StrictInt = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: dict | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=-INT64, lt=INT64)
     ignore_eos: StrictBool = False
     return_token_ids: StrictBool = False
     presence_penalty: float = 0.0
@@ -60,9 +64,9 @@ class _Body(BaseModel):
 
 class CompletionRequest(_Body):
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
-    logprobs: StrictInt | None = Field(None, ge=0)
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: StrictBool = False
-    best_of: StrictInt | None = None
+    best_of: StrictInt | None = Field(None, ge=1, le=MAX_N)
     suffix: StrictStr | None = None
 
     @model_validator(mode="after")
@@ -113,9 +117,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_INT32)
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(None, ge=0)
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def unsupported(self) -> str | None:
         if self.top_logprobs:
