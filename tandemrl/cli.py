@@ -140,8 +140,10 @@ def _eval(args: argparse.Namespace) -> int:
         if args.config is not None:
             raise ValueError("eval RUN uses the run's own config.toml; drop --config (use --set to change a key)")
         run, checkpoint = found
+        if checkpoint is None:
+            raise FileNotFoundError(f"run directory {run} has no complete checkpoint under {run / 'checkpoints'}")
         cfg = run_config(run, args.overrides)
-        what = f"run {run}, checkpoint {checkpoint.name if checkpoint else 'none (the starting model)'}"
+        what = f"run {run}, checkpoint {checkpoint.name}"
     else:
         overrides = list(args.overrides) + ([f'model.name_or_path="{args.model}"'] if args.model else [])
         cfg = load_config(args.config, overrides)

@@ -93,22 +93,24 @@ def _fake_checkpoint(root, step, complete=True):
     return folder
 
 
-def test_eval_model_run_directory_resolves_to_latest_complete_checkpoint(tmp_path):
-    from tandemrl.cli import resolve_eval_model
+def test_eval_run_directory_resolves_to_latest_complete_checkpoint(tmp_path):
+    from tandemrl.train.eval_run import find_run
 
     run = tmp_path / "run"
     _fake_checkpoint(run / "checkpoints", 2)
     newest_complete = _fake_checkpoint(run / "checkpoints", 4)
     _fake_checkpoint(run / "checkpoints", 6, complete=False)  # a save cut short is skipped
-    assert resolve_eval_model(str(run)) == str(newest_complete)
-    # Anything that is not a run directory passes through: hub names, checkpoint folders.
-    assert resolve_eval_model("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
-    assert resolve_eval_model(str(newest_complete)) == str(newest_complete)
+    assert find_run(run) is None  # no config.toml: not a run directory
+    (run / "config.toml").write_text("")
+    assert find_run(run) == (run, newest_complete)
+    assert find_run(newest_complete) == (run, newest_complete)  # a checkpoint inside a run: that checkpoint
+    assert find_run(tmp_path) is None
 
 
 def test_eval_of_a_run_directory_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    assert main(["eval", "--model", str(tmp_path / "run")]) == 2
+    (tmp_path / "run" / "config.toml").write_text("")
+    assert main(["eval", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "no complete checkpoint" in err and str(tmp_path / "run") in err
 
@@ -118,4 +120,4 @@ def test_eval_names_the_model_it_scores(tmp_path, capsys):
                  "--set", "model.device=cpu"])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert out[0] == f"scoring model: tiny ({tmp_path / 'tiny'})"
+    assert out[0] == f"scoring model tiny ({tmp_path / 'tiny'}) on task synthetic:add"

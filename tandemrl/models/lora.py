@@ -32,6 +32,9 @@ class LoraSettings:
 
 def apply_lora(model: PreTrainedModel, settings: LoraSettings | None = None) -> nn.Module:
     """Wrap `model` in a peft LoRA model: base weights frozen, LoRA weights trainable. Returns the PeftModel."""
+    from tandemrl.extras import require_extra
+
+    require_extra("peft", "lora", "model.lora.enabled = true is set")
     from peft import LoraConfig, get_peft_model
 
     s = settings or LoraSettings()

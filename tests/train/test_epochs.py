@@ -78,10 +78,10 @@ def fake_evaluations(monkeypatch, accuracies):
     """Scripted accuracies for the evaluations, in order; records the prompts each one was given."""
     seen = []
 
-    def evaluate(backend, encoder, samples, reward, cfg, policy_version, agent=None):
+    def evaluate(backend, encoder, samples, reward, cfg, policy_version, agent=None, metric="accuracy"):
         seen.append([s.prompt for s in samples])
         return EvalResult(accuracy=accuracies[len(seen) - 1], reward=0.0, pass_at_k=None, k=0,
-                          num_prompts=len(samples))
+                          num_prompts=len(samples), metric=metric)
 
     monkeypatch.setattr(loop, "evaluate", evaluate)
     return seen
@@ -93,7 +93,7 @@ def test_epoch_evaluations_keep_the_best_checkpoint_and_stop_early(tmp_path, mon
     cfg = epoch_config(tmp_path, "train.max_steps=40", "eval.every_epochs=1", "eval.early_stop_patience=2")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 16 and summary["stopped_early"] is True  # 4 epochs of 4 steps
-    assert summary["best_eval_accuracy"] == 0.5 and summary["best_step"] == 8
+    assert summary["best_eval"] == 0.5 and summary["best_step"] == 8 and summary["metric"] == "accuracy"
     best = find_latest(tmp_path / "run" / "checkpoints" / "best")
     assert best.name == "step-00000008"
     assert json.loads((best / "trainer_state.json").read_text())["best_eval"] == 0.5
