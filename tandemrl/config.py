@@ -482,6 +482,8 @@ def _describe(err: ValidationError) -> str:
             messages.append(str(e.get("ctx", {}).get("error", e["msg"])))
         else:
             messages.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    if len(messages) == 1:  # one problem, one line
+        return f"invalid config: {messages[0]}"
     return "invalid config:\n  " + "\n  ".join(messages)
 
 

@@ -58,8 +58,9 @@ def load_data(data: Any, seed: int, eval_limit: int | None, train_source: Any = 
     elif task == USER_DATASET:
         reader = partial(_user_samples, prompt_column=data.prompt_column, subset=data.subset)
     else:
-        raise DatasetError(f"unknown data.task {task!r}; valid tasks: gsm8k, arith2, synthetic:add, synthetic:copy, "
-                           "synthetic:add2, synthetic:peek; or unset it and give your own dataset as data.path")
+        raise DatasetError(f"unknown task {task!r} (data.task); valid tasks: gsm8k, arith2, synthetic:add, "
+                           "synthetic:copy, synthetic:add2, synthetic:peek; or unset it and give your own dataset as "
+                           "data.path")
     split = _split_test(data, train_source, test_source, reader)
     split.train = split.train[: data.train_limit]
     return _limited(split, eval_limit)
