@@ -72,9 +72,9 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     timed_step(1000)
     timed_step(1001)
     slots = backend.runner.slots
-    before = {name: slot.forwards for name, slot in slots.items()}
+    before = {name: slot.stats.forwards for name, slot in slots.items()}
     runs = [timed_step(s) for s in range(args.repeats)]
-    passes = {name: (slots[name].forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
+    passes = {name: (slots[name].stats.forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
     backend.close()
     release_garbage(device)  # what this setting left (engine, optimizer state) is gone before the next one is timed
     median = sorted(runs, key=lambda t: t.rollout_s + t.train_s)[len(runs) // 2]

@@ -56,8 +56,8 @@ def launch_draft_rounds(context: LaunchContext, slot: ModelSlot, plan: StepPlan)
         if graph is not None:  # a replay a round
             graph.load(lengths, budget, cap, last_two, table)
             rounds = [graph.run() for _ in range(plan.rounds)]
-            draft.forwards += k * plan.rounds  # what the eager rounds count (benches report forwards per token)
-            slot.forwards += plan.rounds
+            draft.stats.forwards += k * plan.rounds  # what the eager rounds count
+            slot.stats.forwards += plan.rounds
         else:
             launch = launch_state(context.device, lengths, budget, cap, last_two, table)
             sample = None if greedy else context.sampler_for(draft).for_subsets(seqs, temperature_only=True)

@@ -30,6 +30,13 @@ StepFn = Callable[[int, "Tensor | None"], Tensor]  # (step j, its input ids or N
 
 
 @dataclass
+class SlotStats:
+    """What a slot counts, for the benches to read (nothing on the engine's path reads it)."""
+
+    forwards: int = 0  # batched forward passes run (bench/tandem_step.py reports them per token)
+
+
+@dataclass
 class _Parked:
     """Graphs kept over a sleep, and the addresses they read (``ModelSlot._captured_addresses``)."""
 
@@ -68,7 +75,7 @@ class ModelSlot:
         self.v_caches: list[Tensor] = []
         self.graphs: DecodeGraphs | None = None
         self._parked: _Parked | None = None  # graphs kept over a sleep
-        self.forwards = 0  # batched forward passes run (benches report them per token)
+        self.stats = SlotStats()
 
     # ------------------------------------------------------------------ weights
 
@@ -140,7 +147,7 @@ class ModelSlot:
 
     def forward(self, input_ids: Tensor, meta: PrefillMeta, rows: Tensor | None) -> Tensor:
         """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""
-        self.forwards += 1
+        self.stats.forwards += 1
         with self.on_device():
             return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
                                   fused=self.fused_kernels)
@@ -160,7 +167,7 @@ class ModelSlot:
                 step, staged = self._eager_steps(plan)
 
         def counted(j: int, input_ids: Tensor | None) -> Tensor:
-            self.forwards += 1
+            self.stats.forwards += 1
             with self.on_device():
                 return step(j, input_ids)
 
@@ -184,7 +191,7 @@ class ModelSlot:
             logits = compute_logits(spec, hidden)
             return fused_sample(logits, temperature, seed)[0], logits
 
-        self.forwards += plan.num_steps
+        self.stats.forwards += plan.num_steps
         with self.on_device():
             graphs = self.decode_graphs()
             graphs.stage(plan, drawn)
@@ -201,7 +208,7 @@ class ModelSlot:
                 graphs.stage_forwards([p for p, g in zip(plans, graphed) if g])
 
         def counted(f: int, input_ids: Tensor) -> Tensor:
-            self.forwards += 1
+            self.stats.forwards += 1
             with self.on_device():
                 if graphed[f]:
                     return graphs.run_forward(int(nth_staged[f]), input_ids)
@@ -227,7 +234,7 @@ class ModelSlot:
                 prepared = graphs.prepare_columns(table, groups)
 
         def run(input_ids: Tensor, columns: Tensor) -> Tensor:
-            self.forwards += 1
+            self.stats.forwards += 1
             with self.on_device():
                 if graphed:
                     return graphs.run_columns(prepared, input_ids, columns)
