@@ -17,7 +17,7 @@ PACKAGE = "tandemrl"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Modules outside tandemrl.engine the engine may import: leaves that import nothing from tandemrl themselves.
-ENGINE_MAY_IMPORT = frozenset({"tandemrl.types", "tandemrl.models.lora"})
+ENGINE_MAY_IMPORT = frozenset({"tandemrl.types", "tandemrl.models.unwrap"})
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
 from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta, store_kv
 from tandemrl.engine.model.attention import decode_attention, prefill_attention
-from tandemrl.models.lora import unwrap_causal_lm
+from tandemrl.models.unwrap import unwrap_causal_lm
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 # RoPE variants whose frequencies depend on the batch's longest position (host-side logic, per-batch semantics).
