@@ -70,10 +70,12 @@ class StepTiming:
     wake_s: float = 0.0  # of train_s: the backend's wake (KV pools allocated again, parked graphs checked)
 
 
-def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool):
+def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool,
+                attn_implementation: str | None = None):
     torch.manual_seed(0)
     config_class = Qwen3Config if "qwen3" in arch else LlamaConfig if arch.startswith("smollm2") else Qwen2Config
-    model = AutoModelForCausalLM.from_config(config_class(**ARCHITECTURES[arch]), dtype=dtype).to(device)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_config(config_class(**ARCHITECTURES[arch]), dtype=dtype, **extra).to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()

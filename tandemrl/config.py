@@ -188,7 +188,8 @@ class RewardConfig(Section):
 
 
 class TrainConfig(Section):
-    """The GRPO update: steps, optimizer, advantage, loss and batching."""
+    """The GRPO update: steps, optimizer, advantage, loss and batching. Micro-batches are packed (no padding) and
+    sized by a token budget: see [the update](update.md)."""
 
     max_steps: int = Field(800, ge=1, description="number of steps (a rollout batch and its updates)")
     max_minutes: float | None = Field(None, gt=0, description="stop stepping after this many minutes of the run "
@@ -218,12 +219,28 @@ class TrainConfig(Section):
     epochs_per_batch: int = Field(1, ge=1, description="passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch is split into this many "
                               "parts)")
-    micro_batch_size: int = Field(64, ge=1, description="sequences per forward; a mini-batch accumulates "
-                                  "gradients over its micro-batches")
+    max_tokens_per_micro_batch: int = Field(
+        16384, ge=1, description="the update's memory knob: prompt + completion tokens per forward. Each "
+        "mini-batch's rows are packed (no padding) into micro-batches of at most this many tokens (first-fit "
+        "decreasing) and accumulate gradients; a row longer than the budget gets a micro-batch of its own, so a "
+        "budget that fits the longest row never runs out of memory. The loss does not depend on the packing")
+    micro_batch_size: int | None = Field(None, ge=1, description="rows per forward instead of the token budget "
+                                         "(still packed): when set it wins, and setting "
+                                         "`train.max_tokens_per_micro_batch` too is an error")
     logprob_chunk_size: int = Field(1024, ge=1, description="tokens per lm_head chunk when computing log-probs")
     max_nonfinite_steps: int = Field(3, ge=1, description="stop after this many steps in a row with a NaN/inf "
                                      "loss (each one is skipped)")
     max_invalid_reward_steps: int = Field(3, ge=1, description="stop after this many steps in a row with no valid reward")
+
+    @model_validator(mode="after")
+    def _check_micro_batches(self) -> TrainConfig:
+        # A run's config.toml writes every key: only a budget other than the default counts as set.
+        budget = "max_tokens_per_micro_batch"
+        if self.micro_batch_size is not None and budget in self.model_fields_set and \
+                self.max_tokens_per_micro_batch != type(self).model_fields[budget].default:
+            raise ValueError("train.micro_batch_size and train.max_tokens_per_micro_batch both size the update's "
+                             "micro-batches: set one of them")
+        return self
 
 
 class EvalConfig(Section):

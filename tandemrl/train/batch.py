@@ -1,4 +1,8 @@
-"""Pack rollouts into padded training tensors: left-padded prompts, right-padded completions."""
+"""Rollouts as training tensors: rows of left-padded prompts and right-padded completions.
+
+The padded rows are the batch's storage (cheap: integers and per-token floats); the forward never computes on the
+padding: train/packing.py concatenates each micro-batch's real tokens into one packed sequence.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ class TrainBatch:
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
+
+    def sequence_lengths(self) -> Tensor:
+        """[B] long: prompt + completion tokens of each row (what a packed forward computes on)."""
+        return self.attention_mask.sum(dim=1)
 
     def policy_version_lag(self, trainer_version: int) -> int:
         """How many versions the trainer's weights are ahead of the oldest weights that sampled a row."""

@@ -35,7 +35,7 @@ from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.epochs import end_of_epoch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
-from tandemrl.train.logprobs import completion_logprobs
+from tandemrl.train.logprobs import batch_logprobs
 from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
 from tandemrl.train.sample_log import show_completions
 from tandemrl.train.inputs import RunInputs, write_inline_datasets
@@ -193,7 +193,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
-                               cfg.rollout.temperature, completion_budget(cfg), run.parallel.global_norm)
+                               cfg.rollout.temperature, completion_budget(cfg), run.parallel.global_norm,
+                               run.parallel.any)
     if run.engine_weights is not None:  # torchrun: all-gather the new shards into the engine's full weights
         with times.measure("weight_gather"):
             run.engine_weights.refresh()
@@ -229,16 +230,16 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
 def attach_fixed_logprobs(run: Run, batch: TrainBatch) -> None:
     """Log-probs that stay fixed through the update: the sampling policy's (when it is reused) and the reference's."""
     cfg = run.cfg.train
-    temperature, chunk = run.cfg.rollout.temperature, cfg.logprob_chunk_size
+    temperature, any_rank = run.cfg.rollout.temperature, run.parallel.any
     with torch.no_grad():
         if cfg.epochs_per_batch > 1 or cfg.mini_batches > 1:
-            batch.old_logprobs = completion_logprobs(run.model, batch, temperature, chunk).logprobs
+            batch.old_logprobs = batch_logprobs(run.model, batch, temperature, cfg, any_rank)
         if cfg.kl_beta > 0:
             if run.ref_model is not None:
-                batch.ref_logprobs = completion_logprobs(run.ref_model, batch, temperature, chunk).logprobs
+                batch.ref_logprobs = batch_logprobs(run.ref_model, batch, temperature, cfg, any_rank)
             else:
                 with run.model.disable_adapter():  # LoRA: the base model is the reference
-                    batch.ref_logprobs = completion_logprobs(run.model, batch, temperature, chunk).logprobs
+                    batch.ref_logprobs = batch_logprobs(run.model, batch, temperature, cfg, any_rank)
 
 
 def check_nonfinite(run: Run, state: TrainerState, skipped: int, applied: int, display: TrainDisplay) -> None:

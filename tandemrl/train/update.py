@@ -1,4 +1,8 @@
-"""The policy update: epochs x mini-batches x micro-batches with gradient accumulation over one rollout batch."""
+"""The policy update: epochs x mini-batches x micro-batches with gradient accumulation over one rollout batch.
+
+Micro-batches are packed (no padding) and sized by a token budget (train/micro_batches.py); the loss's normalisers
+are the mini-batch's, so the result does not depend on how its rows are grouped.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from tandemrl.algo.losses import (
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import TrainBatch
 from tandemrl.train.logprobs import completion_logprobs
+from tandemrl.train.micro_batches import micro_batch_limits, micro_batches
 
 
 @dataclass
@@ -47,11 +52,13 @@ def policy_update(
     temperature: float,
     max_completion_length: int,
     global_norm: Callable[[BatchNorm], BatchNorm] | None = None,
+    any_rank: Callable[[bool], bool] | None = None,
 ) -> UpdateResult:
     """Runs cfg.epochs_per_batch passes over the batch, one optimizer step per mini-batch.
 
     ``global_norm`` turns a mini-batch's normalisers into the whole job's (multi-process: every rank's rows), so
-    each rank's loss is its share of the global loss and the summed gradients are the global gradient.
+    each rank's loss is its share of the global loss and the summed gradients are the global gradient. ``any_rank``
+    (multi-process: is the flag true on any rank?) keeps every rank running as many micro-batches.
     """
     loss_cfg = LossConfig(
         eps_low=cfg.eps_low, eps_high=cfg.eps_high, kl_beta=cfg.kl_beta,
@@ -62,7 +69,8 @@ def policy_update(
     for _ in range(cfg.epochs_per_batch):
         order = torch.randperm(batch.size, generator=generator).to(batch.input_ids.device)
         for mini in order.chunk(cfg.mini_batches):
-            metrics = _accumulate_gradients(model, batch.rows(mini), loss_cfg, cfg, temperature, global_norm)
+            metrics = _accumulate_gradients(model, batch.rows(mini), loss_cfg, cfg, temperature, global_norm,
+                                            any_rank)
             params = [p for p in model.parameters() if p.requires_grad]
             grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             if metrics is None or not torch.isfinite(grad_norm):
@@ -86,7 +94,7 @@ def _full(grad_norm: torch.Tensor) -> torch.Tensor:
 
 def _accumulate_gradients(
     model: nn.Module, mini_batch: TrainBatch, loss_cfg: LossConfig, cfg: TrainConfig, temperature: float,
-    global_norm: Callable[[BatchNorm], BatchNorm] | None = None,
+    global_norm: Callable[[BatchNorm], BatchNorm] | None = None, any_rank: Callable[[bool], bool] | None = None,
 ) -> dict[str, float] | None:
     """Backward over the micro-batches of one mini-batch; its metrics, or None if the loss was not finite.
 
@@ -94,15 +102,15 @@ def _accumulate_gradients(
     rank must run the same number of backward passes, or the gradient reduce-scatter waits forever.
     """
     loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
-    # Normalisers over the whole mini-batch make accumulation exact: 1 x 8 micro-batches == 8 x 1.
+    # Normalisers over the whole mini-batch make accumulation exact: 1 x 8 micro-batches == 8 x 1, any packing.
     norm = BatchNorm.from_masks([mini_batch.loss_mask], loss_cfg.max_completion_length)
     if global_norm is not None:
         norm = global_norm(norm)
     finite = True
     # Each micro-batch's loss and metrics are its share of the mini-batch's: they add up.
     totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
-    for start in range(0, mini_batch.size, cfg.micro_batch_size):
-        micro = mini_batch.rows(slice(start, start + cfg.micro_batch_size))
+    for part in micro_batches(mini_batch, micro_batch_limits(cfg), any_rank):
+        micro = part.batch
         out = completion_logprobs(model, micro, temperature, cfg.logprob_chunk_size)
         # old = the policy before this update: fixed up front, or on a single on-policy pass the detached
         # current log-probs. TIS and the mismatch metrics compare it with the rollout engine's.

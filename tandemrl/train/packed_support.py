@@ -1,0 +1,46 @@
+"""Does a model's attention take packed input? If not, the update falls back to padded rows, and says so once.
+
+transformers' own decoders build their attention mask with masking_utils.create_causal_mask, which reads restarting
+``position_ids`` (with no ``attention_mask``) as packed sequences for every attention implementation: flash-attention
+through cu_seqlens, flex_attention through a document BlockMask, sdpa/eager through a block-diagonal mask. Models
+from elsewhere (``trust_remote_code``) may attend across the packed rows: they get padded rows.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from torch import nn
+
+_VERDICT = "_tandemrl_packs_sequences"  # kept on the model, so the fallback is said once per model
+_DENSE_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def packs_sequences(causal_lm: nn.Module) -> bool:
+    known = getattr(causal_lm, _VERDICT, None)
+    if known is None:
+        known = _masks_packed_positions(type(causal_lm.get_decoder()))
+        setattr(causal_lm, _VERDICT, known)
+        _say_once(causal_lm, known)
+    return known
+
+
+def _masks_packed_positions(decoder_class: type) -> bool:
+    """A transformers model class (FSDP and peft wrap it in subclasses) whose module builds masks from positions."""
+    for cls in decoder_class.__mro__:
+        if cls.__module__.startswith("transformers.models."):
+            module = sys.modules.get(cls.__module__)
+            return bool(getattr(cls, "_supports_attention_backend", False)) and hasattr(module, "create_causal_mask")
+    return False
+
+
+def _say_once(causal_lm: nn.Module, packs: bool) -> None:
+    implementation = getattr(causal_lm.config, "_attn_implementation", None)
+    if not packs:
+        warnings.warn(f"{type(causal_lm).__name__} is not a transformers decoder that confines attention to packed "
+                      "sequences: the update runs on padded rows (slower on long-tailed lengths)", stacklevel=3)
+    elif implementation in _DENSE_MASK_IMPLEMENTATIONS and causal_lm.get_input_embeddings().weight.is_cuda:
+        warnings.warn(f"packed update with attn_implementation={implementation!r}: attention is confined by a dense "
+                      "[tokens x tokens] mask per micro-batch; model.attn_implementation = 'flex_attention' (or "
+                      "'flash_attention_2' where installed) skips the masked blocks", stacklevel=3)
