@@ -37,10 +37,11 @@ def build_state(cfg: Config, served_name: str, allow_ipc: bool = False, checkpoi
     from tandemrl.backends.engine_backend import EngineBackend
     from tandemrl.models.load import resolve_device
     from tandemrl.train.eval_run import load_merged
-    from tandemrl.train.setup import set_cpu_threads
+    from tandemrl.train.setup import load_policy, set_cpu_threads
 
     device = resolve_device(cfg.model.device)
-    model, tokenizer = load_merged(cfg, checkpoint, device)
+    # a run's checkpoint is served as one plain model; otherwise model.lora keeps its adapter (sync.kind = "lora")
+    model, tokenizer = load_merged(cfg, checkpoint, device) if checkpoint is not None else load_policy(cfg.model, device)
     set_cpu_threads(cfg.model.cpu_threads, model, device)
     model.eval().requires_grad_(False)
     backend = EngineBackend(model, tokenizer, cfg.engine, device=device)

@@ -59,15 +59,16 @@ def test_config_takes_server_mode_and_names_what_is_missing():
     assert load_config(None, ['rollout.backend="vllm"']).rollout.vllm.mode == "colocated"  # today's default
     with pytest.raises(ConfigError, match="rollout.vllm.mode = 'server' needs rollout.vllm.url"):
         load_config(None, ['rollout.backend="vllm"', 'rollout.vllm.mode="server"'])
+    VLLM = 'rollout.backend="vllm"'
     with pytest.raises(ConfigError, match="is not an http\\(s\\) URL"):
-        load_config(None, ['rollout.vllm.mode="server"', 'rollout.vllm.url="127.0.0.1:8000"'])
+        load_config(None, [VLLM, 'rollout.vllm.mode="server"', 'rollout.vllm.url="127.0.0.1:8000"'])
     with pytest.raises(ConfigError, match="is not an http\\(s\\) URL"):
-        load_config(None, ['rollout.vllm.mode="server"', 'rollout.vllm.url="http://host:port"'])
+        load_config(None, [VLLM, 'rollout.vllm.mode="server"', 'rollout.vllm.url="http://host:port"'])
     with pytest.raises(ConfigError, match="url is set but rollout.vllm.mode = 'colocated'"):
-        load_config(None, ['rollout.vllm.url="http://127.0.0.1:8000"'])
+        load_config(None, [VLLM, 'rollout.vllm.url="http://127.0.0.1:8000"'])
     with pytest.raises(ConfigError, match="set rollout.vllm.weights_dir to a directory both hosts see"):
-        load_config(None, ['rollout.vllm.mode="server"', 'rollout.vllm.url="http://gpu-7:8000"'])
-    remote = ['rollout.vllm.mode="server"', 'rollout.vllm.url="http://gpu-7:8000"']
+        load_config(None, [VLLM, 'rollout.vllm.mode="server"', 'rollout.vllm.url="http://gpu-7:8000"'])
+    remote = [VLLM, 'rollout.vllm.mode="server"', 'rollout.vllm.url="http://gpu-7:8000"']
     load_config(None, [*remote, 'rollout.vllm.weight_transfer="http"'])
     load_config(None, [*remote, 'rollout.vllm.weights_dir="/shared/weights"'])
     with pytest.raises(ConfigError, match="weight_transfer"):
