@@ -533,16 +533,17 @@ def _emit_table(table: dict[str, Any], prefix: list[str], lines: list[str]) -> N
     if prefix and (scalars or not sections):
         lines.append(f"\n[{'.'.join(prefix)}]")
     for key, value in scalars.items():
-        lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+        lines.append(f"{_toml_key(key)} = {toml_literal(value)}")
     for key, value in sections.items():
         _emit_table(value, prefix + [key], lines)
 
 
 def _toml_key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
+    return key if key.replace("_", "").replace("-", "").isalnum() else toml_literal(key)
 
 
-def _toml_value(value: Any) -> str:
+def toml_literal(value: Any) -> str:
+    """A value as a TOML literal (an inline table for a dict)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -550,5 +551,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_literal(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} to TOML")

@@ -21,7 +21,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from tandemrl.config import Config
+from tandemrl.config import Config, toml_literal
 
 REGENERATE = "python -m tandemrl.config_reference > docs/configuration.md"
 
@@ -197,17 +197,10 @@ def _default(value: Any) -> str:
 
 def _literal(value: Any) -> str:
     """A value as TOML writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_literal(v)}" for k, v in value.items()) + "}"
-    return str(value)
+    try:
+        return toml_literal(value)
+    except TypeError:
+        return str(value)
 
 
 def _cell(text: str) -> str:
