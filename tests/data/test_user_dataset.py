@@ -151,3 +151,12 @@ def test_presets_refuse_a_data_path_and_gsm8k_is_a_preset_of_the_same_loader(tmp
     data = load_data(DataConfig(task="gsm8k", path=str(gsm)), 0, None)
     assert len(data.test) == 1 and "held out" in data.test_origin
     assert data.train[0].prompt.endswith('"#### <number>".') and data.train[0].answer.isdigit()
+
+
+def test_held_out_keys_with_a_test_path_are_an_error():
+    from tandemrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="data.test_fraction has no effect with data.test_path set"):
+        load_config(None, ['data.path="a.jsonl"', 'data.test_path="b.jsonl"', "data.test_fraction=0.2"])
+    with pytest.raises(ConfigError, match="data.prompt_column applies to your own dataset"):
+        load_config(None, ['data.task="gsm8k"', 'data.prompt_column="question"'])
