@@ -16,10 +16,10 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tandemrl.models.lora import unwrap_causal_lm
-from tandemrl.train.batch import TrainBatch
 from tandemrl.config import TrainConfig
+from tandemrl.train.batch import TrainBatch
 from tandemrl.train.micro_batches import micro_batch_limits, micro_batches
-from tandemrl.train.packed_support import packs_sequences
+from tandemrl.train.packed_support import packed_is_cheaper
 from tandemrl.train.packing import pack, padded_sources
 
 
@@ -60,7 +60,7 @@ def batch_logprobs(
 
 def logprobs_of(causal_lm: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int) -> TokenLogprobs:
     decoder = causal_lm.get_decoder()
-    if packs_sequences(causal_lm):
+    if packed_is_cheaper(causal_lm, batch):
         packed = pack(batch)
         hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
         source, targets, completion = packed.source, packed.targets, packed.completion

@@ -13,8 +13,26 @@ import warnings
 
 from torch import nn
 
+from tandemrl.train.batch import TrainBatch
+
 _VERDICT = "_tandemrl_packs_sequences"  # kept on the model, so the fallback is said once per model
 _DENSE_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+ALWAYS_PACK = "_tandemrl_always_pack"  # set True on a model to pack whatever the cost (the equivalence tests do)
+
+
+def packed_is_cheaper(causal_lm: nn.Module, batch: TrainBatch) -> bool:
+    """Whether this micro-batch runs packed. A dense-mask attention (sdpa, eager) computes every [tokens x tokens]
+    pair of the packed sequence, so it packs only when that costs no more than the padded rows' attention
+    (rows x width^2): short rows (the CPU demo's 13-token rows, 128 of them) stay padded, long-tailed ones pack."""
+    if not packs_sequences(causal_lm):
+        return False
+    if getattr(causal_lm, ALWAYS_PACK, False):
+        return True
+    if getattr(causal_lm.config, "_attn_implementation", None) not in _DENSE_MASK_IMPLEMENTATIONS:
+        return True
+    tokens = int(batch.attention_mask.sum())
+    rows, width = batch.input_ids.shape
+    return tokens * tokens <= rows * width * width
 
 
 def packs_sequences(causal_lm: nn.Module) -> bool:

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import build_batch
 from tandemrl.train.logprobs import batch_logprobs, completion_logprobs
-from tandemrl.train.packed_support import _VERDICT
+from tandemrl.train.packed_support import _VERDICT, ALWAYS_PACK
 from tandemrl.train.update import policy_update
 from tandemrl.types import Rollout
 
@@ -39,6 +39,8 @@ def _model(family: str = "qwen2", packed: bool = True):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     if not packed:
         setattr(model, _VERDICT, False)  # what a model whose attention cannot take packed input gets
+    else:
+        setattr(model, ALWAYS_PACK, True)  # these rows are short: sdpa's cost rule alone would keep them padded
     return model
 
 
@@ -70,6 +72,20 @@ def _update_delta(model, batch, **train) -> dict[str, torch.Tensor]:
 def _assert_same_deltas(a: dict, b: dict) -> None:
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_dense_mask_attention_packs_only_where_it_is_cheaper():
+    from tandemrl.train.packed_support import packed_is_cheaper
+
+    model = _model(packed=False)
+    delattr(model, _VERDICT)  # detect afresh: a transformers Qwen2 packs
+    short = build_batch([Rollout(f"r{i}", [1, 2], [3, 4], [0.0, 0.0], "stop") for i in range(64)], torch.zeros(64),
+                        pad_id=0, device=torch.device("cpu"))
+    lengths = [60, 2, 2, 2]  # one long row: padding would compute 4 x 61^2, packing 67^2
+    tail = build_batch([Rollout(f"r{i}", [1], [5] * n, [0.0] * n, "stop") for i, n in enumerate(lengths)],
+                       torch.zeros(4), pad_id=0, device=torch.device("cpu"))
+    assert not packed_is_cheaper(model, short)  # 64 equal rows: the packed [256 x 256] mask costs more
+    assert packed_is_cheaper(model, tail)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
