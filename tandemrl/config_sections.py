@@ -225,5 +225,16 @@ class DistributedConfig(Section):
 
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="the process group's backend; `auto`: "
                                                      "`nccl` on CUDA, `gloo` on CPU")
-    timeout_s: float = Field(1800.0, gt=0.0, description="seconds a collective waits for a missing rank before "
-                             "the job fails (a rank evaluating alone counts too)")
+    timeout_s: float = Field(600.0, gt=0.0, description="seconds a collective waits for a rank that is alive but "
+                             "stuck before the job fails (NCCL's watchdog and gloo alike); it must cover the longest "
+                             "legitimate wait: one rank's rollouts running longer than another's, rank 0 writing a "
+                             "checkpoint's full weights alone")
+    heartbeat_timeout_s: float = Field(60.0, gt=0.0, description="a rank whose heartbeat (a thread beating into "
+                                       "torchrun's store) stops for this long is dead, frozen or cut off: the other "
+                                       "ranks end the job, naming it")
+    strategy: Literal["auto", "replicate", "shard"] = Field(
+        "auto", description="how ranks hold the model: `replicate` (a full copy per rank, gradients all-reduced "
+        "once per optimizer step, the engine reads the trained tensors in place), `shard` (FSDP2, the engine "
+        "decodes a full replica refreshed by all-gather after each update), `auto`: replicate when weights, "
+        "gradients, AdamW states and a margin fit the GPU's memory (always on the CPU), else shard; LoRA always "
+        "replicates")

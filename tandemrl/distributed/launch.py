@@ -7,6 +7,7 @@ from typing import Iterator
 
 from tandemrl.config import Config
 from tandemrl.distributed.env import RankInfo, destroy_process_group, init_process_group, launched_by_torchrun
+from tandemrl.distributed.heartbeat import Heartbeat, torchrun_store
 from tandemrl.distributed.parallel import Distributed, Parallel, SingleProcess
 
 
@@ -18,11 +19,22 @@ def process_group(cfg: Config) -> Iterator[RankInfo | None]:
         return
     check_layout(cfg, _world_size_from_env())
     info = init_process_group(cfg.distributed, cfg.model.device)
+    heartbeat = start_heartbeat(cfg, info)
     try:
         yield info
         Distributed(info).barrier()  # no rank closes its connections while another still uses them
+        if heartbeat is not None:
+            heartbeat.stop()  # after the barrier: every rank is done, none may be taken for dead
     finally:  # after an error: no barrier (it would wait for ranks that are gone), just leave
         destroy_process_group()
+
+
+def start_heartbeat(cfg: Config, info: RankInfo) -> Heartbeat | None:
+    """The watchdog that ends the job when a rank stops beating (none when the job has one rank or no store)."""
+    store = torchrun_store(cfg.distributed.heartbeat_timeout_s) if info.world_size > 1 else None
+    if store is None:
+        return None
+    return Heartbeat(store, info.rank, info.world_size, cfg.distributed.heartbeat_timeout_s).start()
 
 
 def make_parallel(info: RankInfo | None) -> Parallel:
@@ -39,8 +51,9 @@ def check_layout(cfg: Config, world_size: int) -> None:
     if local_samples % cfg.train.mini_batches:
         raise ValueError(f"train.mini_batches = {cfg.train.mini_batches} must divide each rank's "
                          f"{local_samples} samples (rollout.prompts_per_step / processes * rollout.group_size)")
-    if cfg.model.lora.enabled:
-        raise ValueError("model.lora.enabled is not supported under torchrun yet (FSDP2 shards full fine-tuning)")
+    if cfg.model.lora.enabled and cfg.distributed.strategy == "shard":
+        raise ValueError("distributed.strategy = 'shard' does not take model.lora.enabled: LoRA replicates (each "
+                         "rank holds the base and the adapter); use 'auto' or 'replicate'")
     if cfg.curriculum.enabled:
         raise ValueError("curriculum.enabled is not supported under torchrun yet (each rank would see only its share "
                          "of the rewards)")

@@ -1,5 +1,6 @@
 """Checkpoints of a torchrun job: model and optimizer through torch.distributed.checkpoint (DCP, every rank writes
-its shards; a load re-shards, so a run resumes with another number of processes), plus — from rank 0 — the full
+its shards, replicated tensors once; a load re-shards, so a run resumes with another number of processes or the
+other distributed.strategy; frozen weights — LoRA's base — are left out, they come from the model), plus — from rank 0 — the full
 weights in Hugging Face layout (from the engine replica: `tandemrl eval RUN_DIR` and `from_pretrained` read them),
 tokenizer, scheduler, trainer state and one RNG file per rank.
 
@@ -31,6 +32,13 @@ DCP_DIR = "dcp"
 DCP_FORMAT = "fsdp-dcp"
 
 
+def trained_only() -> Any:
+    """DCP state-dict options: the trained weights and their optimizer state (LoRA: the adapter, not the base)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True)
+
+
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank:05d}.pt"
 
@@ -58,7 +66,7 @@ def save_distributed(root: Path, step: int, *, parallel: Distributed, model: nn.
             atomic_dir.clear(tmp)
             tmp.mkdir()
         parallel.barrier()
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=trained_only())
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / DCP_DIR)
         torch.save(rng_state, tmp / rng_file(parallel.rank))
         if parallel.is_main:
@@ -106,13 +114,14 @@ def load_distributed(path: Path, *, parallel: Distributed, model: nn.Module, opt
     if problem is not None:
         raise CheckpointError(f"cannot load checkpoint {path}: {problem}")
     require_distributed_format(path, distributed=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=trained_only())
     state = {"model": model_state, "optim": optim_state}
     try:
         dcp.load(state, checkpoint_id=path / DCP_DIR)
     except Exception as exc:
         raise CheckpointError(f"cannot load {path / DCP_DIR} into this model and optimizer: {exc}") from exc
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=trained_only())
     scheduler.load_state_dict(torch.load(path / SCHEDULER, map_location="cpu", weights_only=True))
     rng = path / rng_file(parallel.rank)
     if rng.is_file():

@@ -194,8 +194,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
                                cfg.rollout.temperature, completion_budget(cfg), run.parallel.global_norm,
-                               run.parallel.any)
-    if run.engine_weights is not None:  # torchrun: all-gather the new shards into the engine's full weights
+                               run.parallel.any, run.reduce_gradients)
+    if run.engine_weights is not None:  # torchrun, sharded: all-gather the new shards into the engine's weights
         with times.measure("weight_gather"):
             run.engine_weights.refresh()
     run.backend.wake()

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -75,8 +75,9 @@ class Run:
     curriculum: Curriculum | None = None
     sample_log: SampleLog | None = None  # samples.jsonl (log.samples; torchrun: rank 0's samples)
     parallel: Parallel = field(default_factory=SingleProcess)  # torchrun: this rank's share and reductions
-    engine_model: nn.Module | None = None  # torchrun: the full-weight replica the engine reads (model is sharded)
-    engine_weights: Any = None  # torchrun: WeightGather, refreshing engine_model from the shards after updates
+    engine_model: nn.Module | None = None  # torchrun: what the engine reads (model itself, or the shards' replica)
+    engine_weights: Any = None  # torchrun: WeightGather (sharded: refreshes engine_model) or NoGather (replicated)
+    reduce_gradients: Callable[[], None] | None = None  # torchrun, replicated: averages gradients over the ranks
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
     sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
     test_origin: str = ""  # where the test samples come from, in words (the run says so at its start)
@@ -173,15 +174,18 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     ref_model = None
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    engine_model, engine_weights = model, None
-    if rank is not None:
-        from tandemrl.distributed.fsdp import WeightGather, plain_replica
-        from tandemrl.train.sharding import shard_model
+    engine_model, engine_weights, reduce_gradients = model, None, None
+    if rank is not None:  # replicated or FSDP2-sharded (distributed.strategy; train/sharding.py)
+        from tandemrl.train.sharding import distribute_model
 
-        engine_model = plain_replica(model)  # before sharding: it starts with the full weights
-        shard_model(model)
-        engine_weights = WeightGather(model, engine_model)
-    optimizer = build_optimizer(model, cfg.train)  # over the shards under torchrun
+        placed = distribute_model(model, cfg.distributed.strategy, rank.world_size, device, cfg.model.lora.enabled,
+                                  extra_copies=int(ref_model is not None))
+        engine_model, engine_weights, reduce_gradients = placed.engine_model, placed.engine_weights, \
+            placed.reduce_gradients
+        if rank.is_main:
+            print(f"torchrun: {rank.world_size} ranks, distributed.strategy -> {placed.choice.strategy} "
+                  f"({placed.choice.reason})", flush=True)
+    optimizer = build_optimizer(model, cfg.train)  # over the shards when sharded
     backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device))
     agent = build_agent(cfg, backend, tokenizer)
@@ -207,4 +211,5 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
                     if cfg.log.samples and (rank is None or rank.is_main) else None),
         parallel=make_parallel(rank),
         engine_model=engine_model if rank is not None else None, engine_weights=engine_weights,
+        reduce_gradients=reduce_gradients,
     )

@@ -1,15 +1,62 @@
-"""The trainer's model under FSDP2 (torchrun): distributed/fsdp.py shards its layers, and the log-prob pass
-(logprobs.py) becomes a forward method of the root. It calls the decoder and reads lm_head.weight directly (chunked,
-without full logits); as a registered forward method it runs between FSDP's gather and its gradient hooks.
+"""The trainer's model under torchrun: replicated (a full copy per rank, gradients all-reduced once per optimizer
+step; distributed/replicate.py) or sharded with FSDP2 (distributed/fsdp.py), as distributed.strategy chooses
+(distributed/strategy.py).
+
+Sharded, the log-prob pass (logprobs.py) becomes a forward method of the root. It calls the decoder and reads
+lm_head.weight directly (chunked, without full logits); as a registered forward method it runs between FSDP's gather
+and its gradient hooks.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
 from torch import nn
 
 from tandemrl.distributed.fsdp import fully_shard_decoder
+from tandemrl.distributed.strategy import Choice, choose_strategy
 from tandemrl.train.batch import TrainBatch
 from tandemrl.train.logprobs import FSDP_FORWARD, TokenLogprobs, logprobs_of
+
+
+@dataclass
+class RankModel:
+    """What a rank trains and decodes with: ``engine_model`` is the trained model itself when replicated, a full
+    replica when sharded (``engine_weights.refresh()`` copies the new weights into it after each update)."""
+
+    choice: Choice
+    engine_model: nn.Module
+    engine_weights: Any  # WeightGather | NoGather
+    reduce_gradients: Callable[[], None] | None  # replicated: called once per optimizer step (train/update.py)
+
+
+def distribute_model(model: nn.Module, asked: str, world_size: int, device: torch.device, lora: bool,
+                     extra_copies: int = 0) -> RankModel:
+    """Collective: every rank calls it. Replicates or shards ``model`` in place (the ranks agree: one rank that
+    cannot replicate makes all shard)."""
+    choice = agreed(choose_strategy(asked, model, device, lora, extra_copies), device)
+    if choice.strategy == "replicate":
+        from tandemrl.distributed.replicate import GradientAllReduce, NoGather, broadcast_trainable
+
+        broadcast_trainable(model)
+        return RankModel(choice, model, NoGather(), GradientAllReduce.of(model, world_size))
+    from tandemrl.distributed.fsdp import WeightGather, plain_replica
+
+    replica = plain_replica(model)  # before sharding: it starts with the full weights
+    shard_model(model)
+    return RankModel(choice, replica, WeightGather(model, replica), None)
+
+
+def agreed(choice: Choice, device: torch.device) -> Choice:
+    import torch.distributed as dist
+
+    replicate = torch.tensor([int(choice.strategy == "replicate")], device=device)
+    dist.all_reduce(replicate, op=dist.ReduceOp.MIN)
+    if choice.strategy == "replicate" and not replicate.item():
+        return Choice("shard", f"{choice.reason} here, but another rank's GPU is smaller")
+    return choice
 
 
 def shard_model(model: nn.Module) -> None:

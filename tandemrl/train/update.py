@@ -53,12 +53,15 @@ def policy_update(
     max_completion_length: int,
     global_norm: Callable[[BatchNorm], BatchNorm] | None = None,
     any_rank: Callable[[bool], bool] | None = None,
+    reduce_gradients: Callable[[], None] | None = None,
 ) -> UpdateResult:
     """Runs cfg.epochs_per_batch passes over the batch, one optimizer step per mini-batch.
 
     ``global_norm`` turns a mini-batch's normalisers into the whole job's (multi-process: every rank's rows), so
     each rank's loss is its share of the global loss and the summed gradients are the global gradient. ``any_rank``
-    (multi-process: is the flag true on any rank?) keeps every rank running as many micro-batches.
+    (multi-process: is the flag true on any rank?) keeps every rank running as many micro-batches, and every rank
+    skipping the same steps. ``reduce_gradients`` (replicated ranks) averages the accumulated gradients over the
+    ranks once per optimizer step, after the last micro-batch's backward.
     """
     loss_cfg = LossConfig(
         eps_low=cfg.eps_low, eps_high=cfg.eps_high, kl_beta=cfg.kl_beta,
@@ -71,9 +74,14 @@ def policy_update(
         for mini in order.chunk(cfg.mini_batches):
             metrics = _accumulate_gradients(model, batch.rows(mini), loss_cfg, cfg, temperature, global_norm,
                                             any_rank)
+            if reduce_gradients is not None:
+                reduce_gradients()
             params = [p for p in model.parameters() if p.requires_grad]
             grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            if metrics is None or not torch.isfinite(grad_norm):
+            skip = metrics is None or not bool(torch.isfinite(grad_norm))
+            if any_rank is not None:  # replicas (and shards) must take the same steps
+                skip = any_rank(skip)
+            if skip:
                 optimizer.zero_grad(set_to_none=True)
                 result.skipped_nonfinite += 1
                 continue

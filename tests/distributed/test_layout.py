@@ -64,8 +64,9 @@ def test_layouts_that_cannot_split_fail_before_any_work():
     with pytest.raises(ValueError, match="train.mini_batches = 4 must divide each rank's 6 samples"):
         check_layout(cfg, 2)
     check_layout(load_config(None, ["rollout.prompts_per_step=8"]), 2)
-    with pytest.raises(ValueError, match="model.lora.enabled"):
-        check_layout(load_config(None, ["model.lora.enabled=true"]), 2)
+    check_layout(load_config(None, ["model.lora.enabled=true"]), 2)  # LoRA replicates
+    with pytest.raises(ValueError, match="distributed.strategy = 'shard' does not take model.lora.enabled"):
+        check_layout(load_config(None, ["model.lora.enabled=true", "distributed.strategy=shard"]), 2)
 
 
 def test_checkpoints_resume_only_in_their_own_mode(tmp_path):

@@ -1,5 +1,6 @@
 """`torchrun -m tandemrl train` on the CPU (gloo): a rank dying ends the job, naming the rank, with the last
-checkpoint intact; the run then resumes from it with another number of processes."""
+checkpoint intact; the run then resumes from it with another number of processes and the other strategy. A rank that
+hangs ends the job within the heartbeat timeout. Two torchrun launches (`--nnodes 2`, one rendezvous) train LoRA."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_a_dying_rank_ends_the_job_and_the_run_resumes_with_one_process(tmp_path
                 "distributed.timeout_s=60", 'reward.weights={accuracy=1.0, "dying_reward:die_on_rank1"=0.5}']
     overrides = [arg for setting in settings for arg in ("--set", setting)]
 
-    died = torchrun(tmp_path, 2, "--out", "run", "--set", "train.max_steps=5", *overrides)
+    died = torchrun(tmp_path, 2, "--out", "run", "--set", "train.max_steps=5", "--set", "distributed.strategy=shard",
+                    *overrides)
     output = died.stdout + died.stderr
     assert died.returncode != 0, output[-3000:]
     root_cause = output.split("Root Cause")[-1]
@@ -56,7 +58,9 @@ def test_a_dying_rank_ends_the_job_and_the_run_resumes_with_one_process(tmp_path
     assert info["model_format"] == "fsdp-dcp" and info["world_size"] == 2
     assert not list(checkpoints.glob("step-00000003*"))
 
-    resumed = torchrun(tmp_path, 1, "--out", "run", "--resume", "--set", "train.max_steps=3")
+    # the sharded job's DCP checkpoint loads into one replicated process
+    resumed = torchrun(tmp_path, 1, "--out", "run", "--resume", "--set", "train.max_steps=3",
+                       "--set", "distributed.strategy=replicate")
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 3
@@ -64,3 +68,61 @@ def test_a_dying_rank_ends_the_job_and_the_run_resumes_with_one_process(tmp_path
     assert [row["step"] for row in steps] == [1, 2, 3]
     assert all(row["time/weight_gather"] >= 0 for row in steps)
     assert json.loads((find_latest(checkpoints) / "trainer_state.json").read_text())["_checkpoint"]["world_size"] == 1
+
+
+# Rank 1 freezes (SIGSTOP: alive to torchrun, silent to its peers) on its 4th reward call, inside step 3.
+FREEZING_REWARD = '''
+import os, signal
+CALLS = []
+def freeze_on_rank1(prompts, completions, **columns):
+    CALLS.append(1)
+    if os.environ.get("RANK") == "1" and len(CALLS) == 4:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return [0.0] * len(completions)
+'''
+
+
+def test_a_hanging_rank_ends_the_job_within_the_heartbeat_timeout(tmp_path):
+    import time
+
+    (tmp_path / "freezing_reward.py").write_text(FREEZING_REWARD)
+    tiny = ensure_tiny_model(tmp_path / "tiny")
+    settings = [f'model.tiny_dir="{tiny}"', "checkpoint.every_steps=1", "eval.limit=4", "eval.pass_k=0",
+                "rollout.prompts_per_step=2", "rollout.group_size=2", "log.tensorboard=false", "train.max_steps=5",
+                "distributed.timeout_s=600", "distributed.heartbeat_timeout_s=6",
+                'reward.weights={accuracy=1.0, "freezing_reward:freeze_on_rank1"=0.5}']
+    start = time.monotonic()
+    hung = torchrun(tmp_path, 2, "--out", "run", *[a for s in settings for a in ("--set", s)])
+    seconds = time.monotonic() - start
+    output = hung.stdout + hung.stderr
+    assert hung.returncode != 0, output[-3000:]
+    assert "[rank 0] tandemrl: rank 1 (" in output and "has not beaten for" in output, output[-3000:]
+    assert seconds < 120, seconds  # far below distributed.timeout_s: the heartbeat, not the collective, ended it
+    latest = find_latest(tmp_path / "run" / "checkpoints")
+    assert latest is not None and latest.name == "step-00000002" and checkpoint_problem(latest) is None
+
+
+def test_two_torchrun_launches_meet_in_one_rendezvous_and_train_lora(tmp_path):
+    import socket
+
+    tiny = ensure_tiny_model(tmp_path / "tiny")
+    with socket.socket() as probe:  # a free port for the rendezvous (the OS picks, nothing hard-coded)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = [f'model.tiny_dir="{tiny}"', "eval.limit=4", "eval.pass_k=0", "rollout.prompts_per_step=2",
+                "rollout.group_size=2", "log.tensorboard=false", "train.max_steps=2", "checkpoint.every_steps=1",
+                "model.lora.enabled=true", "model.lora.rank=4", "train.lr=1e-2"]
+    launch = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+              "--rdzv-id=two-nodes", "-m", "tandemrl", "train", "--out", "run",
+              *[a for s in settings for a in ("--set", s)]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launch], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert any("distributed.strategy -> replicate (LoRA" in o for o in outputs)
+    latest = find_latest(tmp_path / "run" / "checkpoints")
+    assert latest.name == "step-00000002" and checkpoint_info(latest)["world_size"] == 2
+    assert (latest / "adapter_model.safetensors").is_file()  # rank 0 wrote the adapter in peft's layout
