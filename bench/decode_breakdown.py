@@ -95,7 +95,7 @@ def main() -> None:
         hidden = out[:batch]
         with torch.inference_mode():
             sample = runner.sampler.for_rows(seqs)
-            sample_ms = event_ms(lambda: sample(compute_logits(runner.spec, hidden)), 50)
+            sample_ms = event_ms(lambda: sample(compute_logits(runner.target.spec, hidden)), 50)
         step_ms = wall_ms(lambda: runner.run(seqs, False), 50)
         burst_ms = wall_ms(lambda: runner.decode(seqs, [args.decode_steps] * batch), 10) / args.decode_steps
         floor_ms = decode_floor_s(model, batch, args.prompt_len, 0, bandwidth) * 1e3

@@ -1,10 +1,10 @@
 """Speculative decoding against the standard model of its speed-up, in one run.
 
-Random weights make acceptance meaningless, so the acceptance rate ``a`` is FIXED here by a benchmark-only runner
-(``FixedAcceptanceRunner``, defined in this file and used nowhere else: the trainer cannot reach it) that keeps each
-proposal with probability ``a`` until the first miss. Everything else is the engine's real path: the draft's
-proposals, the target's verify forwards (``--rounds`` per launch), the postprocessing. ``c`` is measured: the
-draft's decode step over the target's, from plain engine runs at the same batch. Every time (plain, draft,
+Random weights make acceptance meaningless, so the acceptance rate ``a`` is FIXED here by a benchmark-only acceptance
+rule (``FixedAcceptance``, defined and registered in this file, named by the runner the benchmark builds: the trainer
+never names it) that keeps each proposal with probability ``a`` until the first miss. Everything else is the engine's
+real path: the draft's proposals, the target's verify forwards (``--rounds`` per launch), the postprocessing. ``c`` is
+measured: the draft's decode step over the target's, from plain engine runs at the same batch. Every time (plain, draft,
 speculative) is the fastest of the same 3 runs (``TIMED_SEEDS``' prompts). The model predicts a speed-up of
 ``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` over plain decoding; achieved = plain time / speculative time. Each row also
 says which acceptance rate its draws realized (the fastest run may be the luckiest of the three).
@@ -23,6 +23,7 @@ import functools
 import json
 import platform
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Callable
@@ -37,6 +38,7 @@ from bench.host_timeline import SPECULATIVE, HostTimeline
 from bench.profile_engine import print_idle_gaps
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.model.acceptance import AcceptanceRule, Verdict, acceptance_rule, register_rule
 from tandemrl.engine.model.rejection import RejectionResult
 from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
@@ -50,40 +52,56 @@ TIMED_SEEDS = (2, 4, 5)  # the prompts of the timed runs (each time is the faste
 PREFILL_SEEDS = (3, 6, 7)  # the prefill-only runs': other prompts, or the prefix cache would serve them
 
 
-class FixedAcceptanceRunner(ModelRunner):
+@dataclass
+class FixedAcceptance:
     """BENCHMARK ONLY: keeps each proposal with probability ``rate`` (until the first miss) instead of the rejection
     rule, so the machinery can be timed at a controlled acceptance rate; the token after the kept ones is the
     target's argmax there."""
 
-    rate = 1.0
+    rate: float
     tally: Tensor  # [2] on the device: proposals kept, and draws that missed (a round stops at its first miss)
 
-    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, temperature: Tensor,
-               generator: torch.Generator | None, greedy_only: bool) -> RejectionResult:
+    def __call__(self, v: Verdict) -> tuple[RejectionResult, None]:
+        tokens, num_draft = v.tokens, v.num_proposals
         batch, width = tokens.shape
         keep = torch.rand(batch, width, device=tokens.device) < self.rate
         kept = keep.long().cumprod(1).sum(1).minimum(num_draft)
         self.tally += torch.stack((kept.sum(), (kept < num_draft).sum()))  # no host sync: read after the run
         position = torch.arange(width + 1, device=tokens.device)
-        final = logits.argmax(-1).gather(1, kept[:, None])
+        final = v.logits.argmax(-1).gather(1, kept[:, None])
         padded = torch.cat((tokens, tokens[:, :1]), 1)
         out = torch.where(position < kept[:, None], padded, final)
-        return RejectionResult(out, torch.zeros(out.shape, device=out.device), kept)
+        return RejectionResult(out, torch.zeros(out.shape, device=out.device), kept), None
+
+
+def fixed_acceptance(rate: float, device: torch.device) -> str:
+    """The name of the registered fixed-acceptance rule at ``rate`` on ``device`` (registered on first use)."""
+    name = f"bench-fixed-{rate}-{device}"
+    try:
+        acceptance_rule(name)
+    except ValueError:
+        register_rule(name, AcceptanceRule(FixedAcceptance(rate, torch.zeros(2, dtype=torch.long, device=device))))
+    return name
+
+
+def tally(engine: LLMEngine) -> Tensor:
+    """[2] proposals kept and draws that missed so far under the engine's fixed-acceptance rule."""
+    return acceptance_rule(engine.runner.acceptance).accept.tally
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, device: torch.device,
         draws: list[dict] | None = None) -> float:
     """Seconds to generate ``new_tokens`` for every prompt. ``draws`` gets what the run's acceptance draws gave, from
     the rollouts' telemetry: the slowest row's verify rounds over the rows' mean (the run lasts as long as its slowest
-    row, which the model ignores) and the acceptance rate its draws realized (``FixedAcceptanceRunner.tally``)."""
+    row, which the model ignores) and the acceptance rate its draws realized (``FixedAcceptance.tally``)."""
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     requests = [Request(str(i), p, params) for i, p in enumerate(prompts)]
     rollouts: list = []
-    tally = engine.runner.tally.clone()
+    before = tally(engine).clone()
     seconds = timed(device, lambda: rollouts.extend(engine.generate(requests)))
     if draws is not None:
         rounds = [r.stats.verify_steps for r in rollouts]
-        kept, missed = (engine.runner.tally - tally).tolist()
+        kept, missed = (tally(engine) - before).tolist()
         draws.append({"tail": max(rounds) * len(rounds) / sum(rounds), "a": kept / max(1, kept + missed)})
     return seconds
 
@@ -119,8 +137,8 @@ def profile_run(engine: LLMEngine, once) -> None:
 
 def make_engine(models: dict, num_blocks: int, device: torch.device, spec: SpeculativeConfig | None,
                 rate: float = 1.0) -> LLMEngine:
-    runner = FixedAcceptanceRunner(models, EngineConfig(num_blocks=num_blocks), device)
-    runner.rate, runner.tally = rate, torch.zeros(2, dtype=torch.long, device=device)
+    runner = ModelRunner(models, EngineConfig(num_blocks=num_blocks), device,
+                         acceptance=fixed_acceptance(rate, torch.device(device)))
     config = EngineConfig(num_blocks=num_blocks, max_num_seqs=256)
     return LLMEngine(runner, None, config, eos_ids=[], speculative=spec)
 

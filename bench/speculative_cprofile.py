@@ -1,7 +1,7 @@
 """Where the host's time goes in a warm speculative run: cProfile of one engine run per configuration, after warm-up
 runs until one captures no new CUDA graph (a capture in the profiled run is reported). Same pairs as
 bench.speculative: Qwen2.5-1.5B-architecture target, Qwen2.5-0.5B-architecture draft, random bf16 weights,
-128-token prompts, 256 new tokens, greedy, acceptance fixed by its benchmark-only FixedAcceptanceRunner.
+128-token prompts, 256 new tokens, greedy, acceptance fixed by its benchmark-only FixedAcceptance rule.
 
 GPU:  python -m bench.speculative_cprofile [--configs 1,2,0.8 8,4,0.6] [--lines 60]
 """

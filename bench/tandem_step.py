@@ -8,6 +8,7 @@ passes each model ran per kept token (batched passes over the step's rows / toke
 GPU:  python -m bench.tandem_step
       python -m bench.tandem_step --sync-too              # each tandem setting also with async scheduling off (A/B)
       python -m bench.tandem_step --turns-too             # each tandem setting also in turns on one stream (A/B)
+      python -m bench.tandem_step --rounds-too            # each tandem setting also as verify rounds (issue 35)
       python -m bench.tandem_step --frozen-device cuda:1   # the frozen model on a second GPU (tandem.frozen_device)
 CPU:  python -m bench.tandem_step --arch tiny-qwen3 --new-tokens 16 --prompt-len 8 --repeats 1 --sync-too
 """
@@ -50,12 +51,17 @@ class CaptureCounter:
 
 
 def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device, captures: CaptureCounter,
-            collections: FullCollections, async_scheduling: bool = True, turns: bool = False) -> dict:
+            collections: FullCollections, async_scheduling: bool = True, turns: bool = False,
+            rounds: bool = False) -> dict:
     config = EngineConfig(num_blocks=args.num_blocks, async_scheduling=async_scheduling)
     backend = EngineBackend(model, None, config, device=device, tandem=tandem,
                             frozen_model=frozen if tandem is not None else None)
     if turns:  # the A/B of paired ticks: bursts in turns on one stream, as off a GPU
         backend.engine.scheduler.paired_tandem = False
+    if rounds:  # the A/B of bursts (issue 35): each step a verify round per row (frozen run, then a hot token)
+        scheduler = backend.engine.scheduler
+        scheduler._schedule_tandem = scheduler._schedule_tandem_segments
+        backend.engine._synchronous = True  # what a round keeps decides where the next starts
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 2)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
@@ -90,6 +96,8 @@ def main() -> None:
     parser.add_argument("--max-run-tokens", type=int, default=3, help="frozen tokens per step (64 x 4 rows: graphs)")
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--frozen-device", default=None, help="where the frozen model lives (default: the hot's)")
+    parser.add_argument("--rounds-too", action="store_true",
+                        help="each tandem setting also as verify rounds (frozen proposer, forced rule), not bursts")
     parser.add_argument("--sync-too", action="store_true",
                         help="also time each tandem setting with engine.async_scheduling off (rows 'tandem p=P sync')")
     parser.add_argument("--turns-too", action="store_true",
@@ -105,12 +113,13 @@ def main() -> None:
     print(f"vanilla: {rows['vanilla']}", flush=True)  # as each row is measured: a timeout keeps what was done
     for p in args.ps:
         tandem = TandemConfig(enabled=True, p=p, max_run_tokens=args.max_run_tokens)
-        settings = [(f"tandem p={p}", True, False)]
-        settings += [(f"tandem p={p} sync", False, False)] if args.sync_too else []
-        settings += [(f"tandem p={p} turns", True, True)] if args.turns_too else []
-        for name, async_scheduling, turns in settings:
+        settings = [(f"tandem p={p}", True, False, False)]
+        settings += [(f"tandem p={p} sync", False, False, False)] if args.sync_too else []
+        settings += [(f"tandem p={p} turns", True, True, False)] if args.turns_too else []
+        settings += [(f"tandem p={p} rounds", False, False, True)] if args.rounds_too else []
+        for name, async_scheduling, turns, rounds in settings:
             rows[name] = measure(model, frozen, tandem, args, device, captures, collections,
-                                 async_scheduling=async_scheduling, turns=turns)
+                                 async_scheduling=async_scheduling, turns=turns, rounds=rounds)
             print(f"{name}: step / vanilla {rows[name]['step_s'] / rows['vanilla']['step_s']:.2f}, {rows[name]}",
                   flush=True)
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch,

@@ -11,7 +11,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine, ModelRunnerProtocol
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence, SequenceStatus
-from tandemrl.engine.step import StepKind, StepOutput, StepPlan
+from tandemrl.engine.step import DecodeStep, PrefillStep, StepKind, StepOutput, StepPlan, VerifyStep
 
-__all__ = ["BlockManager", "EngineConfig", "LLMEngine", "ModelRunnerProtocol", "Scheduler", "Sequence",
-           "SequenceStatus", "StepKind", "StepOutput", "StepPlan"]
+__all__ = ["BlockManager", "DecodeStep", "EngineConfig", "LLMEngine", "ModelRunnerProtocol", "PrefillStep", "Scheduler",
+           "Sequence", "SequenceStatus", "StepKind", "StepOutput", "StepPlan", "VerifyStep"]

@@ -144,7 +144,8 @@ class LLMEngine:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
             if self.tandem is not None and request.tandem:
-                seq.owners = owner_stream(self.tandem, seq.request_id, params.seed, self._boundaries)
+                self.scheduler.tandem_rows.add(seq, owner_stream(self.tandem, seq.request_id, params.seed,
+                                                                 self._boundaries))
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:
@@ -366,7 +367,7 @@ class LLMEngine:
             text, _ = truncate_at_stop(self._decode(completion), seq.params.stop)
         return Rollout(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], completion, list(seq.logprobs),
                        seq.finish_reason or "stop", text=text, policy_version=seq.policy_version, stats=seq.stats,
-                       token_sources=list(seq.sources))
+                       token_sources=self.scheduler.tandem_rows.sources(seq))
 
 
 def _note_first_prefill(seqs: list[Sequence], now: float) -> None:

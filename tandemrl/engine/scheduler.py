@@ -27,8 +27,9 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import SpeculativeConfig
-from tandemrl.engine.step import StepKind, StepOutput, StepPlan
-from tandemrl.engine.tandem import FROZEN, TandemConfig
+from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep, idle_step
+from tandemrl.engine.selectors import OwnerStream
+from tandemrl.engine.tandem import FROZEN, TandemConfig, TandemRows
 from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
@@ -46,6 +47,7 @@ class Scheduler:
         self.paired_tandem = paired_tandem  # tandem bursts in ticks of both models (two streams of one GPU)
         self.speculative = speculative or SpeculativeConfig()
         self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes
+        self.tandem_rows = TandemRows()  # each sequence's owner stream and writers (tandem.py)
         self.block_manager = block_manager
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.decode = decode  # ids -> text; needed only by requests with stop strings
@@ -109,8 +111,8 @@ class Scheduler:
         pending on the device; then nobody is preempted (an empty plan instead: read those tokens back first)."""
         batch = self._schedule_prefill()
         if batch:
-            forced = [_next_segment(s, 1)[0] for s in batch] if self.tandem else None
-            return StepPlan(StepKind.PREFILL, batch, [1] * len(batch), forced=forced, proposer=FROZEN)
+            forced = [self._next_segment(s, 1)[0] for s in batch] if self.tandem else None
+            return PrefillStep(batch, [1] * len(batch), forced=forced, proposer=FROZEN)
         return self._schedule_decode(in_flight)
 
     def _schedule_prefill(self) -> list[Sequence]:
@@ -125,7 +127,6 @@ class Scheduler:
             if new_blocks > bm.num_free_blocks:
                 break
             bm.allocate(seq)
-            seq.draft_behind = 0  # a prefill fills every model slot's cache
             seq.kv_complete_tokens = None
             computed += seq.num_tokens - seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
@@ -139,9 +140,9 @@ class Scheduler:
         # A sequence whose remaining tokens are all pending on the device only waits for them to be read back.
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
-            return StepPlan.idle()
+            return idle_step()
         if self.tandem is not None:
-            if any(s.owners is not None for s in running):
+            if any(self.tandem_rows.owners(s) is not None for s in running):
                 return self._schedule_tandem(running, in_flight)
             _hot_alone(running)  # the plain decode below: the frozen model's cache stops at these rows' last token
         if self.speculative.enabled:
@@ -149,7 +150,7 @@ class Scheduler:
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
             steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
             if bm.try_append_all(running, steps):
-                return StepPlan(StepKind.DECODE, running, steps)
+                return DecodeStep(running, steps)
         return self._schedule_single_steps(running, in_flight)
 
     def _schedule_verify(self, running: list[Sequence], in_flight: bool) -> StepPlan:
@@ -163,14 +164,14 @@ class Scheduler:
             for r in _halvings(self._verify_rounds(running, remaining)):
                 budgets = [min(r * (k + 1), left) for left in remaining]
                 if self.block_manager.try_append_all(running, budgets):
-                    return StepPlan(StepKind.VERIFY, running, budgets, rounds=r, num_proposals=k)
+                    return VerifyStep(running, budgets, rounds=r, num_proposals=k)
             plan = self._schedule_single_steps(running, in_flight)
-            return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, num_proposals=k)
+            return VerifyStep(plan.seqs, plan.num_tokens, num_proposals=k)
         feed = [self.propose(s, min(k, left - 1)) if left > 1 else [] for s, left in zip(running, remaining)]
         if self.block_manager.try_append_all(running, [len(f) + 1 for f in feed]):
-            return StepPlan(StepKind.VERIFY, running, [len(f) + 1 for f in feed], feed=feed)
+            return VerifyStep(running, [len(f) + 1 for f in feed], proposer="host", feed=feed)
         plan = self._schedule_single_steps(running, in_flight)
-        return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, feed=[[] for _ in plan.seqs])
+        return VerifyStep(plan.seqs, plan.num_tokens, proposer="host", feed=[[] for _ in plan.seqs])
 
     def _verify_rounds(self, running: list[Sequence], remaining: list[int]) -> int:
         """Rounds of the next launch of draft proposals: as many as the row furthest from its end is expected to
@@ -194,37 +195,53 @@ class Scheduler:
         each ends with two catch-up forwards); if the free blocks cannot cover it, one token each, which may
         preempt."""
         forwards = 4 * self.config.decode_steps
-        burst = plan_tandem_burst([_writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
+        burst = plan_tandem_burst([self._writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
                                    for s in running], forwards, paired=self.paired_tandem)
         planned = burst.num_tokens.tolist()
         if self.block_manager.try_append_all(running, planned):
-            return StepPlan(StepKind.DECODE, running, planned, proposer=FROZEN, tandem=burst)
+            return DecodeStep(running, planned, proposer=FROZEN, tandem=burst)
         plan = self._schedule_single_steps(running, in_flight)
         if not plan:
             return plan
-        return StepPlan(StepKind.DECODE, plan.seqs, plan.num_tokens, proposer=FROZEN,
-                        tandem=plan_tandem_burst([_writers(s, 1) for s in plan.seqs], 0))
+        return DecodeStep(plan.seqs, plan.num_tokens, proposer=FROZEN,
+                        tandem=plan_tandem_burst([self._writers(s, 1) for s in plan.seqs], 0))
 
     def _schedule_tandem_segments(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """Tandem with writers that depend on the tokens (sentence, word): each row's next segment from its owner
         stream, a run of frozen tokens and maybe the hot token after it; if the free blocks cannot cover that, one
         token each, which may preempt."""
         cap = self.tandem.max_run_tokens
-        segments = [_next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
+        segments = [self._next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
         planned = [r + hot for r, hot in segments]
         if self.block_manager.try_append_all(running, planned):
-            return StepPlan(StepKind.VERIFY, running, planned, forced=[r for r, _ in segments], proposer=FROZEN)
+            return VerifyStep(running, planned, proposer=FROZEN, rule="forced",
+                              forced=[r for r, _ in segments])
         plan = self._schedule_single_steps(running, in_flight)
-        return StepPlan(StepKind.VERIFY, plan.seqs, plan.num_tokens, proposer=FROZEN,
-                        forced=[_next_segment(s, 1)[0] for s in plan.seqs])
+        return VerifyStep(plan.seqs, plan.num_tokens, proposer=FROZEN, rule="forced",
+                          forced=[self._next_segment(s, 1)[0] for s in plan.seqs])
+
+    def _writers(self, seq: Sequence, n: int) -> list[bool]:
+        """The writers of the ``n`` positions after the sequence's last one, pending placeholders included (True =
+        hot); a request outside tandem is the hot model's alone. The owner stream moves only in ``postprocess``, so
+        with a step in flight its next positions are the pending ones: peek past them."""
+        owners = self.tandem_rows.owners(seq)
+        if owners is None:
+            return [True] * n
+        return owners.peek(seq.num_pending + n)[seq.num_pending:]
+
+    def _next_segment(self, seq: Sequence, limit: int) -> tuple[int, bool]:
+        """(frozen positions next, whether a hot one follows) from the sequence's owner stream; a request outside
+        tandem is the hot model's alone."""
+        owners = self.tandem_rows.owners(seq)
+        return owners.next_segment(limit) if owners is not None else (0, True)
 
     def _schedule_single_steps(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """One token for every running sequence, preempting the youngest while the blocks run short."""
         bm = self.block_manager
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
-            return StepPlan(StepKind.DECODE, running, [1] * len(running))
+            return DecodeStep(running, [1] * len(running))
         if in_flight:  # a victim may still have tokens on the device: decide once they are read back
-            return StepPlan.idle()
+            return idle_step()
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:
@@ -237,7 +254,7 @@ class Scheduler:
             else:  # nobody younger left to evict
                 self._preempt(seq)
         self.running = deque(batch)
-        return StepPlan(StepKind.DECODE, batch, [1] * len(batch))
+        return DecodeStep(batch, [1] * len(batch))
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
@@ -254,6 +271,7 @@ class Scheduler:
         behind them (a finished sequence drops them too); a sequence finished meanwhile (aborted, or stopped by an
         earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
         output.check(plan)
+        forced = None if isinstance(plan, DecodeStep) else plan.forced  # tandem: the frozen model's runs
         finished: list[Sequence] = []
         eos_ids = self.eos_ids
         for i, (seq, planned, tokens, lps) in enumerate(zip(plan.seqs, plan.num_tokens, output.token_ids,
@@ -262,9 +280,11 @@ class Scheduler:
                 continue
             rounds = None if output.num_accepted is None else output.num_accepted[i]
             accepted = None if rounds is None else sum(rounds)
-            if plan.forced is not None and seq.owners is not None and plan.forced[i]:
-                tokens, lps, accepted = _cut_frozen_run(seq, plan.forced[i], tokens, lps, output, i)
-            _note_step(seq, plan, i, tokens, accepted, now)
+            owners = self.tandem_rows.owners(seq) if self.tandem is not None else None
+            if forced is not None and owners is not None and forced[i]:
+                tokens, lps, accepted = _cut_frozen_run(owners, forced[i], tokens, lps, output, i)
+            if seq.stats.first_token_time is None and tokens:
+                seq.stats.first_token_time = now
             params = seq.params
             known = seq.num_known_tokens - seq.num_prompt_tokens
             # Fast path, most sequences of most steps: nothing in this step can finish them.
@@ -279,14 +299,15 @@ class Scheduler:
                     finished.append(seq)
                 elif later:
                     seq.add_pending(later)
-            if rounds is not None and plan.forced is None:  # speculative: the rounds whose tokens it kept
+            if rounds is not None and isinstance(plan, VerifyStep) and forced is None:  # speculative: rounds it kept
                 _record_rounds(seq, plan, i, rounds, kept)
-            writers = _step_writers(plan, i, accepted, len(tokens))
+            writers = _step_writers(plan, forced, i, accepted, len(tokens))
             if writers is not None:  # tandem: who wrote each kept token; the owner stream moves on
-                seq.sources.extend(writers[:kept])
-                del seq.sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
-                if seq.owners is not None:
-                    seq.owners.advance(tokens[:kept], writers[:kept])
+                sources = self.tandem_rows.row(seq).sources
+                sources.extend(writers[:kept])
+                del sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
+                if owners is not None:
+                    owners.advance(tokens[:kept], writers[:kept])
         if finished:
             self.running = deque(s for s in self.running if not s.is_finished)
         return finished
@@ -345,49 +366,25 @@ def _hot_alone(seqs: list[Sequence]) -> None:
             seq.kv_complete_tokens = seq.num_tokens - 1
 
 
-def _writers(seq: Sequence, n: int) -> list[bool]:
-    """The writers of the ``n`` positions after the sequence's last one, pending placeholders included (True = hot); a
-    request outside tandem is the hot model's alone. The owner stream moves only in ``postprocess``, so with a
-    step in flight its next positions are the pending ones: peek past them."""
-    if seq.owners is None:
-        return [True] * n
-    return seq.owners.peek(seq.num_pending + n)[seq.num_pending:]
-
-
-def _next_segment(seq: Sequence, limit: int) -> tuple[int, bool]:
-    """(frozen positions next, whether a hot one follows) from the sequence's owner stream; a request outside tandem
-    is the hot model's alone."""
-    return seq.owners.next_segment(limit) if seq.owners is not None else (0, True)
-
-
-def _step_writers(plan: StepPlan, row: int, accepted: int | None, returned: int) -> list[bool] | None:
+def _step_writers(plan: StepPlan, forced: list[int] | None, row: int, accepted: int | None,
+                  returned: int) -> list[bool] | None:
     """Tandem: the writer of each token a row returned (True = hot): fixed by a burst's plan, or a segment's frozen
     run then the hot token; None outside tandem."""
-    if plan.tandem is not None:
+    if isinstance(plan, DecodeStep) and plan.tandem is not None:
         return plan.tandem.owners[row]
-    if plan.forced is not None:
+    if forced is not None:
         return [False] * accepted + [True] * (returned - accepted)
     return None
 
 
-def _cut_frozen_run(seq: Sequence, forced: int, tokens: list[int], lps: list[float], output: StepOutput,
+def _cut_frozen_run(owners: OwnerStream, forced: int, tokens: list[int], lps: list[float], output: StepOutput,
                     row: int) -> tuple[list[int], list[float], int]:
     """Tandem: a frozen run the selector ends early (a boundary token inside it) continues with the target's own
     token where it was cut. (tokens, log-probs, frozen tokens kept)."""
-    kept, _ = seq.owners.resolve(tokens[:forced])
+    kept, _ = owners.resolve(tokens[:forced])
     if kept == forced or output.own_ids is None or output.own_logprobs is None:
         return tokens, lps, forced
     return tokens[:kept] + [output.own_ids[row][kept]], lps[:kept] + [output.own_logprobs[row][kept]], kept
-
-
-def _note_step(seq: Sequence, plan: StepPlan, row: int, tokens: list[int], accepted: int | None, now: float) -> None:
-    """A step's effect on the sequence's stats and on what its proposer slot has computed."""
-    stats = seq.stats
-    if stats.first_token_time is None and tokens:
-        stats.first_token_time = now
-    if plan.forced is not None:  # tandem: the frozen slot never read its run's last token if all of it was kept
-        proposed = plan.forced[row]
-        seq.draft_behind = int(0 < proposed == accepted < len(tokens))
 
 
 def _halvings(rounds: int) -> list[int]:
@@ -398,13 +395,13 @@ def _halvings(rounds: int) -> list[int]:
     return sizes
 
 
-def _record_rounds(seq: Sequence, plan: StepPlan, row: int, accepted: list[int], kept: int) -> None:
+def _record_rounds(seq: Sequence, plan: VerifyStep, row: int, accepted: list[int], kept: int) -> None:
     """Speculative telemetry: each verify round of the row's step whose tokens the sequence kept (none after its end
     or after its budget ``num_tokens[row]``), with the proposals it drafted (step.py)."""
     emitted = 0
     for a in accepted:
         if emitted >= kept:
             break
-        drafted = min(plan.num_proposals, plan.num_tokens[row] - emitted - 1) if plan.drafted else plan.proposals[row]
+        drafted = min(plan.k, plan.num_tokens[row] - emitted - 1)
         seq.stats.record_verify(drafted, a)
         emitted += a + 1

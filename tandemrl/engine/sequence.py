@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from tandemrl.types import RequestStats, SamplingParams
 
@@ -41,14 +40,9 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # one per generated token
     finish_reason: str | None = None
     num_pending: int = 0  # trailing placeholders for tokens sampled on the device, not yet read back
-    # Tandem segments: 1 when the frozen slot has not computed the K/V of the token before the last (after a segment
-    # that kept its whole frozen run, the frozen model never fed the run's last token); its next run feeds it first.
-    draft_behind: int = 0
-    owners: Any = None  # tandem: the request's owner stream (selectors.py), else None
     # Tokens whose K/V every model slot holds (None: all). A tandem engine's request outside tandem, decoded by the
     # hot model alone, stops it where that began: the prefix cache registers no block past it.
     kv_complete_tokens: int | None = None
-    sources: list[bool] = field(default_factory=list)  # tandem: per completion token, True if the hot model wrote it
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

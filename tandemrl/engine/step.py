@@ -1,16 +1,16 @@
 """The contract of one engine step: the scheduler's plan and what the model runner returns for it.
 
-A plan names its kind, the model slot that runs it and, per row, how many tokens the row is planned to produce:
+A plan is one of three types, one per kind (``StepPlan``), each naming the model slot that runs it and, per row, how
+many tokens the row is planned to produce:
 - PREFILL: the row's uncached tokens are computed; one token is sampled after the last (``num_tokens`` 1);
 - DECODE: a burst of ``num_tokens[i]`` steps, each feeding the token sampled at the one before, on the device; with
   ``tandem``, two models take turns writing the rows, each position by the model the plan names (a row returns
-  exactly its ``num_tokens[i]``, so a later step may be in flight);
-- VERIFY: the row's last token and its proposed tokens are computed in one forward, the proposals kept up to the
-  first one the model rejects (rejection sampling: the output follows the model's distribution; a greedy row keeps
-  the proposals its argmax agrees with), ending with the model's own token there (or after the last proposal).
-  The proposals are ``feed`` (tokens known on the host: n-gram proposals, forced tokens) or, with ``feed`` None,
-  ``num_tokens[i] - 1`` tokens the runner's draft slot proposes in the same launch. A row may thus return fewer
-  tokens than planned, and ``num_accepted`` says how many proposals it kept.
+  exactly its ``num_tokens[i]``, so a later step may be in flight; the one exception to "tandem is rounds": see
+  docs/tandem.md);
+- VERIFY: rounds of a proposer and an acceptance rule (model/rounds.py): each round the row's last token and its
+  proposals are computed in one forward, the rule keeps a prefix of the proposals (rejection sampling: the output
+  follows the model's distribution; greedy match; all of a forced run) and adds the model's own token after it. A
+  row may thus return fewer tokens than planned, and ``num_accepted`` says how many proposals each round kept.
 
 The engine reserves ``num_tokens[i]`` pending placeholders per row at launch (sequence.py) and replaces them with
 however many tokens the row returns, fewer or more (a step that writes a run of forced tokens may return more).
@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar
 
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.tandem import FROZEN
 from tandemrl.engine.tandem_burst import TandemBurst
 
 TARGET = "target"  # the slot of the model whose tokens the engine returns (the trained policy)
@@ -35,56 +37,19 @@ class StepKind(Enum):
 
 
 @dataclass
-class StepPlan:
-    kind: StepKind
+class _Rows:
+    """What every kind of step plans: its rows, per row the tokens it is planned to produce (the most it may return),
+    and the model slot that runs it."""
+
     seqs: list[Sequence]
-    num_tokens: list[int]  # per row: tokens it is planned to produce (the most it may return)
+    num_tokens: list[int]
     slot: str = TARGET
-    feed: list[list[int]] | None = None  # VERIFY: per row, the proposals known on the host (None: the draft's)
-    # VERIFY as tandem decoding: per row, how many proposals the ``proposer`` slot writes; all are kept, and the
-    # target writes the rest of the row's ``num_tokens`` (0 or 1 token).
-    forced: list[int] | None = None
-    proposer: str = "draft"
-    # DECODE as a tandem burst (tandem_burst.py): the forwards by which the target (hot) and the proposer (frozen)
-    # slots write the row's ``num_tokens[i]`` tokens, whose writers it fixes
-    tandem: TandemBurst | None = None
-    # VERIFY with the draft proposing (feed and forced None; draft_rounds.py): ``rounds`` rounds of proposals and
-    # verify back to back on the device, row i proposing min(num_proposals, left - 1) tokens a round, ``left`` what
-    # remains of its ``num_tokens[i]`` (a row that has them all computes nothing more)
-    rounds: int = 1
-    num_proposals: int = 0
+    kind: ClassVar[StepKind]
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.seqs):
             raise ValueError(f"a step plan needs one token count per row, got {len(self.num_tokens)} for "
                              f"{len(self.seqs)} rows")
-        if self.forced is not None and any(not 0 <= f <= n for f, n in zip(self.forced, self.num_tokens)):
-            raise ValueError("a tandem row keeps between 0 and num_tokens proposals")
-        if self.kind is StepKind.VERIFY and self.feed is not None:
-            if len(self.feed) != len(self.seqs):
-                raise ValueError("a verify step needs one list of feed tokens per row (or none: the draft proposes)")
-            if any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed)):
-                raise ValueError("a verify row plans len(feed) + 1 tokens")
-        if self.drafted and (self.rounds < 1 or self.num_proposals < 1):
-            raise ValueError(f"a verify step of draft proposals needs rounds >= 1 and num_proposals >= 1, got "
-                             f"{self.rounds} and {self.num_proposals}")
-        if self.rounds != 1 and not self.drafted:
-            raise ValueError("only a verify step of draft proposals runs several rounds")
-
-    @property
-    def drafted(self) -> bool:
-        """A verify step whose proposals the draft slot makes on the device (in rounds)."""
-        return self.kind is StepKind.VERIFY and self.feed is None and self.forced is None
-
-    @property
-    def proposals(self) -> list[int]:
-        """Tokens each row proposes (in its first round): the forced runs of a tandem step, else all but the target's
-        last."""
-        if self.forced is not None:
-            return self.forced
-        if self.drafted:
-            return [min(self.num_proposals, n - 1) for n in self.num_tokens]
-        return [n - 1 for n in self.num_tokens]
 
     @property
     def is_prefill(self) -> bool:
@@ -93,10 +58,76 @@ class StepPlan:
     def __bool__(self) -> bool:
         return bool(self.seqs)
 
-    @classmethod
-    def idle(cls) -> StepPlan:
-        """Nothing to run this step."""
-        return cls(StepKind.DECODE, [], [])
+
+@dataclass
+class PrefillStep(_Rows):
+    """``forced`` (tandem): per row, 1 where the ``proposer`` slot writes the row's first token."""
+
+    kind: ClassVar[StepKind] = StepKind.PREFILL
+    forced: list[int] | None = None
+    proposer: str = FROZEN
+
+
+@dataclass
+class DecodeStep(_Rows):
+    """``tandem``: the burst (tandem_burst.py) by which the target (hot) and the ``proposer`` (frozen) slots write the
+    row's ``num_tokens[i]`` tokens, whose writers it fixes; None: the target alone."""
+
+    kind: ClassVar[StepKind] = StepKind.DECODE
+    tandem: TandemBurst | None = None
+    proposer: str = FROZEN
+
+
+@dataclass
+class VerifyStep(_Rows):
+    """``rounds`` rounds of the ``proposer`` (proposers.py: ``draft``, ``frozen``, ``host``) and the acceptance
+    ``rule`` (acceptance.py; None: the runner's rule for speculative proposals). A row proposes
+    ``min(num_proposals, left - 1)`` tokens a round, ``left`` what remains of its ``num_tokens[i]`` (a row that has
+    them all computes nothing more). ``feed`` (``host``): per row, its proposals, ``num_tokens[i] - 1`` of them.
+    ``forced`` (rule ``forced``: tandem segments): per row, the proposals it keeps, all of them; the target writes
+    the rest of its ``num_tokens`` (0 or 1 token)."""
+
+    kind: ClassVar[StepKind] = StepKind.VERIFY
+    proposer: str = "draft"
+    rule: str | None = None
+    num_proposals: int = 1
+    rounds: int = 1
+    feed: list[list[int]] | None = None
+    forced: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.feed is not None) != (self.proposer == "host"):
+            raise ValueError("a verify step of host proposals needs one list of feed tokens per row (and only it)")
+        if self.feed is not None and (len(self.feed) != len(self.seqs)
+                                      or any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed))):
+            raise ValueError("a verify step needs one list of feed tokens per row, and a row plans len(feed) + 1")
+        if (self.forced is not None) != (self.rule == "forced"):
+            raise ValueError("the forced rule needs the count of forced proposals per row (and only it)")
+        if self.forced is not None and any(not 0 <= f <= n for f, n in zip(self.forced, self.num_tokens)):
+            raise ValueError("a tandem row keeps between 0 and num_tokens proposals")
+        if self.rounds < 1 or self.num_proposals < 1:
+            raise ValueError(f"a verify step needs rounds >= 1 and num_proposals >= 1, got {self.rounds} and "
+                             f"{self.num_proposals}")
+        if self.rounds != 1 and (self.feed is not None or self.forced is not None):
+            raise ValueError("only a verify step of a model's speculative proposals runs several rounds")
+
+    @property
+    def k(self) -> int:
+        """Proposals per round at most (the width of a round)."""
+        if self.feed is not None:
+            return max(1, max(len(f) for f in self.feed))
+        if self.forced is not None:
+            return max(1, max(self.forced))
+        return self.num_proposals
+
+
+StepPlan = PrefillStep | DecodeStep | VerifyStep
+
+
+def idle_step() -> DecodeStep:
+    """Nothing to run this step."""
+    return DecodeStep([], [])
 
 
 @dataclass

@@ -17,11 +17,15 @@ turns into loss weights.
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tandemrl.engine.selectors import OwnerStream, TandemSelectorConfig, make_stream
+
+if TYPE_CHECKING:
+    from tandemrl.engine.sequence import Sequence
 
 FROZEN = "frozen"  # the runner slot of the frozen model
 BOUNDARY_SELECTORS = ("sentence", "word")  # switch writers at boundary tokens (from the tokenizer)
@@ -105,3 +109,38 @@ def owner_stream(config: TandemConfig, request_id: str, seed: int | None,
     """The request's owner stream: seeded by its sampling seed and id, so each sample of a group differs and a
     seeded run repeats. ``boundaries``: the tokenizer's boundary ids, for the sentence and word selectors."""
     return make_stream(config.selector_config(), zlib.crc32(f"{seed}:{request_id}".encode()), boundaries)
+
+
+@dataclass
+class TandemRow:
+    """A sequence's tandem state: its owner stream (None: a request outside tandem, the hot model's alone) and, per
+    completion token, whether the hot model wrote it."""
+
+    owners: OwnerStream | None = None
+    sources: list[bool] = field(default_factory=list)
+
+
+class TandemRows:
+    """The tandem state of each sequence of a tandem engine, kept beside it (``Sequence`` holds none); weak keys: a
+    row goes with its sequence."""
+
+    def __init__(self) -> None:
+        self._rows: weakref.WeakKeyDictionary[Sequence, TandemRow] = weakref.WeakKeyDictionary()
+
+    def add(self, seq: Sequence, owners: OwnerStream | None) -> None:
+        self._rows[seq] = TandemRow(owners)
+
+    def row(self, seq: Sequence) -> TandemRow:
+        """The sequence's row (a new one for a sequence outside tandem)."""
+        found = self._rows.get(seq)
+        if found is None:
+            found = self._rows[seq] = TandemRow()
+        return found
+
+    def owners(self, seq: Sequence) -> OwnerStream | None:
+        found = self._rows.get(seq)
+        return found.owners if found is not None else None
+
+    def sources(self, seq: Sequence) -> list[bool]:
+        found = self._rows.get(seq)
+        return list(found.sources) if found is not None else []

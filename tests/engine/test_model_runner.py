@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import random
 
-import numpy as np
 import pytest
 import torch
 from transformers import (
@@ -22,9 +21,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from tandemrl.engine.kernels.triton_sampler import fused_sample
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs
-from tandemrl.engine.model.decode_plan import build_decode_plan
 from tandemrl.engine.model.sampler import sample_tokens
 from tandemrl.engine.model.runner import CPU_KV_BUDGET_BYTES, ModelRunner
 from tandemrl.engine.config import EngineConfig
@@ -517,52 +514,3 @@ def _seeded_sample(logits: torch.Tensor, temperature: torch.Tensor, seed) -> tup
     return torch.cat([t for t, _ in out]), torch.cat([lp for _, lp in out])
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_sampled_burst_in_one_graph_equals_stepping(monkeypatch, device):
-    """A draft's burst with its sampling inside one CUDA graph (ModelSlot.sampled_burst) gives the tokens and logits
-    of stepping the burst eagerly with the same sampler and seeds, uneven steps and mixed temperatures included,
-    and writes the same K/V. On the CPU the graph and the fused sampler are stood in (staging, column moves, seeds
-    and temperatures checked); on a GPU they are real."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    sample = fused_sample
-    if device == "cpu":
-        monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _EagerBody(body)), g.out))
-        monkeypatch.setattr("tandemrl.engine.model.slot.fused_sample", _seeded_sample)
-        sample = _seeded_sample
-    model = build("qwen2", device=device)
-    prompts = prompts_of([5, 19, 33])
-    steps, seeds = [4, 1, 3], [11, 12, 13, 14]
-    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=64, seed=3),
-              SamplingParams(temperature=1.3, max_tokens=64, seed=3)]  # seeded: both runners prefill alike
-    temperatures = np.array([p.temperature for p in params], dtype=np.float32)
-    results = []
-    for graphed in (True, False):
-        runner = ModelRunner(model, EngineConfig(block_size=BLOCK), device)
-        runner.target.enforce_eager = not graphed
-        runner.allocate_kv_cache(64)
-        blocks = Blocks(64)
-        seqs = [make_seq(i, p, blocks.take(4), q) for i, (p, q) in enumerate(zip(prompts, params))]
-        step(runner, seqs, True)
-        plan = build_decode_plan(seqs, steps, BLOCK, 64, runner.max_model_len)
-        slot, ids = runner.target, torch.tensor(plan.ids, device=device)
-        with torch.inference_mode():
-            for _ in range(2 if graphed else 1):  # the second replays the captured graph
-                burst = slot.sampled_burst(plan, ids, lambda: (temperatures, seeds))
-            if not graphed:
-                assert burst is None  # an eager slot steps the burst itself
-                run_step, _ = slot.decode_steps(plan)
-                tokens, logits, last = [], [], ids
-                for j, seed in enumerate(seeds):
-                    logits.append(slot.logits(run_step(j, last)))
-                    last, _ = sample(logits[-1], torch.tensor(temperatures, device=device), seed)
-                    tokens.append(last)
-                burst = torch.stack(tokens, 1), torch.stack(logits, 1)
-        results.append(([row[:k] for row, k in zip(burst[0].tolist(), steps)], burst[1].clone(),
-                        [c.clone() for c in slot.k_caches + slot.v_caches]))
-    (graph_tokens, graph_logits, graph_kv), (eager_tokens, eager_logits, eager_kv) = results
-    assert graph_tokens == eager_tokens
-    for row, k in enumerate(steps):
-        torch.testing.assert_close(graph_logits[row, :k], eager_logits[row, :k], atol=1e-4, rtol=1e-4)
-    for mine, theirs in zip(graph_kv, eager_kv):
-        torch.testing.assert_close(mine[:-1], theirs[:-1], atol=1e-5, rtol=1e-5)  # dead steps hit the scratch only

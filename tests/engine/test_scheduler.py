@@ -11,7 +11,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import SpeculativeConfig
-from tandemrl.engine.step import StepKind, StepOutput, StepPlan
+from tandemrl.engine.step import DecodeStep, StepKind, StepOutput
 from tandemrl.types import SamplingParams
 
 BS = 4
@@ -37,7 +37,7 @@ def post_steps(s: Scheduler, seqs: list[Sequence], tokens: list[list[int]], logp
     planned = planned or [len(t) for t in tokens]
     for x, n in zip(seqs, planned):
         x.add_pending(n)
-    return s.postprocess(StepPlan(StepKind.DECODE, seqs, planned), StepOutput(tokens, logprobs))
+    return s.postprocess(DecodeStep(seqs, planned), StepOutput(tokens, logprobs))
 
 
 def post(s: Scheduler, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> list[Sequence]:
@@ -190,7 +190,7 @@ def test_postprocess_length_mismatch_is_an_error():
     s.add(a)
     batch, _ = schedule(s)
     with pytest.raises(RuntimeError, match="returned tokens for 0 and log-probs for 0 of 1 rows"):
-        s.postprocess(StepPlan(StepKind.DECODE, batch, [1]), StepOutput([], []))
+        s.postprocess(DecodeStep(batch, [1]), StepOutput([], []))
 
 
 def test_decode_bursts_reserve_blocks_ahead_and_stop_at_max_tokens():

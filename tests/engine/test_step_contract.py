@@ -12,7 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.model.runner import ModelRunner
-from tandemrl.engine.step import StepKind, StepOutput, StepPlan
+from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep
 from tandemrl.types import Request, SamplingParams
 from tests.engine.test_engine_core import BS, EOS, FakeRunner, FakeTokenizer, assert_matches_reference, make_engine, prompt, req
 from tests.engine.test_model_runner import BLOCK, COMMON, Blocks, build, hf_greedy, make_seq, prompts_of
@@ -40,7 +40,7 @@ def test_verify_keeps_the_feed_up_to_the_first_disagreement_and_matches_hf():
     feed = [ids[0][1:5],  # all right: 4 kept, plus the model's next token
             [ids[1][1], wrong(ids[1][2]), ids[1][3]],  # one kept, the second replaced by the model's token
             [wrong(ids[2][1])]]  # none kept
-    plan = StepPlan(StepKind.VERIFY, seqs, [len(f) + 1 for f in feed], feed=feed)
+    plan = VerifyStep(seqs, [len(f) + 1 for f in feed], proposer="host", feed=feed)
     out = runner.launch(plan).result()
     assert out.num_accepted == [[4], [1], [0]]
     assert out.token_ids == [ids[0][1:6], ids[1][1:3], ids[2][1:2]]
@@ -68,7 +68,7 @@ def test_verify_sampling_keeps_only_what_the_target_would_sample():
     seq = make_seq(0, prompts_of([6])[0], Blocks(64).take(4), params)
     tokens, lps = runner.run([seq], True)
     seq.append_token(tokens[0], lps[0])
-    out = runner.launch(StepPlan(StepKind.VERIFY, [seq], [4], feed=[[5, 5, 5]])).result()
+    out = runner.launch(VerifyStep([seq], [4], proposer="host", feed=[[5, 5, 5]])).result()
     accepted = out.num_accepted[0][0]
     assert len(out.token_ids[0]) == accepted + 1 and out.token_ids[0][:accepted] == [5] * accepted
     assert all(lp <= 0 for lp in out.logprobs[0])
@@ -86,10 +86,10 @@ def test_runner_hosts_several_model_slots_each_with_its_own_pool():
     prompt_ids = prompts_of([7])[0]
     for name, model in (("draft", draft), ("target", target)):
         seq = make_seq(0, prompt_ids, [3])
-        out = runner.launch(StepPlan(StepKind.PREFILL, [seq], [1], slot=name)).result()
+        out = runner.launch(PrefillStep([seq], [1], slot=name)).result()
         assert out.token_ids == [[hf_greedy(model, prompt_ids, 1)[0][0]]], name
     with pytest.raises(ValueError, match="no model slot 'frozen'"):
-        runner.launch(StepPlan(StepKind.PREFILL, [make_seq(1, prompt_ids, [4])], [1], slot="frozen"))
+        runner.launch(PrefillStep([make_seq(1, prompt_ids, [4])], [1], slot="frozen"))
     runner.free_kv_cache()
     assert not any(slot.k_caches for slot in runner.slots.values())
 
@@ -104,9 +104,9 @@ def test_model_slots_must_share_a_vocabulary():
 
 def test_step_plans_check_their_rows():
     with pytest.raises(ValueError, match="one token count per row"):
-        StepPlan(StepKind.DECODE, [], [1])
+        DecodeStep([], [1])
     with pytest.raises(ValueError, match="len\\(feed\\) \\+ 1"):
-        StepPlan(StepKind.VERIFY, [make_seq(0, [1, 2], [0])], [2], feed=[[4, 5]])
+        VerifyStep([make_seq(0, [1, 2], [0])], [2], proposer="host", feed=[[4, 5]])
 
 
 # ---------------------------------------------------------------------- rows that return fewer or more tokens
@@ -156,11 +156,11 @@ def test_rows_returning_more_tokens_than_planned():
     max_tokens they are dropped and the sequence finishes."""
     engine, _ = make_engine()
     seq = _running(engine, max_tokens=20, planned=1)
-    plan = StepPlan(StepKind.DECODE, [seq], [1])
+    plan = DecodeStep([seq], [1])
     assert not engine.scheduler.postprocess(plan, StepOutput([[7, 8, 9]], [[-1.0, -2.0, -3.0]]))
     assert seq.completion_ids == [7, 8, 9] and seq.logprobs == [-1.0, -2.0, -3.0] and seq.num_pending == 0
     short = _running(engine, max_tokens=2, planned=1)
-    done = engine.scheduler.postprocess(StepPlan(StepKind.DECODE, [short], [1]), StepOutput([[7, 8, 9]], [[-1.0] * 3]))
+    done = engine.scheduler.postprocess(DecodeStep([short], [1]), StepOutput([[7, 8, 9]], [[-1.0] * 3]))
     assert done == [short] and short.completion_ids == [7, 8] and short.finish_reason == "length"
 
 
@@ -199,7 +199,7 @@ def test_verify_outputs_count_drafted_and_accepted_tokens():
     seq = engine._live[seq_id]
     seq.add_pending(4)
     engine.scheduler.running.append(seq)
-    plan = StepPlan(StepKind.VERIFY, [seq], [4], feed=[[7, 8, 9]])
+    plan = VerifyStep([seq], [4], proposer="host", feed=[[7, 8, 9]])
     engine.scheduler.postprocess(plan, StepOutput([[7, 8]], [[-0.5, -0.25]], num_accepted=[[1]]), now=2.0)
     assert seq.completion_ids == [7, 8] and seq.num_pending == 0
     assert (seq.stats.drafted_tokens, seq.stats.accepted_tokens, seq.stats.acceptance_rate) == (3, 1, 1 / 3)
@@ -215,7 +215,7 @@ def test_verify_rounds_count_each_kept_round_with_what_it_drafted():
         seq = engine._live[engine._add(Request("v", prompt(4), params), 0)[0]]
         seq.add_pending(6)
         engine.scheduler.running.append(seq)
-        plan = StepPlan(StepKind.VERIFY, [seq], [6], rounds=3, num_proposals=2)
+        plan = VerifyStep([seq], [6], rounds=3, num_proposals=2)
         output = StepOutput([tokens], [[-0.5] * len(tokens)], num_accepted=[[2, 0, 1]])
         engine.scheduler.postprocess(plan, output, now=1.0)
         return seq

@@ -13,6 +13,7 @@ import torch
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.step import DecodeStep
 from tandemrl.engine.stopping import tokens_to_keep
 from tandemrl.engine.tandem import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
@@ -52,7 +53,7 @@ def traced(engine: LLMEngine) -> Trace:
 
     def traced_launch(plan):
         trace.launches_in_flight += engine._in_flight is not None
-        trace.bursts_fed_pending += plan.tandem is not None and any(s.num_pending for s in plan.seqs)
+        trace.bursts_fed_pending += _burst(plan) is not None and any(s.num_pending for s in plan.seqs)
         return launch(plan)
 
     def traced_postprocess(plan, output, now=0.0):
@@ -233,7 +234,7 @@ def test_abort_and_sleep_with_a_burst_in_flight(models):
         for _ in range(3):
             done.update((r.request_id, r) for r in engine.step())
         in_flight = engine._in_flight
-        assert in_flight is not None and in_flight.plan.tandem is not None
+        assert in_flight is not None and _burst(in_flight.plan) is not None
         assert reqs[2].request_id in {s.request_id for s in in_flight.plan.seqs}
         assert engine.abort(reqs[2].request_id)
         engine.sleep()  # reads the burst in flight back, then every row is recomputed after wake()
@@ -276,7 +277,7 @@ def test_paired_ticks_equal_the_naive_loop_and_run_the_frozen_slot_on_its_own_st
     engine.scheduler.paired_tandem = True
     bursts = []
     launch = engine.runner.launch
-    engine.runner.launch = lambda plan: (bursts.append(plan.tandem), launch(plan))[1]
+    engine.runner.launch = lambda plan: (bursts.append(_burst(plan)), launch(plan))[1]
     out = backend.generate(reqs)
     backend.close()
     for req, r in zip(reqs, out):
@@ -284,3 +285,8 @@ def test_paired_ticks_equal_the_naive_loop_and_run_the_frozen_slot_on_its_own_st
         assert (r.completion_ids, r.token_sources) == (ids, writers), req.request_id
         assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
     assert any(f.beside for burst in bursts if burst is not None for f in burst.forwards)
+
+
+def _burst(plan):
+    """A plan's tandem burst (decode steps only have one)."""
+    return plan.tandem if isinstance(plan, DecodeStep) else None

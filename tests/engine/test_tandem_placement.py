@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tandemrl.engine.model.runner as runner_module
+import tandemrl.engine.model.prefill as prefill_module
+import tandemrl.engine.model.proposers as proposers_module
 import tandemrl.engine.model.tandem_runner as tandem_runner_module
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.model.runner import ModelRunner
@@ -53,15 +54,18 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
         slot.device = elsewhere if name == "frozen" else slot.device
         return slot
 
-    moved = []
+    moved, burst_moved = [], []
 
-    def counted_move(tensor, device):
-        moved.append(device)
-        return move(tensor, device)
+    def counted(into):
+        def counted_move(tensor, device):
+            into.append(device)
+            return move(tensor, device)
+        return counted_move
 
     monkeypatch.setattr(ModelRunner, "_slot", placed)
-    for module in (runner_module, tandem_runner_module):
-        monkeypatch.setattr(module, "move", counted_move)
+    for module in (prefill_module, proposers_module):
+        monkeypatch.setattr(module, "move", counted(moved))
+    monkeypatch.setattr(tandem_runner_module, "move", counted(burst_moved))
     hot, frozen = build("qwen2"), build("qwen2", seed=1)
     tokenizer = WordTokenizer() if selector == "word" else None
     tandem = TandemConfig(enabled=True, selector=selector, p=p, max_gap_tokens=6, max_run_tokens=3)
@@ -72,8 +76,10 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
     assert runner.sampler_for(runner.slots["frozen"]) is not runner.sampler  # its rows sample on its device
     out = backend.generate(reqs)
     backend.close()
-    assert torch.device("cpu") in moved  # the frozen slot's tokens came back
-    assert (elsewhere in moved) == (selector != "word")  # a burst's frozen forwards read the buffer on the hot side
+    assert torch.device("cpu") in moved + burst_moved  # the frozen slot's tokens came back
+    assert (elsewhere in burst_moved) == (selector != "word")  # a burst's frozen forwards read the buffer on the hot side
+    if selector == "word":  # a segment's frozen proposer reads its rows' columns on its own device
+        assert elsewhere in moved
     boundaries = _boundaries(tokenizer, selector)
     for req, r in zip(reqs, out):
         ids, writers, logprobs = naive(hot, frozen, owner_stream(tandem, req.request_id, req.params.seed, boundaries),

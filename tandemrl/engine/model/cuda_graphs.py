@@ -22,10 +22,8 @@ all at once by ``stage_forwards`` into a device buffer of their own; ``run_forwa
 place (one device copy) and replays its graph.
 
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
-graph's private output stays small and the sampler's generator is never captured. The exception is a *sampled
-burst* (``sampled_burst``: a speculative draft's proposals): one graph holds every step of the burst with its lm_head
-and the fused sampler, which reads each step's seed from the staged buffer (staged after the burst's later steps,
-with the rows' temperatures; the table is then staged whole, so those offsets are fixed per graph).
+graph's private output stays small and the sampler's generator is never captured (a verify round's graph,
+round_graph.py, captures its greedy acceptance whole).
 """
 
 from __future__ import annotations
@@ -46,13 +44,11 @@ from tandemrl.engine.model.pending import copy_to_device
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # One-step forwards also get a 512 bucket: a tandem burst's (stage_forwards), as a model catching up on the other's
 # run reads a few hundred tokens at once (~300 at a burst's end at p = 0.8), and a verify round's (prepare_columns),
-# batch x (k + 1) rows. Not the sampled bursts: their graphs keep every step's logits, [bucket, steps, vocab].
+# batch x (k + 1) rows.
 FORWARD_BUCKETS = BATCH_BUCKETS + (512,)
 _COLUMNS = 5  # ids, positions, slots, context_lens, query groups: one [bucket] column each, then the block table
 
 DecodeForward = Callable[[Tensor, DecodeMeta], Tensor]  # (input_ids [B], meta) -> hidden [B, hidden]
-# (hidden [B, hidden], temperature [B] float32, seed [1] int64) -> (tokens [B], logits [B, V]): a sampled burst's head
-SampleHead = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -105,8 +101,8 @@ class DecodeGraphs:
         self._staged_size = 0
         self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
         # whole verify rounds (round_graph.py's RoundGraph, typed there: this module imports nothing of the round
-        # code), keyed (bucket, width, k): they read a draft's pool and weights too
-        self.rounds: dict[tuple[int, int, int], object] = {}
+        # code), keyed (bucket, width, k, proposer, rule): they read a proposer's pool and weights too
+        self.rounds: dict[tuple, object] = {}
 
     def width_for(self, blocks: int) -> int:
         """Block-table width of the graph that serves a batch whose longest table has `blocks` entries."""
@@ -116,14 +112,10 @@ class DecodeGraphs:
             return self.max_width
         return min(self.max_width, 1 << max(0, blocks - 1).bit_length())
 
-    def stage(self, plan: DecodePlan, sampling: tuple[np.ndarray, list[int]] | None = None) -> None:
-        """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order, or, with
-        ``sampling`` (the rows' temperatures and a seed per step), ``sampled_burst`` runs them all."""
-        # a sampled burst's graph reads the later steps at a fixed offset: its part holds the table's every column
-        staged = self._layout(plan, 0, every_column=sampling is not None)
+    def stage(self, plan: DecodePlan) -> None:
+        """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order."""
+        staged = self._layout(plan, 0)
         size = staged.head + 3 * staged.bucket * (plan.num_steps - 1)
-        extra = _sampling_words(staged.bucket, *sampling) if sampling is not None else np.empty(0, np.int64)
-        size += len(extra)
         if size > self.host.numel():  # a longer burst than any before: grow both buffers
             self.host = torch.empty(size, dtype=torch.long, pin_memory=self.host.is_pinned())
             self.static = torch.cat((self.static, self.static.new_empty(size - self.static.numel())))
@@ -132,10 +124,9 @@ class DecodeGraphs:
             self._copied.synchronize()  # the previous burst's copy may still read the buffer
         host = self.host[:size].numpy()
         self._write_head(host, plan, staged)
-        later = host[staged.head:size - len(extra)].reshape(plan.num_steps - 1, 3, staged.bucket)
+        later = host[staged.head:size].reshape(plan.num_steps - 1, 3, staged.bucket)
         for c, values in enumerate((plan.positions, plan.slots, plan.context_lens)):
             later[:, c, :staged.rows], later[:, c, staged.rows:] = values[1:], self._pad[c + 1]
-        host[size - len(extra):] = extra
         self._burst, self._staged_size = staged, size
         self._copy_staged()
 
@@ -156,20 +147,6 @@ class DecodeGraphs:
             start, bucket = staged.head + 3 * staged.bucket * (j - 1), staged.bucket
             self.static[bucket:4 * bucket].copy_(self.static[start:start + 3 * bucket])
         return self._replay(staged, input_ids)
-
-    def sampled_burst(self, input_ids: Tensor, steps: int, head: SampleHead) -> tuple[Tensor, Tensor]:
-        """Every step of the burst staged with ``sampling``, in one replay: each step's ``head`` samples the next
-        step's input in the graph. ``input_ids`` [B]: step 0's. Returns ([B, steps] tokens, [B, steps, V] logits),
-        views of the graph's outputs (valid until its next replay)."""
-        staged = self._burst
-        key = (staged.bucket, staged.width, False, steps)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture_sampled(staged.bucket, staged.width, steps, head)
-            self._copy_staged()  # the warm-up ran the steps: step 0's columns are back in place
-        self.static[:staged.rows].copy_(input_ids)
-        graph, (tokens, logits) = self.graphs[key]
-        graph.replay()
-        return tokens[:staged.rows], logits[:staged.rows]
 
     def stage_forwards(self, plans: list[DecodePlan]) -> None:
         """Copy the inputs of several one-step plans (a tandem burst's forwards of this model) to the device in one
@@ -192,7 +169,7 @@ class DecodeGraphs:
         return self._replay(staged, input_ids)
 
     def prepare_columns(self, table: Tensor, groups: Tensor | None) -> tuple[_Staged, Tensor, Tensor, Tensor]:
-        """A one-step forward whose inputs the device computes (speculative rounds, draft_rounds.py): its constant
+        """A one-step forward whose inputs the device computes (verify rounds, round.py): its constant
         part (the block table ``table`` [B, W] and query groups [B] on the device, the padding rows) laid out now in
         a device head; ``run_columns`` fills in each forward's ids, positions, slots and context lengths."""
         rows, w = table.shape
@@ -226,19 +203,18 @@ class DecodeGraphs:
         graph.replay()
         return out[:staged.rows]
 
-    def _layout(self, plan: DecodePlan, offset: int, every_column: bool = False,
-                buckets: tuple[int, ...] = BATCH_BUCKETS) -> _Staged:
+    def _layout(self, plan: DecodePlan, offset: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> _Staged:
         """Where a plan's step-0 inputs go: its rows, graph bucket and width, and the size of that part."""
         grouped = plan.row_of is not None and self.query_capacity > 1
-        return self._shape(len(plan.ids), plan.tables.shape[1], grouped, offset, every_column, buckets)
+        return self._shape(len(plan.ids), plan.tables.shape[1], grouped, offset, buckets)
 
-    def _shape(self, rows: int, w: int, grouped: bool, offset: int, every_column: bool = False,
+    def _shape(self, rows: int, w: int, grouped: bool, offset: int,
                buckets: tuple[int, ...] = BATCH_BUCKETS) -> _Staged:
         bucket = batch_bucket(rows, buckets)
         if bucket is None:
             raise ValueError(f"batch {rows} is larger than the largest CUDA graph bucket {buckets[-1]}")
         # SDPA gathers every column of its width: copy them all
-        cols = self.width_for(w) if every_column or not self.fixed_width else w
+        cols = self.width_for(w) if not self.fixed_width else w
         return _Staged(rows, bucket, self.width_for(w), grouped, offset, (_COLUMNS + cols) * bucket)
 
     @property
@@ -271,29 +247,6 @@ class DecodeGraphs:
     def _capture(self, bucket: int, width: int, grouped: bool) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         ids, meta = self.static_inputs(bucket, width, grouped)
         return self._captured(lambda: self.forward(ids, meta))
-
-    def _capture_sampled(self, bucket: int, width: int, steps: int, head: SampleHead):
-        """A graph of a whole sampled burst: before step j > 0 its columns move into place, and each step's tokens
-        become the next step's input ids."""
-        ids, meta = self.static_inputs(bucket, width)
-        later = (_COLUMNS + width) * bucket  # the staged head of this key (staged with every column)
-        seeds_at = later + 3 * bucket * (steps - 1)
-        seeds = self.static[seeds_at:seeds_at + steps]
-        temperature = self.static[seeds_at + steps:seeds_at + steps + (bucket + 1) // 2].view(torch.float32)[:bucket]
-
-        def burst() -> tuple[Tensor, Tensor]:
-            tokens, logits = [], []
-            for j in range(steps):
-                if j:
-                    start = later + 3 * bucket * (j - 1)
-                    self.static[bucket:4 * bucket].copy_(self.static[start:start + 3 * bucket])
-                sampled, step_logits = head(self.forward(ids, meta), temperature, seeds[j:j + 1])
-                ids.copy_(sampled)
-                tokens.append(sampled)
-                logits.append(step_logits)
-            return torch.stack(tokens, 1), torch.stack(logits, 1)
-
-        return self._captured(burst)
 
     def capture(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
         """``body`` (device work over static tensors) captured in this model's graph pool; see ``_captured``."""
@@ -331,11 +284,3 @@ class DecodeGraphs:
                 gc.enable()
         return graph, out
 
-
-def _sampling_words(bucket: int, temperatures: np.ndarray, seeds: list[int]) -> np.ndarray:
-    """A sampled burst's extra staging: a seed per step, then the rows' temperatures (float32, padding rows greedy)
-    packed two to an int64 word."""
-    words = np.zeros(len(seeds) + (bucket + 1) // 2, dtype=np.int64)
-    words[:len(seeds)] = seeds
-    words[len(seeds):].view(np.float32)[:len(temperatures)] = temperatures
-    return words

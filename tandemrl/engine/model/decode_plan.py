@@ -36,14 +36,12 @@ class DecodePlan:
 
 
 def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num_blocks: int,
-                      max_model_len: int, back: int = 0) -> DecodePlan:
+                      max_model_len: int) -> DecodePlan:
     """The plan for ``seqs`` decoding ``steps[i]`` tokens each; ValueError (naming the sequence) for what would
-    otherwise be an out-of-bounds access on the device. Block ``num_blocks`` is the scratch block. ``back``: start
-    that many tokens earlier (step 0 feeds ``token_ids[-1 - back]``; a draft model catching up on a token), or, at
-    -1, one token later (step 0 feeds a token the host does not have: its id here is 0)."""
+    otherwise be an out-of-bounds access on the device. Block ``num_blocks`` is the scratch block."""
     if len(seqs) != len(steps) or not seqs:
         raise ValueError(f"a decode burst needs one step count per sequence, got {len(steps)} for {len(seqs)}")
-    n = int64_array([len(s.token_ids) - back for s in seqs])
+    n = int64_array([len(s.token_ids) for s in seqs])
     live_steps = int64_array(steps)
     last = n - 2 + live_steps  # the last position a row writes
     for i in np.flatnonzero((n < 1) | (live_steps < 1) | (last >= max_model_len)):
@@ -57,7 +55,7 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
     blocks = tables[np.arange(len(seqs)), block_index]
     slots = np.where(live, blocks * block_size + (positions - block_index * block_size), num_blocks * block_size)
     context_lens = positions + 1
-    ids = int64_array([s.token_ids[-1 - back] if back >= 0 else 0 for s in seqs])
+    ids = int64_array([s.token_ids[-1] for s in seqs])
     return DecodePlan(ids, positions, slots, context_lens, tables, list(steps))
 
 
@@ -101,15 +99,3 @@ def int64_array(values: Seq[int]) -> np.ndarray:
     struct.pack_into(f"{len(values)}q", out, 0, *values)
     return out
 
-
-def as_one_step(burst: DecodePlan, ids: Seq[int], keep: np.ndarray | None = None) -> DecodePlan:
-    """Every live (step, row) of ``burst`` (or those ``keep`` [K, B] selects) as a row of one step, row by row: a
-    verify step computes a sequence's last token and its proposals in one forward, each query attending to the
-    context up to its own position (a layer stores the K/V of all rows before any row attends). ``ids``: the input
-    of each new row."""
-    if keep is None:
-        keep = np.arange(burst.num_steps)[:, None] < np.asarray(burst.steps)[None, :]
-    step, row = np.nonzero(keep.T)[::-1]  # row-major over (row, step)
-    return DecodePlan(int64_array(ids), burst.positions[step, row][None], burst.slots[step, row][None],
-                      burst.context_lens[step, row][None], np.ascontiguousarray(burst.tables[row]), [1] * len(row),
-                      row_of=row)

@@ -1,25 +1,19 @@
 """What a launch's verify, round and tandem code reads of the runner: its slots, samplers, KV geometry and
-acceptance rule. runner.py hands one to draft_rounds.py, verify_runner.py, verify_round.py, round_graph.py and
-tandem_runner.py instead of itself, so they import nothing back from it (no import circle through the runner).
+acceptance rule. runner.py hands one to rounds.py, round.py, proposers.py, round_graph.py and tandem_runner.py
+instead of itself, so they import nothing back from it (no import circle through the runner).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
-from torch import Tensor
 
-from tandemrl.engine.model.rejection import RejectionResult
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN
-
-# (target logits [B, k+1, V], draft probs [B, k, V], proposals [B, k], proposals per row [B], temperatures [B],
-#  generator, every row greedy) -> what the verify step keeps (rejection.py's rule by default)
-AcceptRule = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, torch.Generator | None, bool], RejectionResult]
 
 
 @dataclass(frozen=True)
@@ -32,7 +26,7 @@ class LaunchContext:
     max_model_len: int
     slots: Mapping[str, ModelSlot]
     samplers: Mapping[torch.device, StepSampler]  # one per device a slot lives on
-    accept: AcceptRule
+    acceptance: str  # the acceptance rule of speculative proposals, by name (acceptance.py)
 
     @property
     def sampler(self) -> StepSampler:

@@ -1,16 +1,17 @@
 """A whole verify round of speculative decoding in one CUDA graph: the draft's proposals, the target's verify
-forward, the acceptance and the launch's bookkeeping (verify_round.py's ``one_round``) replayed as one launch.
+forward, the acceptance and the launch's bookkeeping (round.py's ``one_round``) replayed as one launch.
 
 Round by round the eager path launches each forward's graph plus ~100 small kernels (the rows' columns, the draft's
 argmax, the acceptance, the updates), and the device idles between them: 17-19 % of a run at batch 8 against 9 % in
 plain decoding (bench/RESULTS.md). Here the graph reads a padded launch from static tensors and advances it in place,
 so a launch of R rounds is one copy in, R replays and a copy of each round's results out.
 
-Greedy rows only: their acceptance draws no random numbers, so every replay computes what the eager round would. The
+Greedy rows of a model proposer only: their acceptance draws no random numbers (a benchmark's rule may, from the
+default generator, which graphs replay correctly), so every replay computes what the eager round would. The
 batch is padded to its bucket (``BATCH_BUCKETS``) with dead rows (no budget: they write only the scratch block) and
-the block table to a power of two columns; one graph per (bucket, width, k), kept with the target's decode graphs
-and dropped with them. It reads the draft's pool and weights too: a graph whose draft graphs were dropped since (a
-new pool, new weights) is captured again.
+the block table to a power of two columns; one graph per (bucket, width, k, proposer, rule), kept with the target's
+decode graphs and dropped with them. It reads the proposer's pool and weights too: a graph whose proposer's graphs
+were dropped since (a new pool, new weights) is captured again.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tandemrl.engine.model.acceptance import acceptance_rule
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import copy_to_device
+from tandemrl.engine.model.proposers import ProposerArgs
+from tandemrl.engine.model.round import Launch, Round, RoundRows, launch_columns, one_round, round_inputs
 from tandemrl.engine.model.slot import ModelSlot
-from tandemrl.engine.model.verify_round import Launch, Round, RoundInputs, RoundRows, one_round
 
 
 
@@ -38,25 +41,25 @@ class RoundGraph:
     packed: Tensor
     launch: Launch
     out: tuple[Tensor, Tensor, Tensor, Tensor]  # tokens, log-probs, proposals accepted, tokens kept [bucket, ...]
-    draft_graphs: DecodeGraphs  # the draft's graphs when this was captured
+    proposer_graphs: DecodeGraphs  # the proposer's graphs when this was captured
     scratch_block: int
     k: int
     body: Callable[[], object]  # holds what the graph reads by address (the rows' columns, query groups) alive
     rows: int = 0  # the loaded launch's real rows
 
-    def load(self, lengths: np.ndarray, budget: np.ndarray, cap: np.ndarray, last_two: np.ndarray,
-             table: np.ndarray) -> None:
+    def load(self, lengths: np.ndarray, budget: np.ndarray, cap: np.ndarray, bonus: np.ndarray,
+             last_two: np.ndarray, table: np.ndarray) -> None:
         """A launch's rows into the static tensors (one copy); the padding rows are dead: no budget, one token,
         the scratch block for a table. The table goes in as the round's forwards read it (``repeated_tables``)."""
         bucket, width = self.launch.table.shape
         batch, used = table.shape
         padded = np.full((bucket, width), self.scratch_block, dtype=np.int64)
         padded[:batch, :used] = table
-        columns = np.zeros((5, bucket), dtype=np.int64)  # length, left, cap, the last two tokens
-        columns[0] = 1
-        columns[:3, :batch] = lengths, budget, cap
-        columns[3:, :batch] = last_two.reshape(batch, 2).T
-        host = np.concatenate((columns[:3].reshape(-1), columns[3:].T.reshape(-1), padded.reshape(-1),
+        columns = np.zeros((6, bucket), dtype=np.int64)  # length, left, cap, bonus, the last two tokens
+        columns[0] = columns[3] = 1  # a dead row: one token, a bonus (no proposer row of it is live)
+        columns[:4, :batch] = lengths, budget, cap, bonus
+        columns[4:, :batch] = last_two.reshape(batch, 2).T
+        host = np.concatenate((launch_columns(*columns[:4], columns[4:].T, padded),
                                np.repeat(padded, 2, 0).reshape(-1), np.repeat(padded, self.k + 1, 0).reshape(-1)))
         self.packed.copy_(copy_to_device(torch.from_numpy(host), self.packed.device))
         self.rows = batch
@@ -67,44 +70,45 @@ class RoundGraph:
         return Round(*(t[:self.rows].clone() for t in self.out))
 
 
-def round_graph(context: LaunchContext, draft: ModelSlot, target: ModelSlot, k: int, batch: int,
-                width: int) -> RoundGraph | None:
-    """The round graph for ``batch`` greedy rows of ``width`` table columns and ``k`` proposals, captured on first
-    use; None where graphs do not apply (eager slots, the draft on another device, a batch past the buckets)."""
+def round_graph(context: LaunchContext, proposer: ModelSlot, target: ModelSlot, k: int, batch: int, width: int,
+                rule: str) -> RoundGraph | None:
+    """The round graph for ``batch`` greedy rows of ``width`` table columns, ``k`` proposals of the ``proposer``
+    slot and the acceptance rule ``rule``, captured on first use; None where graphs do not apply (eager slots, the
+    proposer on another device, a batch past the buckets)."""
     bucket = batch_bucket(batch)
-    if target.enforce_eager or draft.enforce_eager or draft.device != target.device or bucket is None:
+    if target.enforce_eager or proposer.enforce_eager or proposer.device != target.device or bucket is None:
         return None
     graphs = target.decode_graphs()
     # a power of two, not the decode graphs' one width under Triton (every column up to max_model_len): each launch
     # copies the padded table k + 4 times over, so a few more captures cost less than megabytes a launch
     width = min(1 << max(0, width - 1).bit_length(), graphs.max_width)
-    found = graphs.rounds.get((bucket, width, k))
-    if isinstance(found, RoundGraph) and found.draft_graphs is draft.decode_graphs():
+    key = (bucket, width, k, proposer.name, rule)
+    found = graphs.rounds.get(key)
+    if isinstance(found, RoundGraph) and found.proposer_graphs is proposer.decode_graphs():
         return found
-    found = _capture(context, draft, target, graphs, k, bucket, width)
-    graphs.rounds[(bucket, width, k)] = found
+    found = graphs.rounds[key] = _capture(context, proposer, target, graphs, k, bucket, width, rule)
     return found
 
 
-def _capture(context: LaunchContext, draft: ModelSlot, target: ModelSlot, graphs: DecodeGraphs, k: int, bucket: int,
-             width: int) -> RoundGraph:
+def _capture(context: LaunchContext, proposer: ModelSlot, target: ModelSlot, graphs: DecodeGraphs, k: int,
+             bucket: int, width: int, rule: str) -> RoundGraph:
     """Captured over a launch of dead rows: the warm-up run before the capture writes only the scratch block."""
     device = target.device
-    packed = torch.zeros(bucket * (5 + width * (k + 4)), dtype=torch.long, device=device)
-    length, left, cap, last_two, table, twice, per_token = packed.split(
-        [bucket, bucket, bucket, 2 * bucket, bucket * width, 2 * bucket * width, (k + 1) * bucket * width])
-    length.fill_(1)
-    packed[5 * bucket:].fill_(graphs.scratch_block)  # every table
-    launch = Launch(length, left, cap, last_two.view(bucket, 2), table.view(bucket, width))
-    tables = (twice.view(2 * bucket, width), launch.table, per_token.view((k + 1) * bucket, width))
-    inputs = RoundInputs.over(draft, target, tables, eager=True, sample=None,
-                              temperature=torch.zeros(bucket, device=device), generator=None, greedy=True,
-                              proposer=draft.name)
+    launch_size = bucket * (6 + width)
+    packed = torch.zeros(launch_size + bucket * width * (k + 3), dtype=torch.long, device=device)
+    launch = Launch.packed(packed[:launch_size], bucket)
+    twice, per_token = packed[launch_size:].split([2 * bucket * width, (k + 1) * bucket * width])
+    launch.length.fill_(1)
+    launch.bonus.fill_(1)
+    packed[6 * bucket:].fill_(graphs.scratch_block)  # every table
+    args = ProposerArgs(context, None, k, None, (twice.view(2 * bucket, width), launch.table), True, eager=True)
+    inputs = round_inputs(context, target, proposer.name, args, per_token.view((k + 1) * bucket, width),
+                          acceptance_rule(rule))
     rows = RoundRows.build(k, bucket, device)
 
     def body() -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        done = one_round(context, draft, target, rows, launch, inputs, seqs=None)
+        done = one_round(context, target, rows, launch, inputs)
         return done.tokens, done.logprobs, done.accepted, done.emitted
 
     graph, out = graphs.capture(body)
-    return RoundGraph(graph, packed, launch, out, draft.decode_graphs(), graphs.scratch_block, k, body)
+    return RoundGraph(graph, packed, launch, out, proposer.decode_graphs(), graphs.scratch_block, k, body)

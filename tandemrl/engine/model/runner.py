@@ -2,16 +2,12 @@
 
 ``launch(plan)`` runs one step (step.py) on the plan's slot under inference mode with the model in eval mode and
 returns before the device is done (pending.py):
-- PREFILL: packed uncached tokens through every slot, logits of each row's last one from the plan's slot, one
-  sampled token per row;
-- DECODE: a burst of steps (decode_plan.py), each step's sampled tokens the next step's input on the device, so the
-  burst syncs with the host once, when its tokens are read back; on CUDA it replays CUDA graphs per batch bucket;
-  a tandem burst (tandem_runner.py) runs the hot and the frozen slot in turns or in paired ticks (two streams), as
-  planned on the host, its first input fed from the previous launch like a plain burst's;
-- VERIFY: each row's proposals, then the target over the row's last token and its proposals in one decode step of
-  a row per token (CUDA graphs apply), then rejection sampling (rejection.py); nothing waits for the device. The
-  ``draft`` slot's proposals run ``plan.rounds`` such rounds back to back on the device (draft_rounds.py); proposals
-  known on the host (n-gram) and tandem segments run one (verify_runner.py).
+- PREFILL (prefill.py): packed uncached tokens through every slot, one token per row after its last;
+- DECODE: a burst of steps of the target (decode_burst.py), each step's sampled tokens the next step's input on the
+  device; or a tandem burst (tandem_runner.py: the hot and the frozen slot in turns or in paired ticks, as planned
+  on the host); either's first input fed from the previous launch;
+- VERIFY: rounds of a proposer and an acceptance rule back to back on the device (rounds.py): a draft's
+  ``plan.rounds`` rounds, one of proposals known on the host (n-gram) or of a tandem segment's frozen run.
 ``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
 
 Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
@@ -22,26 +18,23 @@ from __future__ import annotations
 from typing import Hashable, Mapping, Sequence as Seq
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.kernels.fused import fused_available
 from tandemrl.engine.kernels.triton_attention import triton_decode_available
-from tandemrl.engine.kernels.paged_kv import PrefillMeta
-from tandemrl.engine.model.attention import build_prefill_meta
-from tandemrl.engine.model.decode_plan import build_decode_plan
-from tandemrl.engine.model.draft_rounds import launch_draft_rounds
+from tandemrl.engine.model.acceptance import acceptance_rule
 from tandemrl.engine.model.launch_context import LaunchContext
-from tandemrl.engine.model.pending import LastSamples, PendingTokens, copy_to_device, link_pending, resolve_pending
-from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget, move  # noqa: F401 (tests)
-from tandemrl.engine.model.rejection import RejectionResult, rejection_sample
-from tandemrl.engine.model.sampler import sample_with_probs
+from tandemrl.engine.model.pending import LastSamples, PendingTokens
+from tandemrl.engine.model.decode_burst import launch_decode_burst
+from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, kv_budget  # noqa: F401 (tests)
+from tandemrl.engine.model.prefill import launch_prefill
+from tandemrl.engine.model.rounds import launch_rounds
 from tandemrl.engine.model.slot import ModelSlot, eval_mode
 from tandemrl.engine.model.step_sampler import StepSampler
 from tandemrl.engine.model.tandem_runner import launch_tandem_burst
-from tandemrl.engine.model.verify_runner import keep_forced, launch_verify
 from tandemrl.engine.sequence import Sequence
-from tandemrl.engine.step import TARGET, StepKind, StepPlan
+from tandemrl.engine.step import TARGET, DecodeStep, PrefillStep, StepPlan, VerifyStep
 
 
 class ModelRunner:
@@ -52,11 +45,13 @@ class ModelRunner:
     live (default: the target's embedding's device). attention_backend: "auto" (Triton kernels on CUDA when
     available), "triton" or "sdpa". fused_kernels: the Triton kernels of kernels/ (RMSNorm + residual add, RoPE
     with the K/V store, SiLU product, grouped q/k/v and gate/up, the one-read sampler) on CUDA when Triton is
-    importable; CPU keeps torch ops.
+    importable; CPU keeps torch ops. acceptance: the rule that checks speculative proposals, by name
+    (acceptance.py; a benchmark registers and names its own).
     """
 
     def __init__(self, models: nn.Module | Mapping[str, nn.Module], config: EngineConfig | None = None,
-                 device: torch.device | str | None = None, *, attention_backend: str = "auto") -> None:
+                 device: torch.device | str | None = None, *, attention_backend: str = "auto",
+                 acceptance: str = "rejection") -> None:
         config = config or EngineConfig()
         config.validate()
         models = dict(models) if isinstance(models, Mapping) else {TARGET: models}
@@ -75,6 +70,8 @@ class ModelRunner:
         self._samplers = {self.device: self.sampler}
         for slot in self.slots.values():
             self._samplers.setdefault(slot.device, StepSampler(slot.device, slot.fused_kernels))
+        acceptance_rule(acceptance)  # ValueError now for an unknown name, not at the first verify step
+        self.acceptance = acceptance
         self.num_blocks = 0
         self._last: LastSamples | None = None  # the latest launch's tokens: pending ones are fed from here
         self.context = self._launch_context()
@@ -100,7 +97,7 @@ class ModelRunner:
     def _launch_context(self) -> LaunchContext:
         """What the verify, round and tandem launches read of this runner (launch_context.py)."""
         return LaunchContext(self.device, self.block_size, self.num_blocks, self.max_model_len, self.slots,
-                             self._samplers, self.accept)
+                             self._samplers, self.acceptance)
 
     @property
     def pairs_tandem_forwards(self) -> bool:
@@ -114,10 +111,6 @@ class ModelRunner:
     @property
     def target(self) -> ModelSlot:
         return self.slots[TARGET]
-
-    @property
-    def spec(self):  # the target's DecoderSpec (benches)
-        return self.target.spec
 
     def weights_version(self) -> Hashable:
         """Changes whenever any slot's weights change (slot.py); the engine ties cached K/V to it."""
@@ -181,123 +174,36 @@ class ModelRunner:
         if slot is None:
             raise ValueError(f"no model slot {plan.slot!r}; the runner has {sorted(self.slots)}")
         with eval_mode(slot.modules), torch.inference_mode():
-            if plan.kind is StepKind.VERIFY:
-                rounds = plan.feed is None and plan.forced is None  # the draft proposes, on the device
-                pending = (launch_draft_rounds if rounds else launch_verify)(self.context, slot, plan)
+            if isinstance(plan, VerifyStep):
+                pending = launch_rounds(self.context, slot, plan)
                 self._last = None  # how many tokens a row keeps is known on the device only
                 return pending
-            if plan.kind is StepKind.PREFILL:
-                hidden = self._prefill(slot, plan.seqs)
-                if plan.forced is not None:  # tandem: some rows' first token is the frozen model's
-                    result, own = self._first_tokens(slot, plan, hidden)
-                    # one token per row, whoever wrote it: the next burst may be launched before it is read back
-                    self._last = LastSamples.of(plan.seqs, plan.num_tokens, result.tokens)
-                    return PendingTokens(result.tokens, result.logprobs, plan.num_tokens, accepted=result.num_accepted,
-                                         own=own)
-                tokens, logprobs = self.sampler.for_rows(plan.seqs)(slot.logits(hidden[slot.name]))
-                tokens, logprobs = tokens[:, None], logprobs[:, None]
-            elif plan.tandem is not None:  # a row returns exactly its planned tokens: the next launch may feed on them
-                with eval_mode(self.slots[plan.proposer].modules):
-                    tokens, logprobs = launch_tandem_burst(self.context, plan, self._last)
-            else:
-                tokens, logprobs = self._decode_burst(slot, plan.seqs, plan.num_tokens)
+            if isinstance(plan, PrefillStep):  # one token per row, whoever wrote it
+                pending, tokens = launch_prefill(self.context, slot, plan)
+            else:  # a row returns exactly its planned tokens: the next launch may feed on them
+                if plan.tandem is not None:
+                    with eval_mode(self.slots[plan.proposer].modules):
+                        tokens, logprobs = launch_tandem_burst(self.context, plan, self._last)
+                else:
+                    tokens, logprobs = launch_decode_burst(self.context, slot, plan, self._last)
+                pending = PendingTokens(tokens, logprobs, plan.num_tokens)
             self._last = LastSamples.of(plan.seqs, plan.num_tokens, tokens)
-            return PendingTokens(tokens, logprobs, plan.num_tokens)
+            return pending
 
     def run(self, seqs: Seq[Sequence], is_prefill: bool) -> tuple[list[int], list[float]]:
         """One forward of the target for `seqs` and one sampled token per sequence, waited for."""
         if not seqs:
             return [], []
-        kind = StepKind.PREFILL if is_prefill else StepKind.DECODE
-        out = self.launch(StepPlan(kind, list(seqs), [1] * len(seqs))).result()
+        step = PrefillStep if is_prefill else DecodeStep
+        out = self.launch(step(list(seqs), [1] * len(seqs))).result()
         return [t[0] for t in out.token_ids], [lp[0] for lp in out.logprobs]
 
     def decode(self, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[list[list[int]], list[list[float]]]:
         """A decode burst of the target, waited for: per sequence its tokens and their log-probs."""
         if not seqs:
             return [], []
-        out = self.launch(StepPlan(StepKind.DECODE, list(seqs), list(steps))).result()
+        out = self.launch(DecodeStep(list(seqs), list(steps))).result()
         return out.token_ids, out.logprobs
-
-    def _decode_burst(self, slot: ModelSlot, seqs: Seq[Sequence], steps: Seq[int]) -> tuple[Tensor, Tensor]:
-        """[B, K] tokens and log-probs of a burst, left on the device (no host sync)."""
-        plan = build_decode_plan(seqs, steps, self.block_size, self.num_blocks, self.max_model_len)
-        linked = link_pending(plan.ids, seqs, self._last)
-        run_step, staged_ids = slot.decode_steps(plan)
-        tokens = resolve_pending(staged_ids, self._last) if linked else None
-        sample = self.sampler.for_rows(seqs)
-        all_tokens, all_logprobs = [], []
-        for j in range(plan.num_steps):
-            tokens, logprobs = sample(slot.logits(run_step(j, tokens)))
-            all_tokens.append(tokens)  # stacked once after the loop: no extra launches per step
-            all_logprobs.append(logprobs)
-        return torch.stack(all_tokens, 1), torch.stack(all_logprobs, 1)
-
-    def _prefill(self, slot: ModelSlot, seqs: Seq[Sequence]) -> dict[str, Tensor]:
-        """Every slot ingests the rows' uncached tokens (each model's cache holds every token of the sequence, whoever
-        samples from it); per slot, the hidden states of each row's last token."""
-        ids: list[int] = []
-        query_lens, context_lens = [], []
-        for seq in seqs:
-            self._check(seq)
-            # A fully cached sequence still recomputes its last token: we need that position's logits.
-            start = min(seq.num_cached_tokens, seq.num_tokens - 1)
-            ids += seq.token_ids[start:]
-            query_lens.append(seq.num_tokens - start)
-            context_lens.append(seq.num_tokens)
-        tables = self._pad_tables([seq.block_table[:-(-seq.num_tokens // self.block_size)] for seq in seqs])
-        host_ids = torch.tensor(ids, dtype=torch.long)
-        inputs: dict[tuple[torch.device, bool], tuple[Tensor, PrefillMeta]] = {}  # staged once per device
-        hidden = {}
-        for name, other in self.slots.items():
-            key = (other.device, other.use_triton)
-            if key not in inputs:
-                inputs[key] = (copy_to_device(host_ids, other.device),
-                               build_prefill_meta(query_lens, context_lens, tables, self.block_size, other.device,
-                                                  use_triton=other.use_triton))
-            input_ids, meta = inputs[key]
-            with eval_mode(other.modules):
-                hidden[name] = other.forward(input_ids, meta, rows=meta.last_rows)
-        return hidden
-
-    def _first_tokens(self, slot: ModelSlot, plan: StepPlan,
-                      hidden: dict[str, Tensor]) -> tuple[RejectionResult, tuple[Tensor, Tensor]]:
-        """A tandem prefill: each row's first token from the model that owns its position (``forced`` 1: the
-        proposer), with the target's log-prob of it."""
-        proposer = self.slots[plan.proposer]
-        sampler = self.sampler_for(proposer)  # on the proposer's device: only its tokens cross
-        with proposer.on_device():
-            frozen, _ = sample_with_probs(proposer.logits(hidden[plan.proposer]), sampler.temperatures(plan.seqs),
-                                          sampler.generator(plan.seqs))
-        frozen = move(frozen, self.device)
-        target_logits = slot.logits(hidden[slot.name])[:, None]
-        return keep_forced(self.context, target_logits, frozen[:, None], plan.forced, plan.seqs)
-
-    def accept(self, logits: Tensor, probs: Tensor, tokens: Tensor, num_draft: Tensor, temperature: Tensor,
-               generator: torch.Generator | None, greedy_only: bool) -> RejectionResult:
-        """Which proposals a verify step keeps: the standard rejection rule (rejection.py) at the rows' target
-        temperatures [B]. (bench/speculative.py overrides it to fix the acceptance rate; nothing else may.)"""
-        return rejection_sample(logits, probs, tokens, num_draft, temperature, generator, greedy_only=greedy_only)
-
-    def _pad_tables(self, tables: list[list[int]]) -> Tensor:
-        """[S, W] long on the host, rows padded with the scratch block (a valid id nobody owns)."""
-        width = max(len(t) for t in tables)
-        pad = self.num_blocks
-        return torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
-
-    def _check(self, seq: Sequence) -> None:
-        """Clear errors for what would otherwise be an out-of-bounds write on the device."""
-        n, bs = seq.num_tokens, self.block_size
-        if n == 0:
-            raise ValueError(f"sequence {seq.seq_id} has no tokens")
-        if seq.num_pending:
-            raise RuntimeError(f"sequence {seq.seq_id} cannot be prefilled with {seq.num_pending} tokens pending")
-        if n > self.max_model_len:
-            raise ValueError(f"sequence {seq.seq_id} has {n} tokens, more than max_model_len {self.max_model_len}")
-        if len(seq.block_table) * bs < n:
-            raise ValueError(f"sequence {seq.seq_id} has {n} tokens but {len(seq.block_table)} blocks of {bs}")
-        if any(not 0 <= b < self.num_blocks for b in seq.block_table):
-            raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {self.num_blocks}): {seq.block_table}")
 
 
 def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 
 from tandemrl.engine.kernels.triton_attention import decode_query_capacity
-from tandemrl.engine.kernels.triton_sampler import fused_sample
 from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta
 from tandemrl.engine.model.attention import query_groups
 from tandemrl.engine.model.cuda_graphs import FORWARD_BUCKETS, DecodeGraphs, batch_bucket
@@ -173,30 +172,6 @@ class ModelSlot:
 
         return counted, staged
 
-    def sampled_burst(self, plan: DecodePlan, input_ids: Tensor,
-                      sampling: Callable[[], tuple[np.ndarray, list[int]] | None]) -> tuple[Tensor, Tensor] | None:
-        """A burst whose every step samples the next step's input with the fused sampler (temperature only), all in
-        one CUDA graph replay: ([B, K] tokens, [B, K, V] logits), views valid until the next replay. ``input_ids``
-        [B]: step 0's, on the device; ``sampling()``: the rows' temperatures and a seed per step (StepSampler.
-        graph_sampling; called only when a graph serves the burst, so an eager burst draws its seeds alone). None
-        where no graph serves it (eager slots, large batches, no fused sampler): the caller steps the burst."""
-        if self.enforce_eager or batch_bucket(len(plan.ids)) is None:
-            return None
-        drawn = sampling()
-        if drawn is None:
-            return None
-        spec = self.spec
-
-        def head(hidden: Tensor, temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
-            logits = compute_logits(spec, hidden)
-            return fused_sample(logits, temperature, seed)[0], logits
-
-        self.stats.forwards += plan.num_steps
-        with self.on_device():
-            graphs = self.decode_graphs()
-            graphs.stage(plan, drawn)
-            return graphs.sampled_burst(input_ids, plan.num_steps, head)
-
     def decode_forwards(self, plans: list[DecodePlan]) -> Callable[[int, Tensor], Tensor]:
         """(f, input ids [B_f] on the device) -> hidden of one-step plan f: every plan staged now, in one copy
         (CUDA graphs), so the forwards run with no host work but a device copy and a replay each."""
@@ -219,7 +194,7 @@ class ModelSlot:
     def column_forward(self, table: Tensor, row_of: np.ndarray | None = None, eager: bool = False
                        ) -> Callable[[Tensor, Tensor], Tensor]:
         """(input ids [B], columns [3, B]: positions, KV slots, context lengths) -> hidden [B, hidden], all on this
-        slot's device: one-step forwards whose inputs the device computes (speculative rounds, draft_rounds.py), over
+        slot's device: one-step forwards whose inputs the device computes (verify rounds, round.py), over
         the block table ``table`` [B, W] on the device. ``row_of`` [B]: the sequence of each row, for rows of one
         sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows (up
         to 512: a verify forward reads batch x (k + 1) rows) and ``eager`` is False (a round graph captures the eager

@@ -11,7 +11,6 @@ import functools
 import random
 from typing import Callable, Sequence as Seq
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -59,16 +58,6 @@ class StepSampler:
         generator = self._generator(params)
         return lambda logits, rows: sample_tokens(logits, temperature[rows], top_p[rows], top_k[rows], generator,
                                                   apply_filters=filters)
-
-    def graph_sampling(self, seqs: Seq[Sequence], steps: int) -> tuple[np.ndarray, list[int]] | None:
-        """For ``steps`` temperature-only draws inside a CUDA graph (the fused sampler reading its seed from the
-        device): the rows' temperatures and a seed per step, from the same stream ``for_subsets`` draws from; None
-        without the fused sampler."""
-        if not self.fused:
-            return None
-        next_seed = self._seed_source([seq.params for seq in seqs])
-        temperatures = np.array([seq.params.temperature for seq in seqs], dtype=np.float32)
-        return temperatures, [next_seed() for _ in range(steps)]
 
     @property
     def fused(self) -> bool:

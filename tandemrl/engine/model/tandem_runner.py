@@ -33,14 +33,14 @@ from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import LastSamples, copy_to_device, link_pending, resolve_pending
 from tandemrl.engine.model.placement import move
 from tandemrl.engine.model.slot import ModelSlot
-from tandemrl.engine.step import StepPlan
-from tandemrl.engine.tandem_burst import BurstForward, TandemBurst
+from tandemrl.engine.step import DecodeStep
+from tandemrl.engine.tandem_burst import TandemBurst
 
 
 Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
 
 
-def launch_tandem_burst(context: LaunchContext, plan: StepPlan, last: LastSamples | None) -> tuple[Tensor, Tensor]:
+def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamples | None) -> tuple[Tensor, Tensor]:
     """Run ``plan.tandem`` for ``plan.seqs`` on the runner's target (hot) and ``plan.proposer`` (frozen) slots; each
     row's last token, if pending, is fed from ``last`` (the previous launch's tokens) on the device. Returns the
     [B, K] tokens and log-probs, left on the hot model's device (no host sync)."""

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 35's GPU check (the engine's shape: one round loop), in one or two device calls:
+#   PART=ab    the GPU engine tests of the new tree, then the A/B of two trees, alternating: batch-256 decode tok/s
+#              (bench.engine_throughput), the GRPO step 8x8x512 (bench.grpo_step) and the tandem step against
+#              vanilla at p = 0.5 and 0.8 (bench.tandem_step); the table last (bench.shape_summary).
+#   PART=spec  `bench.speculative --batches 1 8` on the new tree (every row >= 80 % of the formula).
+# Both trees are git archives under .ab/ (ignored; carry ".ab" and ".whl"), so neither holds anyone's uncommitted work:
+#   rm -rf .ab/base .ab/new && mkdir -p .ab/base .ab/new && git archive 78eef71 | tar -x -C .ab/base \
+#     && git archive HEAD | tar -x -C .ab/new
+# The call: run  command "PART=ab bash bench/gpu_shape.sh"  carry [".whl", ".ab"]  timeout_s 600. Logs and JSON go to
+# $OUT/shape.tar.gz, the summary to $OUT/summary.md (at most 8 files come back). Env: ROUNDS (A/B rounds, 1),
+# TEST_SECONDS, REPEATS (GRPO and tandem steps timed per setting, 3).
+set -uo pipefail
+OUT=${OUT:-bench/out/gpu_shape}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # the trees run from their own folders
+source bench/gpu_env.sh
+ROOT=$PWD
+in_tree() {  # in_tree <tree> <command...>: run a command in a tree, its own code first on the path
+  local tree=$1; shift
+  (cd "$ROOT/$tree" && PYTHONPATH=/tmp/site:$ROOT/$tree "$@")
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/summary.md"
+if [ "${PART:-ab}" = ab ]; then
+  in_tree .ab/new timeout "${TEST_SECONDS:-170}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_speculative.py \
+      tests/engine/test_step_contract.py tests/engine/test_tandem.py tests/engine/test_tandem_async.py \
+      tests/engine/test_tandem_placement.py tests/engine/test_model_runner.py tests/engine/test_rejection.py \
+      > "$OUT/tests.log" 2>&1
+  echo "GPU engine tests exit status $? ($(tail -n 1 "$OUT/tests.log"))" | tee -a "$OUT/summary.md"
+  R=${REPEATS:-3}
+  for r in $(seq 1 "${ROUNDS:-1}"); do
+    for side in base new; do
+      in_tree ".ab/$side" timeout 120 python3 -m bench.engine_throughput --kv-gib 4 --skip-hf --batches 256 \
+          --out "$OUT/tp-$side-$r.json" > "$OUT/tp-$side-$r.log" 2>&1 || echo "throughput $side failed"
+      in_tree ".ab/$side" timeout 120 python3 -m bench.grpo_step --backend engine --repeats "$R" \
+          --out "$OUT/grpo-$side-$r.json" > "$OUT/grpo-$side-$r.log" 2>&1 || echo "grpo $side failed"
+      in_tree ".ab/$side" timeout 170 python3 -m bench.tandem_step --repeats "$R" \
+          --out "$OUT/tandem-$side-$r.json" > "$OUT/tandem-$side-$r.log" 2>&1 || echo "tandem $side failed"
+      echo "round $r $side done at $SECONDS s"
+    done
+  done
+  PYTHONPATH=/tmp/site:$ROOT python3 -m bench.shape_summary "$OUT" | tee -a "$OUT/summary.md"
+else
+  in_tree .ab/new timeout "${BENCH_SECONDS:-540}" python3 -m bench.speculative --batches 1 8 \
+      --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
+  echo "bench.speculative exit status $?" | tee -a "$OUT/summary.md"
+  grep -E "^\|" "$OUT/speculative.log" | tee -a "$OUT/summary.md"
+fi
+(cd "$OUT" && tar -czf shape.tar.gz --exclude=shape.tar.gz ./*.log ./*.json 2>/dev/null; rm -f ./*.log ./tp-*.json ./grpo-*.json ./tandem-*.json)
