@@ -32,7 +32,7 @@ def main() -> None:
     summary = {}
     print("| metric | baseline runs | new runs | new / baseline (medians) |")
     print("|---|---|---|---|")
-    for metric in sides["base"].keys() | sides["new"].keys():
+    for metric in sorted(sides["base"].keys() | sides["new"].keys()):
         base, new = sides["base"].get(metric, []), sides["new"].get(metric, [])
         ratio = statistics.median(new) / statistics.median(base) if base and new else None
         summary[metric] = {"base": base, "new": new, "ratio": ratio}
