@@ -32,11 +32,13 @@ DCP_DIR = "dcp"
 DCP_FORMAT = "fsdp-dcp"
 
 
-def trained_only() -> Any:
-    """DCP state-dict options: the trained weights and their optimizer state (LoRA: the adapter, not the base)."""
+def trained_only(strict: bool = True) -> Any:
+    """DCP state-dict options: the trained weights and their optimizer state (LoRA: the adapter, not the base).
+    Loading passes ``strict=False``: the frozen weights are absent on purpose (dcp.load already fails on a trained
+    weight the checkpoint lacks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(ignore_frozen_params=True)
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
 def rng_file(rank: int) -> str:
@@ -121,7 +123,7 @@ def load_distributed(path: Path, *, parallel: Distributed, model: nn.Module, opt
     except Exception as exc:
         raise CheckpointError(f"cannot load {path / DCP_DIR} into this model and optimizer: {exc}") from exc
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=trained_only())
+                   options=trained_only(strict=False))
     scheduler.load_state_dict(torch.load(path / SCHEDULER, map_location="cpu", weights_only=True))
     rng = path / rng_file(parallel.rank)
     if rng.is_file():
