@@ -244,6 +244,24 @@ def test_greedy_rounds_run_as_one_graph_each_and_decode_as_plain_decoding(monkey
     assert sum(r.stats.drafted_tokens for r in out) > 0
 
 
+def test_greedy_ngram_rounds_run_as_one_graph_each_and_decode_as_plain_decoding(monkeypatch):
+    """The host proposer's greedy rounds replay a round graph too (its proposals loaded with the launch), keyed by
+    proposer and rule; the tokens are plain decoding's."""
+    target = build("qwen2", device=DEVICE)
+    phrase = [5, 17, 33, 2, 90, 41]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    requests = [Request(f"n{i}", phrase * (2 + i) + phrase[:3], params) for i in range(3)] + greedy_requests(count=2)
+    runner = _graphed_runner(monkeypatch, target, build("qwen2", seed=1, device=DEVICE))
+    engine = LLMEngine(runner, None, config(), eos_ids=[],
+                       speculative=SpeculativeConfig(method="ngram", num_tokens=3))
+    out = engine.generate(requests)
+    assert [r.completion_ids for r in out] == [r.completion_ids for r in generate(requests, target=target)]
+    check_counts(out)
+    assert {(proposer, rule) for *_, proposer, rule in runner.slots[TARGET].decode_graphs().rounds} == {
+        ("host", "rejection")}
+    assert sum(r.stats.accepted_tokens for r in out) > 0
+
+
 def test_sampled_verify_forwards_past_the_largest_decode_bucket_run_in_a_graph(monkeypatch):
     """64 sampled sequences x (4 + 1) = 320 verify rows, past the largest decode bucket (256): the verify forward
     still runs in a CUDA graph (the 512 bucket; on the CPU an eager stand-in), and on the CPU its rollouts are the

@@ -5,8 +5,8 @@
   all its proposals it never read the last one; otherwise it writes the same K/V again, so its cache never falls
   behind) and proposes ``k`` tokens, each sampled (temperature only; greedy rows: its argmax) and fed back to it.
 - ``host``: tokens known on the host (n-gram lookups, forced tool or frozen runs), padded with 0 past a row's own.
-A model proposer's round is graph-safe when every row is greedy (round_graph.py); a host proposer's is not (its
-tokens change every launch and would have to be loaded into the graph).
+Either's round is graph-safe when every row is greedy (round_graph.py): a host proposer's tokens are then loaded into
+the graph's static buffer with the rest of the launch.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class ProposerArgs:
     tables: tuple[Tensor, Tensor]
     greedy: bool
     eager: bool = False
+    host_tokens: Tensor | None = None  # a round graph's static [B, k] buffer, loaded with ``feed`` each launch
 
 
 def model_proposer(name: str, args: ProposerArgs) -> ModelProposer:
@@ -119,16 +120,25 @@ def model_proposer(name: str, args: ProposerArgs) -> ModelProposer:
 
 
 def host_proposer(name: str, args: ProposerArgs) -> HostProposer:
-    """``args.feed[i]``: row i's proposals known on the host (at most ``k``)."""
-    host = torch.zeros((len(args.feed), args.k), dtype=torch.long)
-    for i, tokens in enumerate(args.feed):
-        host[i, :len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
-    return HostProposer(copy_to_device(host, args.context.device), args.context.target.spec.vocab_size)
+    """``args.feed[i]``: row i's proposals known on the host (at most ``k``); or a round graph's buffer of them."""
+    tokens = args.host_tokens
+    if tokens is None:
+        tokens = copy_to_device(torch.from_numpy(host_tokens(args.feed, args.k, len(args.feed))), args.context.device)
+    return HostProposer(tokens, args.context.target.spec.vocab_size)
 
 
+def host_tokens(feed: Seq[Seq[int]], k: int, rows: int) -> np.ndarray:
+    """[rows, k] int64: row i's proposals ``feed[i]``, then 0 (rows past the feed: all 0)."""
+    host = np.zeros((rows, k), dtype=np.int64)
+    for i, tokens in enumerate(feed):
+        host[i, :len(tokens)] = tokens
+    return host
+
+
+HOST = "host"
 # name -> (name, what a launch gives) -> the proposer; a model proposer's name is its slot's
 PROPOSERS: dict[str, Callable[[str, ProposerArgs], Proposer]] = {
-    "draft": model_proposer, "frozen": model_proposer, "host": host_proposer}
+    "draft": model_proposer, "frozen": model_proposer, HOST: host_proposer}
 
 
 def make_proposer(name: str, args: ProposerArgs) -> Proposer:

@@ -52,12 +52,13 @@ def launch_rounds(context: LaunchContext, target: ModelSlot, plan: VerifyStep) -
     rule = acceptance_rule(rule_name)
     proposer_slot = context.slots.get(name)
     with eval_mode(proposer_slot.modules if proposer_slot is not None else []):
-        graph = (round_graph(context, proposer_slot, target, k, len(seqs), table.shape[1], rule_name)
-                 if greedy and proposer_slot is not None and not rule.side_output else None)
+        graph = (round_graph(context, name, target, k, len(seqs), table.shape[1], rule_name)
+                 if greedy and not rule.side_output else None)
         if graph is not None:  # a replay a round
-            graph.load(lengths, budget, cap, bonus, last_two, table)
+            graph.load(lengths, budget, cap, bonus, last_two, table, plan.feed)
             rounds = [graph.run() for _ in range(plan.rounds)]
-            proposer_slot.stats.forwards += k * plan.rounds  # what the eager rounds count
+            if proposer_slot is not None:
+                proposer_slot.stats.forwards += k * plan.rounds  # what the eager rounds count
             target.stats.forwards += plan.rounds
         else:
             launch = Launch.packed(copy_to_device(torch.from_numpy(host), context.device), len(seqs))
