@@ -4,7 +4,7 @@ Each decode step of a speculative engine is a VERIFY step (step.py): every runni
 ``num_tokens`` tokens, the target model checks them in one forward and keeps them up to the first rejection
 (rejection.py: the output distribution is the target's). Proposals come from a draft model in the runner's ``draft``
 slot (``method = "draft"``; it proposes on the device, inside the launch, for ``rounds`` verify rounds in a row:
-model/draft_rounds.py) or from the sequence's own earlier tokens (``method = "ngram"``, prompt lookup, on the host;
+model/rounds.py) or from the sequence's own earlier tokens (``method = "ngram"``, prompt lookup, on the host;
 ngram.py). Scheduling is synchronous: what a launch kept decides the next one's positions.
 """
 
@@ -25,7 +25,7 @@ class SpeculativeConfig:
     """``method``: None (off), "draft" or "ngram"; ``num_tokens``: proposals per sequence per step; ``draft_model``:
     the draft's hub id or local directory (method "draft"; loaded by the trainer's setup, which must share the
     target's vocabulary); ``ngram_max``/``ngram_min``: the n-gram lengths prompt lookup tries, longest first;
-    ``rounds``: verify rounds per launch (method "draft", draft_rounds.py)."""
+    ``rounds``: verify rounds per launch (method "draft", model/rounds.py)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
