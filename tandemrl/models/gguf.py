@@ -9,11 +9,16 @@ Hugging Face directories.
 The tokenizer comes from the file's metadata. Where the file names a wrong end-of-sequence token (the token that
 closes an assistant turn in its chat template, e.g. `<|im_end|>` for ChatML models such as SmolLM2), generation
 would run past the end of the answer: `fix_end_of_turn` points eos at the turn's end token and logs the change.
+Where transformers' converter leaves out tokens the file marks control or user-defined (its Qwen2 converter, in
+5.17 for one, registers 3 of Qwen2.5's 22), text holding one, such as `<tool_call>`, would be split into pieces:
+`register_file_tokens` makes each a single token again, as llama.cpp and Qwen's own tokenizer read it.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import struct
 from pathlib import Path
 
 import torch
@@ -24,6 +29,9 @@ from tandemrl.models.load_errors import DTYPE_KWARG, ModelLoadError
 logger = logging.getLogger(__name__)
 
 _PROBE = "tandemrl-probe-7f3a"  # a message text no template adds itself, to find what follows a message
+_CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType: tokens a tokenizer must never split
+_UINT32, _INT32, _STRING, _ARRAY = 4, 5, 8, 9  # GGUF value types; the sizes of the fixed-size ones:
+_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
 class GGUFLoadError(ModelLoadError):
@@ -78,7 +86,72 @@ def load_gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
             from exc
     for fix in fix_end_of_turn(tokenizer):
         logger.warning("%s: %s", Path(path).name, fix)
+    added = register_file_tokens(tokenizer, file_tokens(path))
+    if added:
+        logger.warning("%s: %d tokens the file marks control or user-defined are now single tokens (%s%s)",
+                       Path(path).name, len(added), ", ".join(added[:3]), ", ..." if len(added) > 3 else "")
     return tokenizer
+
+
+def _skip(buf: mmap.mmap, pos: int, vtype: int) -> tuple[int, list[tuple[int, int]] | None]:
+    """Position after one GGUF value at `pos`, and for an array of strings their (offset, length) spans."""
+    if vtype == _STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return pos + 8 + n, None
+    if vtype != _ARRAY:
+        return pos + _SCALAR_SIZE[vtype], None
+    item, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if item != _STRING:
+        return pos + count * _SCALAR_SIZE[item], None
+    spans = []
+    for _ in range(count):
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        spans.append((pos + 8, n))
+        pos += 8 + n
+    return pos, spans
+
+
+def file_tokens(path: str) -> list[tuple[int, str, bool]]:
+    """(id, text, special) of each token the file marks control (special) or user-defined (not special). Reads the
+    header alone (gguf's GGUFReader parses every field: half a minute for a 151k vocabulary)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            return []
+        (kv_count,) = struct.unpack_from("<Q", buf, 16)
+        pos, tokens, types_at = 24, None, None
+        for _ in range(kv_count):
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            key = bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8")
+            (vtype,) = struct.unpack_from("<I", buf, pos + 8 + n)
+            start = pos + 12 + n
+            pos, value = _skip(buf, start, vtype)
+            if key == "tokenizer.ggml.tokens":
+                tokens = value
+            elif key == "tokenizer.ggml.token_type" and struct.unpack_from("<I", buf, start)[0] in (_UINT32, _INT32):
+                types_at = start + 12  # an array of (u)int32
+            if tokens is not None and types_at is not None:
+                break
+        if not isinstance(tokens, list) or types_at is None:
+            return []
+        kinds = struct.unpack_from(f"<{len(tokens)}i", buf, types_at)
+        return [(i, bytes(buf[o:o + n]).decode("utf-8"), kind == _CONTROL)
+                for i, ((o, n), kind) in enumerate(zip(tokens, kinds)) if kind in (_CONTROL, _USER_DEFINED)]
+
+
+def register_file_tokens(tokenizer: PreTrainedTokenizerBase, tokens: list[tuple[int, str, bool]]) -> list[str]:
+    """Make each (id, text, special) a token the tokenizer never splits, where the vocabulary holds it under that id
+    and it is not an added token yet; return the texts added. The vocabulary does not grow."""
+    from tokenizers import AddedToken
+
+    known = set(getattr(tokenizer, "added_tokens_encoder", {}))
+    todo = [(text, special) for token_id, text, special in tokens
+            if text not in known and tokenizer.convert_tokens_to_ids(text) == token_id]
+    for special in (True, False):
+        batch = [AddedToken(text, special=special, normalized=False) for text, s in todo if s == special]
+        if batch:
+            tokenizer.add_tokens(batch, special_tokens=special)
+    return [text for text, _ in todo]
 
 
 def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
