@@ -133,8 +133,9 @@ def test_curriculum_overhead_runs_on_the_cpu(tmp_path):
 def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
     """The FSDP worker (replica, gather, tandem per rank) under torchrun on the CPU; timings are not asserted."""
     out = tmp_path / "multi_gpu.json"
-    done = run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--out", str(out))
-    row = json.loads(out.read_text())["rows"]["2 gpu tandem"]
+    done = run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--strategies", "shard",
+                     "--out", str(out))
+    row = json.loads(out.read_text())["rows"]["2 gpu tandem / shard"]
     assert "error" not in row, f"{row['error']}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert row["processes"] == 2 and row["global_samples"] == 2 * 2 * 2
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
