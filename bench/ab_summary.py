@@ -30,19 +30,23 @@ def collect(folder: Path) -> dict[str, dict[str, list[float]]]:
     return sides
 
 
-def main() -> None:
-    folder = Path(sys.argv[1])
-    sides = collect(folder)
+def print_table(sides: dict[str, dict[str, list[float]]], out: Path) -> None:
+    """The table (new / baseline of the medians) on stdout, and its numbers as JSON in ``out``."""
     summary = {}
     print("| metric | baseline runs | new runs | new / baseline (medians) |")
     print("|---|---|---|---|")
-    for metric in sides["base"]:
-        base, new = sides["base"][metric], sides["new"][metric]
+    for metric in sorted(sides["base"].keys() | sides["new"].keys()):
+        base, new = sides["base"].get(metric, []), sides["new"].get(metric, [])
         ratio = statistics.median(new) / statistics.median(base) if base and new else None
         summary[metric] = {"base": base, "new": new, "ratio": ratio}
         print(f"| {metric} | {', '.join(f'{v:.4g}' for v in base)} | {', '.join(f'{v:.4g}' for v in new)} | "
               + (f"{ratio:.3f} |" if ratio else "n/a |"))
-    (folder / "ab_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    print_table(collect(folder), folder / "ab_summary.json")
 
 
 if __name__ == "__main__":

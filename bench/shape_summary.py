@@ -4,11 +4,10 @@ ratio at each p, per side (baseline, new), with new / baseline. Usage: python -m
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from bench.ab_summary import collect
+from bench.ab_summary import collect, print_table
 
 
 def tandem_ratios(folder: Path) -> dict[str, dict[str, list[float]]]:
@@ -29,16 +28,7 @@ def main() -> None:
     sides = collect(folder)
     for side, ratios in tandem_ratios(folder).items():
         sides[side].update(ratios)
-    summary = {}
-    print("| metric | baseline runs | new runs | new / baseline (medians) |")
-    print("|---|---|---|---|")
-    for metric in sorted(sides["base"].keys() | sides["new"].keys()):
-        base, new = sides["base"].get(metric, []), sides["new"].get(metric, [])
-        ratio = statistics.median(new) / statistics.median(base) if base and new else None
-        summary[metric] = {"base": base, "new": new, "ratio": ratio}
-        print(f"| {metric} | {', '.join(f'{v:.4g}' for v in base)} | {', '.join(f'{v:.4g}' for v in new)} | "
-              + (f"{ratio:.3f} |" if ratio else "n/a |"))
-    (folder / "shape_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_table(sides, folder / "shape_summary.json")
 
 
 if __name__ == "__main__":
