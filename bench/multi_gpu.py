@@ -24,6 +24,7 @@ CPU (gloo):     python -m bench.multi_gpu --cpu-smoke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import gzip
@@ -165,15 +166,15 @@ class TimedReduce:
 
 
 def profile_step(step, args: argparse.Namespace, parallel) -> dict | None:
-    """One more step under torch.profiler; rank 0's Chrome trace into --profile (communication vs compute) and the
-    share of its update's NCCL kernel time that ran beside compute kernels (rank 0's; None on the other ranks)."""
+    """One more step, its update under torch.profiler; rank 0's Chrome trace into --profile (communication vs
+    compute) and the share of the update's NCCL kernel time that ran beside compute kernels (None on other ranks)."""
     from torch.profiler import ProfilerActivity, profile
 
     from bench.comm_overlap import overlap
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        step(2000)
+    prof = profile(activities=activities)
+    step(2000, profiler=prof)
     if not parallel.is_main:
         return None
     out = Path(args.profile)
@@ -188,9 +189,10 @@ def profile_step(step, args: argparse.Namespace, parallel) -> dict | None:
 
 
 def one_step(model, backend, optimizer, scheduler, cfg, args, device, parallel, gather, reduce, prompts: int,
-             seed: int) -> StepTimes:
+             seed: int, profiler=None) -> StepTimes:
     """Rollout of this rank's prompts, the GRPO update over all ranks' rows, the gather into the engine's replica
-    (sharded only). Each phase is timed to its slowest rank (a barrier-like max), as the job waits for it."""
+    (sharded only). Each phase is timed to its slowest rank (a barrier-like max), as the job waits for it.
+    ``profiler``: a torch.profiler.profile that records the update only."""
     from tandemrl.algo.advantages import ADVANTAGES
     from tandemrl.train.batch import build_batch
     from tandemrl.train.update import policy_update
@@ -208,7 +210,7 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, parallel, 
     advantages = ADVANTAGES.get("grpo")(rewards, torch.ones_like(rewards, dtype=torch.bool), args.group)
     if reduce is not None:
         reduce.seconds = 0.0
-    with torch.profiler.record_function(UPDATE_SPAN):  # the window of --profile's overlap summary
+    with profiler or contextlib.nullcontext(), torch.profiler.record_function(UPDATE_SPAN):  # --profile's window
         start = synced(device)
         backend.sleep()
         batch = build_batch(rollouts, advantages, pad_id=0, device=device)
@@ -379,8 +381,8 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", default=["replicate"], choices=["replicate", "shard", "auto"],
                         help="distributed.strategy of the multi-GPU settings, one row each")
     parser.add_argument("--launch-timeout", type=float, default=600.0, help="seconds one launch may take")
-    parser.add_argument("--profile", type=Path, help="also trace one step per launch (torch.profiler, rank 0's "
-                        "Chrome trace into this folder)")
+    parser.add_argument("--profile", type=Path, help="also trace one more step's update per launch (torch.profiler, "
+                        "rank 0's Chrome trace into this folder; the NCCL time beside compute in the table)")
     parser.add_argument("--summarize", type=Path, nargs="+", help="print one table of these result files, run nothing")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short rollouts, CPU and gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/multi_gpu.json"))

@@ -11,6 +11,7 @@ and the server's staging), then --pushes timed pushes (median, min, max). Target
 
 GPU (2 GPUs):  python -m bench.nccl_sync --archs qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b
 CPU (gloo):    python -m bench.nccl_sync --cpu-smoke
+The table again: python -m bench.nccl_sync --print bench/out/nccl_sync.json
 """
 
 from __future__ import annotations
@@ -140,7 +141,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="the group's timeout, seconds")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, server on the CPU, gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/nccl_sync.json"))
+    parser.add_argument("--print", type=Path, help="print the table of this result file, run nothing")
     args = parser.parse_args()
+    if args.print:
+        report(json.loads(args.print.read_text())["rows"])
+        return
     if args.cpu_smoke:
         args.archs, args.trainer_device, args.server_device, args.pushes, args.bucket_mb = \
             ["tiny"], "cpu", "cpu", 2, 0.05
