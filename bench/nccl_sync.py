@@ -137,7 +137,8 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=256.0, help="sync.nccl_bucket_mb")
     parser.add_argument("--trainer-device", default="cuda:0")
     parser.add_argument("--server-device", default="cuda:1")
-    parser.add_argument("--server-kv-share", type=float, default=0.05, help="the server's engine.gpu_memory_utilization")
+    parser.add_argument("--server-kv-share", type=float, default=0.05,
+                        help="the server's engine.gpu_memory_utilization")
     parser.add_argument("--timeout", type=float, default=120.0, help="the group's timeout, seconds")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, server on the CPU, gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/nccl_sync.json"))
