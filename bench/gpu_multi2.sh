@@ -15,15 +15,8 @@
 #   run(command="bash bench/gpu_multi2.sh", kind="nvidia-h100-x2", carry=[".whl"])
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
-# NVLink multicast stays off (the lent machines' rule), also in every process started from here
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT_DIR=${OUT:-bench/out}
-mkdir -p "$OUT_DIR"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source bench/gpu_multi_env.sh
 nvidia-smi topo -m | head -4
-python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
-quiet() { grep -v "OMP_NUM_THREADS\|^\*\*\*\*\|Loading weights\|Writing model shards"; }
 
 echo "=== nccl sync (at most 220 s) $(date +%T)"
 timeout --kill-after=15 220 python3 -m bench.nccl_sync --out "$OUT_DIR/nccl_sync.json" 2>&1 | quiet \
@@ -39,10 +32,8 @@ timeout --kill-after=10 90 python3 -m bench.tandem_step --frozen-device cuda:1 -
     --out "$OUT_DIR/tandem_cuda1.json" > "$OUT_DIR/tandem_cuda1.log" 2>&1
 echo "bench exit status $?"; tail -n 4 "$OUT_DIR/tandem_cuda1.log"
 
-echo "=== profile of the update, 0.5B 2 gpu weak (at most 120 s) $(date +%T)"
-timeout --kill-after=15 120 python3 -m bench.multi_gpu --arch qwen2.5-0.5b --settings "2 gpu weak" \
-    --strategies replicate shard --repeats 2 --profile "$OUT_DIR/profiles" --launch-timeout 58 \
-    --out "$OUT_DIR/multi_gpu_profile.json" 2>&1 | quiet || echo "=== profile: exit status ${PIPESTATUS[0]}"
+LAUNCH_TIMEOUT=58 piece 120 profile --arch qwen2.5-0.5b --settings "2 gpu weak" --strategies replicate shard \
+    --repeats 2 --profile "$OUT_DIR/profiles"
 
 echo "=== summary $(date +%T)"
 [ -f "$OUT_DIR/nccl_sync.json" ] && python3 -m bench.nccl_sync --print "$OUT_DIR/nccl_sync.json"

@@ -4,34 +4,19 @@
 # target >= 3.5x) and strong (the 1-gpu batch split four ways), replicated (distributed.strategy = "replicate"),
 # then 4 gpu weak sharded at 0.5B for comparison; one table at the end. Each piece runs under `timeout` (together
 # 490 s: with the wheels' install under 9 minutes); bench.multi_gpu writes its JSON after every row, so a piece cut
-# short keeps the rows it finished. Results: $OUT/multi_gpu4_*.json (bench/out/ when OUT is unset).
+# short keeps the rows it finished. Results: $OUT/multi_gpu_4gpu-*.json (bench/out/ when OUT is unset).
 #
 #   run(command="bash bench/gpu_multi4.sh", kind="nvidia-h100-x4", carry=[".whl"])
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
-# NVLink multicast stays off (the lent machines' rule), also in every process torchrun starts
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT_DIR=${OUT:-bench/out}
-mkdir -p "$OUT_DIR"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
-
-piece() {  # piece SECONDS NAME ARGS...: one bench.multi_gpu run, cut at SECONDS
-    local seconds=$1 name=$2
-    shift 2
-    echo "=== $name (at most $seconds s) $(date +%T)"
-    timeout --kill-after=15 "$seconds" python3 -m bench.multi_gpu --out "$OUT_DIR/multi_gpu4_$name.json" \
-        --launch-timeout 100 "$@" 2>&1 | grep -v "OMP_NUM_THREADS\|^\*\*\*\*" \
-        || echo "=== $name: exit status ${PIPESTATUS[0]}"
-}
+source bench/gpu_multi_env.sh
 
 # weak scaling first (the issue's number), then strong; ~35-50 s a launch
-piece 160 0.5b --arch qwen2.5-0.5b --settings "1 gpu plain" "4 gpu weak" "4 gpu strong" --strategies replicate
-piece 210 1.5b --arch qwen2.5-1.5b --repeats 2 --settings "1 gpu plain" "4 gpu weak" "4 gpu strong" \
+piece 160 4gpu-0.5b --arch qwen2.5-0.5b --settings "1 gpu plain" "4 gpu weak" "4 gpu strong" --strategies replicate
+piece 210 4gpu-1.5b --arch qwen2.5-1.5b --repeats 2 --settings "1 gpu plain" "4 gpu weak" "4 gpu strong" \
     --strategies replicate
-piece 120 0.5b-shard --arch qwen2.5-0.5b --settings "4 gpu weak" --strategies shard
+piece 120 4gpu-0.5b-shard --arch qwen2.5-0.5b --settings "4 gpu weak" --strategies shard
 
 echo "=== summary $(date +%T)"
-python3 -m bench.multi_gpu --summarize "$OUT_DIR/multi_gpu4_0.5b.json" "$OUT_DIR/multi_gpu4_1.5b.json" \
-    "$OUT_DIR/multi_gpu4_0.5b-shard.json"
+python3 -m bench.multi_gpu --summarize "$OUT_DIR/multi_gpu_4gpu-0.5b.json" "$OUT_DIR/multi_gpu_4gpu-1.5b.json" \
+    "$OUT_DIR/multi_gpu_4gpu-0.5b-shard.json"
