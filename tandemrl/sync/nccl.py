@@ -85,6 +85,7 @@ def open_group(init_method: str, rank: int, backend: str, timeout_s: float) -> S
         raise ValueError(f"sync.nccl_backend = {backend!r}: expected 'nccl' or 'gloo'")
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
+    options.group_name = "tandemrl_weight_sync"  # what NCCL's watchdog names in its messages
     return SyncGroup(dist.ProcessGroupNCCL(store, rank, 2, options), store)
 
 
