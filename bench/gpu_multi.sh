@@ -9,22 +9,7 @@
 #   run(command="bash bench/gpu_multi.sh", kind="nvidia-h100-x2", carry=[".whl"])
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
-# NVLink multicast stays off (the lent machines' rule), also in every process torchrun starts
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT_DIR=${OUT:-bench/out}
-mkdir -p "$OUT_DIR"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
-
-piece() {  # piece SECONDS NAME ARGS...: one bench.multi_gpu run, cut at SECONDS
-    local seconds=$1 name=$2
-    shift 2
-    echo "=== $name (at most $seconds s) $(date +%T)"
-    timeout --kill-after=15 "$seconds" python3 -m bench.multi_gpu --out "$OUT_DIR/multi_gpu_$name.json" \
-        --launch-timeout 100 "$@" 2>&1 | grep -v "OMP_NUM_THREADS\|^\*\*\*\*" \
-        || echo "=== $name: exit status ${PIPESTATUS[0]}"
-}
+source bench/gpu_multi_env.sh
 
 # weak scaling first (the issue's main number), then strong; ~35-45 s a launch, 5 launches a model
 piece 200 0.5b --arch qwen2.5-0.5b --settings "1 gpu plain" "2 gpu weak" "2 gpu strong" \

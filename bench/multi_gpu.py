@@ -4,15 +4,18 @@ all-gather): samples/s, the gradient all-reduce's and the weight gather's share 
 tandem (a frozen copy per rank) at 2 GPUs. Random weights of a real architecture and a fixed output length (EOS
 ignored): speed does not depend on the weights' values.
 
-Settings (each one launch, run one after another; the 2-GPU ones once per --strategies entry, e.g.
+Settings (each one launch, run one after another; the multi-GPU ones once per --strategies entry, e.g.
 "2 gpu weak / replicate"):
   1 gpu plain       the single-process trainer (the engine reads the trained tensors in place)
   1 gpu fsdp        torchrun --nproc-per-node 1, sharded: FSDP2 (whole) + the engine's replica + the gather
   2 gpu strong      2 ranks, the same global batch as 1 gpu (each rank samples half the prompts)
   2 gpu weak        2 ranks, each with the 1-gpu batch (twice the global batch): the usual way to scale
   2 gpu tandem      2 gpu weak with tandem rollouts, the frozen model on every rank (p = --tandem-p)
+  4 gpu strong      4 ranks, the 1-gpu global batch (each rank a quarter of the prompts)
+  4 gpu weak        4 ranks, each with the 1-gpu batch
 
 GPU (2 GPUs):   python -m bench.multi_gpu --strategies replicate shard
+GPU (4 GPUs):   python -m bench.multi_gpu --settings "1 gpu plain" "4 gpu weak" "4 gpu strong"
 7B:             python -m bench.multi_gpu --arch qwen2.5-7b --gradient-checkpointing --strategies shard \
                     --settings "2 gpu weak"          (full fine-tune, sharded);  add --lora: LoRA, replicated
 CPU (gloo):     python -m bench.multi_gpu --cpu-smoke
@@ -21,6 +24,7 @@ CPU (gloo):     python -m bench.multi_gpu --cpu-smoke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import gzip
@@ -43,8 +47,11 @@ SETTINGS = {  # name: (processes, prompts multiplier per rank vs the 1-gpu batch
     "2 gpu strong": (2, 0.5, True, False),
     "2 gpu weak": (2, 1.0, True, False),
     "2 gpu tandem": (2, 1.0, True, True),
+    "4 gpu strong": (4, 0.25, True, False),
+    "4 gpu weak": (4, 1.0, True, False),
 }
 FIXED_STRATEGY = {"1 gpu plain": "none", "1 gpu fsdp": "shard"}
+UPDATE_SPAN = "grpo_update"  # the profiled step's annotation around the update (bench/comm_overlap.py)
 
 # Architectures beyond bench/grpo_step.py's (Qwen2.5-7B's published configuration).
 LARGE_ARCHITECTURES = {
@@ -126,8 +133,7 @@ def run_worker(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     runs = [step(seed) for seed in range(args.repeats)]
-    if args.profile:
-        profile_step(step, args, parallel)
+    comm_overlap = profile_step(step, args, parallel) if args.profile else None
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     peaks = gather_all(parallel, peak)
     median = sorted(runs, key=lambda t: t.step_s)[len(runs) // 2]
@@ -137,7 +143,7 @@ def run_worker(args: argparse.Namespace) -> None:
         row = {"processes": processes, "strategy": strategy, "global_samples": samples, **asdict(median),
                "step_s": median.step_s, "samples_per_s": samples / median.step_s,
                "gather_share": median.gather_s / median.step_s, "reduce_share": median.reduce_s / median.step_s,
-               "peak_gib_per_gpu": peaks}
+               "peak_gib_per_gpu": peaks, **({"overlap": comm_overlap} if comm_overlap else {})}
         Path(args.result).write_text(json.dumps(row) + "\n")
     backend.close()
     if info is not None:
@@ -159,27 +165,34 @@ class TimedReduce:
         self.seconds += synced(self.device) - start
 
 
-def profile_step(step, args: argparse.Namespace, parallel) -> None:
-    """One more step under torch.profiler; rank 0's Chrome trace into --profile (communication vs compute)."""
+def profile_step(step, args: argparse.Namespace, parallel) -> dict | None:
+    """One more step, its update under torch.profiler; rank 0's Chrome trace into --profile (communication vs
+    compute) and the share of the update's NCCL kernel time that ran beside compute kernels (None on other ranks)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.comm_overlap import overlap
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        step(2000)
-    if parallel.is_main:
-        out = Path(args.profile)
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"{args.arch}-{args.setting.replace(' ', '_')}-{args.strategy}.json"
-        prof.export_chrome_trace(str(out / name))
-        with open(out / name, "rb") as raw, gzip.open(out / f"{name}.gz", "wb") as packed:
-            shutil.copyfileobj(raw, packed)  # a tenth of the size; chrome://tracing and Perfetto read it
-        (out / name).unlink()
+    prof = profile(activities=activities)
+    step(2000, profiler=prof)
+    if not parallel.is_main:
+        return None
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{args.arch}-{args.setting.replace(' ', '_')}-{args.strategy}.json"
+    prof.export_chrome_trace(str(out / name))
+    summary = overlap(json.loads((out / name).read_text()), UPDATE_SPAN)
+    with open(out / name, "rb") as raw, gzip.open(out / f"{name}.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)  # a tenth of the size; chrome://tracing and Perfetto read it
+    (out / name).unlink()
+    return summary
 
 
 def one_step(model, backend, optimizer, scheduler, cfg, args, device, parallel, gather, reduce, prompts: int,
-             seed: int) -> StepTimes:
+             seed: int, profiler=None) -> StepTimes:
     """Rollout of this rank's prompts, the GRPO update over all ranks' rows, the gather into the engine's replica
-    (sharded only). Each phase is timed to its slowest rank (a barrier-like max), as the job waits for it."""
+    (sharded only). Each phase is timed to its slowest rank (a barrier-like max), as the job waits for it.
+    ``profiler``: a torch.profiler.profile that records the update only."""
     from tandemrl.algo.advantages import ADVANTAGES
     from tandemrl.train.batch import build_batch
     from tandemrl.train.update import policy_update
@@ -197,13 +210,14 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, parallel, 
     advantages = ADVANTAGES.get("grpo")(rewards, torch.ones_like(rewards, dtype=torch.bool), args.group)
     if reduce is not None:
         reduce.seconds = 0.0
-    start = synced(device)
-    backend.sleep()
-    batch = build_batch(rollouts, advantages, pad_id=0, device=device)
-    policy_update(model, batch, optimizer, scheduler, cfg, temperature=1.0, max_completion_length=args.new_tokens,
-                  global_norm=parallel.global_norm, any_rank=parallel.any if parallel.world_size > 1 else None,
-                  reduce_gradients=reduce)
-    update_s = synced(device) - start
+    with profiler or contextlib.nullcontext(), torch.profiler.record_function(UPDATE_SPAN):  # --profile's window
+        start = synced(device)
+        backend.sleep()
+        batch = build_batch(rollouts, advantages, pad_id=0, device=device)
+        policy_update(model, batch, optimizer, scheduler, cfg, temperature=1.0, max_completion_length=args.new_tokens,
+                      global_norm=parallel.global_norm, any_rank=parallel.any if parallel.world_size > 1 else None,
+                      reduce_gradients=reduce)
+        update_s = synced(device) - start
     gather_s = gather.refresh() if gather is not None else 0.0
     backend.wake()
     reduce_s = reduce.seconds if reduce is not None else 0.0
@@ -234,7 +248,7 @@ def gather_all(parallel, value: float) -> list[float]:
 
 
 def planned_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """(row name, setting, strategy) in launch order: a 2-GPU setting once per strategy."""
+    """(row name, setting, strategy) in launch order: a multi-GPU setting once per strategy."""
     rows = []
     for setting in args.settings:
         if setting in FIXED_STRATEGY:
@@ -291,9 +305,10 @@ def report(rows: dict[str, dict]) -> dict:
         print(f"| {name} | {row['processes']} | {row['global_samples']} | {row['step_s']:.2f} | {row['rollout_s']:.2f} "
               f"| {row['update_s']:.2f} | {row.get('reduce_s', 0.0):.3f} | {row['gather_s']:.3f} | "
               f"{row['samples_per_s']:.1f} | {ratio} | {peaks} |")
+    overlap_table([(name, row) for name, row in rows.items()])
     summary: dict[str, float | None] = {}
     for name, row in rows.items():
-        if name.startswith("2 gpu") and "samples_per_s" in row:
+        if not name.startswith("1 gpu") and "samples_per_s" in row:
             key = "speedup_" + name.replace(" / ", "_").replace(" ", "_")
             summary[key] = row["samples_per_s"] / base if base else None
     for strategy in ("replicate", "shard"):
@@ -303,6 +318,20 @@ def report(rows: dict[str, dict]) -> dict:
             summary[f"tandem_over_vanilla_2gpu_{strategy}"] = tandem / vanilla
     print(json.dumps(summary))
     return summary
+
+
+def overlap_table(rows: list[tuple[str, dict]]) -> None:
+    """The profiled rows (--profile): rank 0's update, NCCL kernel time and the share of it beside compute."""
+    profiled = [(name, row["overlap"]) for name, row in rows if row.get("overlap")]
+    if not profiled:
+        return
+    print("| profiled (rank 0, one update) | update ms | compute kernels ms | NCCL kernels | NCCL ms | "
+          "of it beside compute |")
+    print("|---|---|---|---|---|---|")
+    for name, o in profiled:
+        share = f"{o['overlapped_share']:.0%}" if o["overlapped_share"] is not None else "-"
+        window = f"{o['window_ms']:.0f}" if o["window_ms"] is not None else "-"
+        print(f"| {name} | {window} | {o['compute_ms']:.0f} | {o['nccl_kernels']} | {o['comm_ms']:.1f} | {share} |")
 
 
 def summarize(files: list[Path]) -> None:
@@ -326,6 +355,7 @@ def summarize(files: list[Path]) -> None:
             print(f"| {model} | {name} | {row['samples_per_s']:.1f} | {ratio} | {row['step_s']:.2f} "
                   f"({row['rollout_s']:.2f} / {row['update_s']:.2f} / {row.get('reduce_s', 0.0):.3f} / "
                   f"{row['gather_s']:.3f}) | {peaks} |")
+    overlap_table([(f"{r['arch']} {name}", row) for r in runs for name, row in r["rows"].items()])
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         print(f"no result in: {', '.join(missing)}")
@@ -349,10 +379,10 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["1 gpu plain", "2 gpu strong", "2 gpu weak"],
                         choices=list(SETTINGS))
     parser.add_argument("--strategies", nargs="+", default=["replicate"], choices=["replicate", "shard", "auto"],
-                        help="distributed.strategy of the 2-gpu settings, one row each")
+                        help="distributed.strategy of the multi-GPU settings, one row each")
     parser.add_argument("--launch-timeout", type=float, default=600.0, help="seconds one launch may take")
-    parser.add_argument("--profile", type=Path, help="also trace one step per launch (torch.profiler, rank 0's "
-                        "Chrome trace into this folder)")
+    parser.add_argument("--profile", type=Path, help="also trace one more step's update per launch (torch.profiler, "
+                        "rank 0's Chrome trace into this folder; the NCCL time beside compute in the table)")
     parser.add_argument("--summarize", type=Path, nargs="+", help="print one table of these result files, run nothing")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short rollouts, CPU and gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/multi_gpu.json"))

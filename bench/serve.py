@@ -14,8 +14,8 @@ Each stage's numbers are written to --out as soon as they exist, and a stage tha
 
 GPU:  python -m bench.serve                                   (Qwen2.5-0.5B arch, 64 clients, 256 tokens)
 CPU:  python -m bench.serve --cpu-smoke                        (tiny tied arch, 8 clients, 16 tokens; no ipc)
-nccl needs a second GPU (two NCCL ranks cannot share one): its GPU number belongs to the multi-GPU issue; the CPU
-test tests/serve/test_nccl_sync_gloo.py runs its code over gloo.
+nccl needs a second GPU (two NCCL ranks cannot share one): bench/nccl_sync.py measures it on two (bench/gpu_multi2.sh);
+the CPU test tests/serve/test_nccl_sync_gloo.py runs its code over gloo.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def run(bench: Bench) -> None:
         bench.stage("lora", lambda: run_lora_server(bench))
     if bench.device.type != "cuda":
         bench.result["sync"]["ipc"] = {"note": "needs CUDA (same GPU, two processes)"}
-    bench.result["sync"]["nccl"] = {"note": "needs a second GPU (multi-GPU issue); code tested over gloo on CPU"}
+    bench.result["sync"]["nccl"] = {"note": "needs a second GPU: bench/nccl_sync.py; code tested over gloo on CPU"}
     if "load" in bench.result and "in_process" in bench.result:
         bench.result["server_over_in_process"] = bench.result["load"]["tok_s"] / bench.result["in_process"]["tok_s"]
     bench.result["complete"] = True

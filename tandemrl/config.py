@@ -377,8 +377,9 @@ class Config(Section):
         if kind == "checkpoint" and self.model.lora.enabled:
             raise ValueError("sync.kind = 'checkpoint' pushes full weights; with model.lora.enabled use sync.kind = "
                              "'lora'")
-        if kind == "nccl" and not self.sync.nccl_init_method:
-            raise ValueError("sync.kind = 'nccl' needs sync.nccl_init_method (e.g. 'tcp://127.0.0.1:29511')")
+        if kind == "nccl" and not (self.sync.nccl_init_method or "").startswith("tcp://"):
+            raise ValueError("sync.kind = 'nccl' needs sync.nccl_init_method = 'tcp://HOST:PORT' (e.g. "
+                             "'tcp://127.0.0.1:29511'), where the trainer hosts the group's store")
         if rollout.speculative.enabled or self.tandem.enabled:
             raise ValueError("rollout.backend = 'server' does not run speculative or tandem rollouts yet")
         return self

@@ -73,7 +73,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(("engine",), lambda c: c.rollout.backend in ("engine", "server"), _backend, "rollout.backend = 'engine'"),
     Switch(("sync.dir",), lambda c: c.sync.kind == "checkpoint", lambda c: f"sync.kind = {c.sync.kind!r}",
            "sync.kind = 'checkpoint'"),
-    Switch(("sync.nccl_init_method", "sync.nccl_backend"), lambda c: c.sync.kind == "nccl",
+    Switch(("sync.nccl_init_method", "sync.nccl_backend", "sync.nccl_bucket_mb"), lambda c: c.sync.kind == "nccl",
            lambda c: f"sync.kind = {c.sync.kind!r}", "sync.kind = 'nccl'"),
     Switch(("log.sample_text_per_step",), lambda c: c.log.samples, lambda c: "log.samples = false",
            "log.samples = true"),

@@ -179,6 +179,8 @@ class SyncConfig(Section):
                                          "join, e.g. `\"tcp://127.0.0.1:29511\"`")
     nccl_backend: Literal["nccl", "gloo"] = Field("nccl", description="`nccl`: the torch.distributed backend of "
                                                   "the broadcast (`gloo` on CPU)")
+    nccl_bucket_mb: float = Field(256.0, ge=0.001, description="`nccl`: the parameters travel in buckets of this "
+                                  "many MiB (the trainer holds one bucket beyond its weights)")
 
 
 class InferenceRewardConfig(Section):

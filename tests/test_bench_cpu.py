@@ -164,3 +164,13 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys
     print_table(result)
     table = capsys.readouterr().out
     assert "| checkpoint | " in table and "8 streaming clients:" in table and "server / in-process" in table
+
+
+def test_nccl_sync_bench_pushes_over_gloo_and_checks_the_served_weights(tmp_path):
+    """bench.nccl_sync --cpu-smoke: a `tandemrl serve` child, bucketed pushes over gloo, equal checksums."""
+    pytest.importorskip("fastapi")
+    out = tmp_path / "nccl_sync.json"
+    run_bench("bench.nccl_sync", "--cpu-smoke", "--out", str(out))
+    row = json.loads(out.read_text())["rows"]["tiny"]
+    assert row["checksum_equal"] and row["checksum_differed_before"]
+    assert row["mb_sent"] > 10 * row["bucket_mib"] and 0 < row["push_s"] <= row["max_s"]

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
 from tandemrl.serve.state import BadRequest, ServerState
 from tandemrl.sync import checkpoint, ipc, lora, nccl
+from tandemrl.sync.checksum import weights_checksum
 from tandemrl.sync.receiver import PushRecord, WeightPushError
 
 
@@ -36,6 +37,7 @@ class NcclInit(_Body):
 class NcclPush(_Body):
     version: StrictInt
     tensors: list[dict[str, Any]]
+    bucket_bytes: StrictInt = nccl.DEFAULT_BUCKET_MB * 2**20
 
 
 class IpcPush(_Body):
@@ -60,24 +62,41 @@ def add_weight_routes(app: FastAPI, state: ServerState) -> None:
         payload = await request.body()
         return await _apply(lambda: receiver.apply("lora", version, lambda: lora.decode_adapter(payload), "adapter"))
 
+    nccl_groups: list[nccl.SyncGroup] = []  # the trainer's group, once it joined
+
+    def drop_nccl_group() -> None:
+        while nccl_groups:
+            nccl_groups.pop().close()
+
     @app.post("/v1/weights/nccl/init")
     async def nccl_init(body: NcclInit) -> dict:
-        await run_in_threadpool(nccl.init_group, body.init_method, 1, body.backend, body.timeout_s)
+        drop_nccl_group()  # a trainer that starts again joins anew
+        nccl_groups.append(await run_in_threadpool(nccl.open_group, body.init_method, 1, body.backend, body.timeout_s))
         # the trainer compares these with its own before the first broadcast (a mismatch would hang it)
         return {"joined": True, "policy_version": state.policy_version,
                 "tensors": nccl.parameter_specs(receiver.model)}
 
     @app.post("/v1/weights/nccl/push")
     async def push_nccl(body: NcclPush) -> dict:
-        if not torch.distributed.is_initialized():
+        if not nccl_groups:
             raise BadRequest("no process group: POST /v1/weights/nccl/init first", 409)
-        device = next(receiver.model.parameters()).device
+        if body.bucket_bytes < 2**10:
+            raise BadRequest(f"bucket_bytes = {body.bucket_bytes}: at least 1024", 422)
+        group, device = nccl_groups[0], next(receiver.model.parameters()).device
         try:
             return await _apply(lambda: receiver.apply(
-                "nccl", body.version, lambda: nccl.receive_parameters(body.tensors, device), "full"))
+                "nccl", body.version, lambda: nccl.receive_parameters(group, body.tensors, body.bucket_bytes, device),
+                "full"))
         except BadRequest:
-            torch.distributed.destroy_process_group()  # a broken broadcast leaves the group unusable: join anew
+            drop_nccl_group()  # a broken broadcast leaves the group unusable: the trainer joins anew
             raise
+
+    @app.get("/v1/weights/checksum")
+    async def served_checksum() -> dict:
+        """The served weights' checksum (sync/checksum.py), taken between engine steps."""
+        checksum = await run_in_threadpool(lambda: state.loop.between_steps(
+            lambda: weights_checksum(nccl.named_weights(receiver.model))).result())
+        return {"policy_version": state.policy_version, "checksum": checksum}
 
     @app.post("/v1/weights/ipc")
     async def push_ipc(body: IpcPush) -> dict:

@@ -29,4 +29,5 @@ def make_weight_sync(cfg: Config, out_dir: Path) -> WeightSync:
         return IpcSync(client)
     from tandemrl.sync.nccl import NcclSync
 
-    return NcclSync(client, cfg.sync.nccl_init_method or "", cfg.sync.nccl_backend, cfg.rollout.server_timeout_s)
+    return NcclSync(client, cfg.sync.nccl_init_method or "", cfg.sync.nccl_backend, cfg.rollout.server_timeout_s,
+                    cfg.sync.nccl_bucket_mb)
