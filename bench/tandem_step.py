@@ -30,7 +30,8 @@ from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.config import TrainConfig
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs
-from tandemrl.engine.tandem import FROZEN, TandemConfig
+from tandemrl.engine.tandem import FROZEN
+from tandemrl.tandem.config import TandemConfig
 from tandemrl.engine.step import TARGET
 from tandemrl.train.optim import build_optimizer, build_scheduler
 

@@ -14,7 +14,7 @@ from tandemrl.config_sections import (CurriculumConfig, DistributedConfig, Infer
                                       SyncConfig, ToolsConfig, VLLMConfig)
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.speculative import SpeculativeConfig
-from tandemrl.engine.tandem import TandemConfig
+from tandemrl.tandem.config import TandemConfig
 
 
 class ConfigError(ValueError):

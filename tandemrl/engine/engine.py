@@ -28,8 +28,7 @@ from tandemrl.engine.sequence import Sequence
 from tandemrl.engine.speculative import SpeculativeConfig, ngram_proposer
 from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.stopping import truncate_at_stop, validate_stop
-from tandemrl.engine.boundaries import boundary_ids
-from tandemrl.engine.tandem import BOUNDARY_SELECTORS, TandemConfig, owner_stream
+from tandemrl.engine.tandem import TandemRollouts
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
@@ -80,20 +79,13 @@ class _Launched:
 class LLMEngine:
     def __init__(self, runner: ModelRunnerProtocol, tokenizer: Any, config: EngineConfig,
                  eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter,
-                 speculative: SpeculativeConfig | None = None, tandem: TandemConfig | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None, tandem: TandemRollouts | None = None) -> None:
         config.validate()
         self.speculative = speculative or SpeculativeConfig()
         self.speculative.validate()
-        self.tandem = tandem if tandem is not None and tandem.enabled else None
-        self._boundaries: frozenset[int] | None = None
-        if self.tandem is not None:
-            self.tandem.validate()
-            if self.speculative.enabled:
-                raise ValueError("tandem rollouts and speculative decoding cannot be combined yet")
-            if self.tandem.selector in BOUNDARY_SELECTORS:
-                if tokenizer is None:
-                    raise ValueError(f"tandem.selector {self.tandem.selector!r} needs a tokenizer (its boundary ids)")
-                self._boundaries = boundary_ids(tokenizer, self.tandem.selector)
+        self.tandem = tandem  # tandem.py; built above the engine (tandemrl/tandem/: TandemConfig.for_engine)
+        if tandem is not None and self.speculative.enabled:
+            raise ValueError("tandem rollouts and speculative decoding cannot be combined yet")
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -144,8 +136,7 @@ class LLMEngine:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
             if self.tandem is not None and request.tandem:
-                self.scheduler.tandem_rows.add(seq, owner_stream(self.tandem, seq.request_id, params.seed,
-                                                                 self._boundaries))
+                self.scheduler.tandem_rows.add(seq, self.tandem.owner_stream(seq.request_id, params.seed))
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:

@@ -28,8 +28,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import SpeculativeConfig
 from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep, idle_step
-from tandemrl.engine.selectors import OwnerStream
-from tandemrl.engine.tandem import FROZEN, TandemConfig, TandemRows
+from tandemrl.engine.tandem import FROZEN, OwnerStream, TandemRollouts, TandemRows
 from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
@@ -40,10 +39,10 @@ Propose = Callable[[Sequence, int], list[int]]  # (a sequence, at most k) -> tok
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: Iterable[int],
                  decode: Decode | None = None, speculative: SpeculativeConfig | None = None,
-                 propose: Propose | None = None, tandem: TandemConfig | None = None,
+                 propose: Propose | None = None, tandem: TandemRollouts | None = None,
                  paired_tandem: bool = False) -> None:
         self.config = config
-        self.tandem = tandem if tandem is not None and tandem.enabled else None
+        self.tandem = tandem
         self.paired_tandem = paired_tandem  # tandem bursts in ticks of both models (two streams of one GPU)
         self.speculative = speculative or SpeculativeConfig()
         self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes

@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tandemrl.engine.ngram import NgramConfig, NgramIndex
+from tandemrl.engine.ngram import NgramIndex
 from tandemrl.engine.sequence import Sequence
 
 DRAFT = "draft"  # the runner slot of the draft model
@@ -64,13 +64,13 @@ class NgramProposer:
     sequence gained since its last proposal; an index goes with its sequence (weak keys)."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
-        self.config = NgramConfig(config.ngram_min, config.ngram_max, config.num_tokens)
+        self.min_n, self.max_n = config.ngram_min, config.ngram_max
         self._indexes: weakref.WeakKeyDictionary[Sequence, NgramIndex] = weakref.WeakKeyDictionary()
 
     def __call__(self, seq: Sequence, k: int) -> list[int]:
         index = self._indexes.get(seq)
         if index is None:
-            index = self._indexes[seq] = NgramIndex(self.config)
+            index = self._indexes[seq] = NgramIndex(self.min_n, self.max_n)
         index.extend(seq.token_ids[len(index):seq.num_known_tokens])
         return index.propose(k)
 
