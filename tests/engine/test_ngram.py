@@ -3,8 +3,8 @@ import random
 import numpy as np
 import pytest
 
-from tandemrl.engine.ngram import NgramIndex
-from tandemrl.engine.speculative import SpeculativeConfig
+from tandemrl.speculative.config import SpeculativeConfig
+from tandemrl.speculative.ngram import NgramIndex
 
 CFG = (1, 3, 4)  # min_n, max_n, k
 

@@ -73,7 +73,7 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
     backend = EngineBackend(hot, tokenizer, engine_config(), tandem=tandem, frozen_model=frozen)
     runner = backend.runner
     assert runner.slots["frozen"].device == elsewhere
-    assert runner.sampler_for(runner.slots["frozen"]) is not runner.sampler  # its rows sample on its device
+    assert runner.context.sampler_for(runner.slots["frozen"]) is not runner.sampler  # its rows sample on its device
     out = backend.generate(reqs)
     backend.close()
     assert torch.device("cpu") in moved + burst_moved  # the frozen slot's tokens came back

@@ -22,8 +22,11 @@ a prompt is indexed at ~0.5 us per token; ~240 bytes per indexed token.
 
 from __future__ import annotations
 
+import weakref
 from array import array
 from collections.abc import Iterable
+
+from tandemrl.engine.sequence import Sequence
 
 _TOKEN_BITS = 32
 _TOKEN_LIMIT = 1 << _TOKEN_BITS  # ids are packed into 32 bits (the n-gram keys)
@@ -126,3 +129,20 @@ class NgramIndex:
             if pos is not None:
                 return tokens[pos:pos + k]
         return []
+
+
+class NgramProposer:
+    """Prompt-lookup proposals for the engine's scheduler (engine/speculative.py's ``Propose``): one index per
+    sequence, fed the tokens the sequence gained since its last proposal; an index goes with its sequence (weak
+    keys)."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._indexes: weakref.WeakKeyDictionary[Sequence, NgramIndex] = weakref.WeakKeyDictionary()
+
+    def __call__(self, seq: Sequence, k: int) -> list[int]:
+        index = self._indexes.get(seq)
+        if index is None:
+            index = self._indexes[seq] = NgramIndex(self.min_n, self.max_n)
+        index.extend(seq.token_ids[len(index):seq.num_known_tokens])
+        return index.propose(k)
