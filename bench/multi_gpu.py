@@ -104,7 +104,7 @@ def run_worker(args: argparse.Namespace) -> None:
     from tandemrl.distributed.env import destroy_process_group, init_process_group
     from tandemrl.distributed.parallel import Distributed, SingleProcess
     from tandemrl.engine.config import EngineConfig
-    from tandemrl.engine.tandem import TandemConfig
+    from tandemrl.tandem.config import TandemConfig
     from tandemrl.train.optim import build_optimizer, build_scheduler
     from tandemrl.train.sharding import distribute_model
 

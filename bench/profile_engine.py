@@ -18,7 +18,7 @@ from bench.engine_throughput import engine_run, random_prompts
 from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.tandem import TandemConfig
+from tandemrl.tandem.config import TandemConfig
 
 
 def main() -> None:

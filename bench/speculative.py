@@ -41,7 +41,8 @@ from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.model.acceptance import AcceptanceRule, Verdict, acceptance_rule, register_rule
 from tandemrl.engine.model.rejection import RejectionResult
 from tandemrl.engine.model.runner import ModelRunner
-from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.speculative import DRAFT
+from tandemrl.speculative.config import SpeculativeConfig
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.block_manager import _note_blocks
 from tandemrl.engine.sequence import Sequence
@@ -140,7 +141,7 @@ def make_engine(models: dict, num_blocks: int, device: torch.device, spec: Specu
     runner = ModelRunner(models, EngineConfig(num_blocks=num_blocks), device,
                          acceptance=fixed_acceptance(rate, torch.device(device)))
     config = EngineConfig(num_blocks=num_blocks, max_num_seqs=256)
-    return LLMEngine(runner, None, config, eos_ids=[], speculative=spec)
+    return LLMEngine(runner, None, config, eos_ids=[], speculative=spec.for_engine() if spec is not None else None)
 
 
 def graphs_captured(engine: LLMEngine) -> int:

@@ -17,7 +17,8 @@ import torch
 
 from bench.grpo_step import build_model
 from bench.speculative import graphs_captured, make_engine, random_prompts, run
-from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.speculative import DRAFT
+from tandemrl.speculative.config import SpeculativeConfig
 from tandemrl.engine.step import TARGET
 
 

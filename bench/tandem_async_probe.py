@@ -16,7 +16,7 @@ from bench.grpo_step import ARCHITECTURES, build_model
 from bench.speculative import graphs_captured
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.tandem import TandemConfig
+from tandemrl.tandem.config import TandemConfig
 from tandemrl.types import Request, SamplingParams
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import platform
 from datetime import date
@@ -30,8 +31,9 @@ from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.config import TrainConfig
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs
-from tandemrl.engine.tandem import FROZEN, TandemConfig
 from tandemrl.engine.step import TARGET
+from tandemrl.engine.tandem import FROZEN
+from tandemrl.tandem.config import TandemConfig
 from tandemrl.train.optim import build_optimizer, build_scheduler
 
 
@@ -60,7 +62,7 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
         backend.engine.scheduler.paired_tandem = False
     if rounds:  # the A/B of bursts (issue 35): each step a verify round per row (frozen run, then a hot token)
         scheduler = backend.engine.scheduler
-        scheduler._schedule_tandem = scheduler._schedule_tandem_segments
+        scheduler.tandem = dataclasses.replace(scheduler.tandem, drawn_ahead=False)
         backend.engine._synchronous = True  # what a round keeps decides where the next starts
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 2)
     optimizer = build_optimizer(model, cfg)

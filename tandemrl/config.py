@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from tandemrl.config_sections import (CurriculumConfig, DistributedConfig, InferenceRewardConfig, Section,
                                       SyncConfig, ToolsConfig, VLLMConfig)
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.speculative import SpeculativeConfig
-from tandemrl.engine.tandem import TandemConfig
+from tandemrl.speculative.config import SpeculativeConfig
+from tandemrl.tandem.config import TandemConfig
 
 
 class ConfigError(ValueError):

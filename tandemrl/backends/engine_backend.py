@@ -16,9 +16,11 @@ from torch import nn
 from tandemrl.backends.hf_backend import eos_token_ids, sampling_mode
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
-from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET
-from tandemrl.engine.tandem import FROZEN, TandemConfig
+from tandemrl.engine.tandem import FROZEN
+from tandemrl.speculative.config import SpeculativeConfig
+from tandemrl.tandem.config import TandemConfig
 from tandemrl.types import Request, Rollout
 
 
@@ -50,7 +52,8 @@ class EngineBackend:
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
-                                speculative=speculative, tandem=tandem)
+                                speculative=speculative.for_engine(),
+                                tandem=tandem.for_engine(tokenizer) if tandem is not None else None)
         self._closed = False
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:

@@ -97,9 +97,6 @@ class BlockManager:
         plan = self._plan(seq)
         return plan.new_blocks, len(plan.hits) * self.block_size
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self._plan(seq).new_blocks <= len(self._free)
-
     def allocate(self, seq: Sequence) -> None:
         """Give ``seq`` blocks for all its tokens, reusing leading cached blocks; register its full blocks."""
         if seq.block_table:
@@ -107,7 +104,7 @@ class BlockManager:
         plan = self._plan(seq)
         if plan.new_blocks > len(self._free):
             raise RuntimeError(f"sequence {seq.seq_id} needs {plan.new_blocks} free blocks, "
-                               f"{len(self._free)} left (call can_allocate first)")
+                               f"{len(self._free)} left (probe first)")
         for block in plan.hits:
             self._free.pop(block, None)  # a revived block leaves the free list
             self.ref_count[block] += 1

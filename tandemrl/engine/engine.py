@@ -25,11 +25,10 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence
-from tandemrl.engine.speculative import SpeculativeConfig, ngram_proposer
+from tandemrl.engine.speculative import Speculation
 from tandemrl.engine.step import StepOutput, StepPlan
 from tandemrl.engine.stopping import truncate_at_stop, validate_stop
-from tandemrl.engine.boundaries import boundary_ids
-from tandemrl.engine.tandem import BOUNDARY_SELECTORS, TandemConfig, owner_stream
+from tandemrl.engine.tandem import TandemRollouts
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
@@ -80,20 +79,12 @@ class _Launched:
 class LLMEngine:
     def __init__(self, runner: ModelRunnerProtocol, tokenizer: Any, config: EngineConfig,
                  eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter,
-                 speculative: SpeculativeConfig | None = None, tandem: TandemConfig | None = None) -> None:
+                 speculative: Speculation | None = None, tandem: TandemRollouts | None = None) -> None:
         config.validate()
-        self.speculative = speculative or SpeculativeConfig()
-        self.speculative.validate()
-        self.tandem = tandem if tandem is not None and tandem.enabled else None
-        self._boundaries: frozenset[int] | None = None
-        if self.tandem is not None:
-            self.tandem.validate()
-            if self.speculative.enabled:
-                raise ValueError("tandem rollouts and speculative decoding cannot be combined yet")
-            if self.tandem.selector in BOUNDARY_SELECTORS:
-                if tokenizer is None:
-                    raise ValueError(f"tandem.selector {self.tandem.selector!r} needs a tokenizer (its boundary ids)")
-                self._boundaries = boundary_ids(tokenizer, self.tandem.selector)
+        # speculative.py and tandem.py: built above the engine (SpeculativeConfig / TandemConfig.for_engine)
+        self.speculative, self.tandem = speculative, tandem
+        if tandem is not None and speculative is not None:
+            raise ValueError("tandem rollouts and speculative decoding cannot be combined yet")
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -108,13 +99,12 @@ class LLMEngine:
         runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         decode = self._decode if tokenizer is not None else None
-        self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=self.speculative,
-                                   propose=ngram_proposer(self.speculative), tandem=self.tandem,
-                                   paired_tandem=self.tandem is not None and runner.pairs_tandem_forwards)
+        self.scheduler = Scheduler(config, self.block_manager, eos_ids, decode=decode, speculative=speculative,
+                                   tandem=tandem, paired_tandem=tandem is not None and runner.pairs_tandem_forwards)
         # Speculative steps and tandem segments (boundary selectors) wait for their tokens: what a step kept decides
         # where the next one starts. Tandem bursts with writers drawn ahead return what they planned: no need.
         segments = self.tandem is not None and not self.tandem.drawn_ahead
-        self._synchronous = not config.async_scheduling or self.speculative.enabled or segments
+        self._synchronous = not config.async_scheduling or speculative is not None or segments
         self._seq_ids = itertools.count()
         self._live: dict[int, Sequence] = {}  # seq_id -> unfinished sequence
         self._ready: list[tuple[int, Rollout]] = []  # (seq_id, rollout) not yet returned by a step
@@ -135,7 +125,7 @@ class LLMEngine:
     def _add(self, request: Request, policy_version: int) -> tuple[int, str | None]:
         seq_id = next(self._seq_ids)
         error, prompt, params = _check_request(request)
-        if error is None and self.speculative.enabled and params.temperature > 0 and (params.top_k > 0
+        if error is None and self.speculative is not None and params.temperature > 0 and (params.top_k > 0
                                                                                      or params.top_p < 1):
             error = ("speculative decoding samples with temperature only (the rejection rule): top_k and top_p are "
                      "not supported; unset them or turn rollout.speculative off")
@@ -144,8 +134,7 @@ class LLMEngine:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
             if self.tandem is not None and request.tandem:
-                self.scheduler.tandem_rows.add(seq, owner_stream(self.tandem, seq.request_id, params.seed,
-                                                                 self._boundaries))
+                self.scheduler.tandem_rows.add(seq, self.tandem.owner_stream(seq.request_id, params.seed))
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:

@@ -2,9 +2,9 @@
 
 A step is either a prefill (waiting sequences join, each computing the tokens the prefix cache does not hold)
 or a decode (every running sequence computes its next tokens: up to ``decode_steps`` of them, each step feeding
-the last sampled token back on the device; a sequence's burst never passes its ``max_tokens``). Prefill goes first whenever a waiting sequence fits
-the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a prefill is admitted whatever
-its length, so a long prompt is never starved by the budget.
+the last sampled token back on the device; a sequence's burst never passes its ``max_tokens``). Prefill goes first
+whenever a waiting sequence fits the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a
+prefill is admitted whatever its length, so a long prompt is never starved by the budget.
 
 With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
 device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (a row
@@ -26,27 +26,23 @@ from typing import Callable, Iterable, Sequence as Seq
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
-from tandemrl.engine.speculative import SpeculativeConfig
+from tandemrl.engine.speculative import Speculation
 from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep, idle_step
-from tandemrl.engine.selectors import OwnerStream
-from tandemrl.engine.tandem import FROZEN, TandemConfig, TandemRows
+from tandemrl.engine.tandem import FROZEN, OwnerStream, TandemRollouts, TandemRows
 from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
 Decode = Callable[[Seq[int]], str]
-Propose = Callable[[Sequence, int], list[int]]  # (a sequence, at most k) -> tokens proposed after its last one
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: Iterable[int],
-                 decode: Decode | None = None, speculative: SpeculativeConfig | None = None,
-                 propose: Propose | None = None, tandem: TandemConfig | None = None,
-                 paired_tandem: bool = False) -> None:
+                 decode: Decode | None = None, speculative: Speculation | None = None,
+                 tandem: TandemRollouts | None = None, paired_tandem: bool = False) -> None:
         self.config = config
-        self.tandem = tandem if tandem is not None and tandem.enabled else None
+        self.tandem = tandem
         self.paired_tandem = paired_tandem  # tandem bursts in ticks of both models (two streams of one GPU)
-        self.speculative = speculative or SpeculativeConfig()
-        self.propose = propose  # host-side proposals (n-gram); None: the runner's draft slot proposes
+        self.speculative = speculative  # speculative.py: VERIFY steps
         self.tandem_rows = TandemRows()  # each sequence's owner stream and writers (tandem.py)
         self.block_manager = block_manager
         self.eos_ids = frozenset(int(i) for i in eos_ids)
@@ -143,9 +139,10 @@ class Scheduler:
             return idle_step()
         if self.tandem is not None:
             if any(self.tandem_rows.owners(s) is not None for s in running):
-                return self._schedule_tandem(running, in_flight)
+                tandem = self._schedule_tandem_burst if self.tandem.drawn_ahead else self._schedule_tandem_segments
+                return tandem(running, in_flight)
             _hot_alone(running)  # the plain decode below: the frozen model's cache stops at these rows' last token
-        if self.speculative.enabled:
+        if self.speculative is not None:
             return self._schedule_verify(running, in_flight)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
             steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
@@ -158,16 +155,16 @@ class Scheduler:
         its ``max_tokens``) and the target verifies them; a draft model's rounds run several to a launch, each row's
         blocks reserved for its budget (every proposal kept). If the free blocks cannot cover that, half the rounds,
         down to one, then a step with no proposals, which may preempt."""
-        k = self.speculative.num_tokens
+        k, propose = self.speculative.num_tokens, self.speculative.propose
         remaining = [s.params.max_tokens - s.num_completion_tokens for s in running]
-        if self.propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (fewer blocks: fewer)
+        if propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (fewer blocks: fewer)
             for r in _halvings(self._verify_rounds(running, remaining)):
                 budgets = [min(r * (k + 1), left) for left in remaining]
                 if self.block_manager.try_append_all(running, budgets):
                     return VerifyStep(running, budgets, rounds=r, num_proposals=k)
             plan = self._schedule_single_steps(running, in_flight)
             return VerifyStep(plan.seqs, plan.num_tokens, num_proposals=k)
-        feed = [self.propose(s, min(k, left - 1)) if left > 1 else [] for s, left in zip(running, remaining)]
+        feed = [propose(s, min(k, left - 1)) if left > 1 else [] for s, left in zip(running, remaining)]
         if self.block_manager.try_append_all(running, [len(f) + 1 for f in feed]):
             return VerifyStep(running, [len(f) + 1 for f in feed], proposer="host", feed=feed)
         plan = self._schedule_single_steps(running, in_flight)
@@ -183,11 +180,6 @@ class Scheduler:
             per_round = 1 + seq.stats.accepted_tokens / steps if steps else k + 1
             need = max(need, math.ceil(left / per_round))
         return min(self.speculative.rounds, need)
-
-    def _schedule_tandem(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        if self.tandem.drawn_ahead:
-            return self._schedule_tandem_burst(running, in_flight)
-        return self._schedule_tandem_segments(running, in_flight)
 
     def _schedule_tandem_burst(self, running: list[Sequence], in_flight: bool) -> StepPlan:
         """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards of the two models in turns

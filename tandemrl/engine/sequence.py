@@ -58,10 +58,6 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
-    def last_token(self) -> int:
-        return self.token_ids[-1]
-
-    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

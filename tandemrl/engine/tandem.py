@@ -1,15 +1,16 @@
-"""Tandem rollouts: a trained "hot" model and a frozen one write each sequence together.
+"""Tandem rollouts as the engine runs them: a trained "hot" model and a frozen one write each sequence together.
 
-A selector (selectors.py) decides, position by position, whose token is kept; its owner stream is per request and
-seeded, so rollouts are reproducible. Both models' caches hold every kept token, and each model reads each token
-once, in one forward with the others it has not read: never a forward per token of the other model's.
+Whose token is kept where is policy, decided above the engine (tandemrl/tandem/: the selectors); the engine reads
+it through each request's owner stream (``OwnerStream``), seeded per request, so rollouts are reproducible. Both
+models' caches hold every kept token, and each model reads each token once, in one forward with the others it has
+not read: never a forward per token of the other model's.
 
-- Selectors that do not read the tokens (bernoulli, chunk, alternating; ``drawn_ahead``) draw the writers of a
-  whole burst ahead: the models take turns over the batch in one planned burst of forwards with no host sync
+- Writers that do not depend on the tokens (``drawn_ahead``: bernoulli, chunk, alternating) are drawn ahead for a
+  whole burst: the models take turns over the batch in one planned burst of forwards with no host sync
   (tandem_burst.py, run by model/tandem_runner.py).
-- The sentence and word selectors switch at boundary tokens, so a step is one segment per row (VERIFY with
-  ``forced``): the frozen model (the runner's ``frozen`` slot) proposes its run, cut on the host at a boundary token,
-  and the hot model reads it in one forward and samples its own token after it.
+- Writers that switch at boundary tokens (sentence, word) make a step one segment per row (VERIFY with ``forced``):
+  the frozen model (the runner's ``frozen`` slot) proposes its run, cut on the host where ``resolve`` says, and the
+  hot model reads it in one forward and samples its own token after it.
 
 Every kept token carries the hot model's log-prob of it and its writer (``Rollout.token_sources``), which the trainer
 turns into loss weights.
@@ -18,97 +19,42 @@ turns into loss weights.
 from __future__ import annotations
 
 import weakref
-import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
-
-from tandemrl.engine.selectors import OwnerStream, TandemSelectorConfig, make_stream
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence as Seq, runtime_checkable
 
 if TYPE_CHECKING:
     from tandemrl.engine.sequence import Sequence
 
 FROZEN = "frozen"  # the runner slot of the frozen model
-BOUNDARY_SELECTORS = ("sentence", "word")  # switch writers at boundary tokens (from the tokenizer)
 
 
-@dataclass
-class TandemConfig:
-    """``p``: probability that a position (a chunk for ``chunk``) is the hot model's; ``frozen_model``: hub id or
-    directory of the frozen model (None: a second copy of the starting model); ``frozen_token_weight``: the loss
-    weight of frozen-written tokens (hot ones weigh 1.0); ``max_run_tokens``: frozen tokens proposed per step at most
-    (sentence and word selectors); ``frozen_device``: where the frozen model lives (None: the hot model's device;
-    else "cpu", "cuda" or "cuda:N": it computes there and only token ids cross); ``frozen_dtype``: the frozen
-    model's dtype (None: ``model.dtype``; e.g. ``bfloat16`` beside a hot model trained in float32: half the memory and
-    bandwidth, its caches in bfloat16 too)."""
+@runtime_checkable
+class OwnerStream(Protocol):
+    """A sequence's writers (True = hot), position by position; peeking never moves it (a failed step can be retried).
+    A drawn-ahead stream also has ``peek(n)``: the writers of the next n positions."""
 
-    __pydantic_config__ = {"extra": "forbid"}
+    def next_segment(self, limit: int) -> tuple[int, bool]:
+        """(r, hot_follows): r leading frozen positions (r <= limit), then maybe one hot one."""
+        ...
 
-    enabled: bool = field(default=False, metadata={
-        "description": "tandem rollouts: the trained model and a frozen one write each completion together"})
-    frozen_model: str | None = field(default=None, metadata={
-        "description": "hub id or directory of the frozen model; unset: a second copy of the starting model"})
-    selector: Literal["bernoulli", "chunk", "alternating", "sentence", "word"] = field(default="bernoulli", metadata={
-        "description": "whose token is kept where: `bernoulli` (each position is the hot model's with "
-                       "probability `tandem.p`), `chunk` (chunks of `tandem.chunk_tokens`), `alternating`, "
-                       "`sentence` / `word` (the writer of each sentence / word is drawn)"})
-    p: float = field(default=0.5, metadata={
-        "description": "probability that a position (a chunk, a sentence, a word) is the hot model's"})
-    chunk_tokens: int = field(default=8, metadata={"description": "`chunk`: tokens per chunk"})
-    max_gap_tokens: int = field(default=32, metadata={
-        "description": "`sentence` / `word`: a segment ends after this many tokens without a boundary token"})
-    frozen_token_weight: float = field(default=0.2, metadata={
-        "description": "loss weight of frozen-written tokens (hot ones weigh 1.0)"})
-    max_run_tokens: int = field(default=4, metadata={
-        "description": "`sentence` / `word`: frozen tokens proposed per engine step at most (the other selectors "
-                       "run bursts of 2 x `engine.decode_steps` forwards)"})
-    frozen_device: str | None = field(default=None, metadata={
-        "description": "where the frozen model lives; unset: the hot model's device; else `cpu`, `cuda` or "
-                       "`cuda:N` (it computes there and only token ids cross)"})
-    frozen_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = field(default=None, metadata={
-        "description": "the frozen model's dtype; unset: `model.dtype` (a CPU frozen model with `auto` loads in "
-                       "float32); e.g. `bfloat16` beside a hot model trained in float32: half the memory and "
-                       "bandwidth"})
+    def resolve(self, frozen_tokens: Seq[int]) -> tuple[int, bool]:
+        """(n, hot_next): how many leading ``frozen_tokens`` stay frozen-owned, and whether position n is hot."""
+        ...
 
-    @property
-    def drawn_ahead(self) -> bool:
-        """Whether the writers do not depend on the tokens, so a whole burst can be planned ahead (tandem_burst.py)."""
-        return self.selector not in BOUNDARY_SELECTORS
-
-    def selector_config(self) -> TandemSelectorConfig:
-        return TandemSelectorConfig(self.selector, self.p, self.chunk_tokens, self.max_gap_tokens)
-
-    def validate(self) -> None:
-        self.selector_config().validate()
-        if not 0.0 <= self.frozen_token_weight:
-            raise ValueError(f"tandem.frozen_token_weight must be >= 0, got {self.frozen_token_weight}")
-        if isinstance(self.max_run_tokens, bool) or not isinstance(self.max_run_tokens, int) or self.max_run_tokens < 1:
-            raise ValueError(f"tandem.max_run_tokens must be an integer >= 1, got {self.max_run_tokens!r}")
-        if self.frozen_device is not None:
-            check_device(self.frozen_device, "tandem.frozen_device")
+    def advance(self, tokens: Seq[int], owners: Seq[bool]) -> None:
+        """Consume the kept positions (token ids and writers); ValueError if the writers are not the stream's."""
+        ...
 
 
-def check_device(name: str, key: str) -> None:
-    """ValueError naming ``key`` unless ``name`` is "cpu", "cuda" or "cuda:N" of a GPU this machine has."""
-    import torch  # here: the config loads without torch until a device must be checked
+@dataclass(frozen=True)
+class TandemRollouts:
+    """What a tandem engine needs: ``owner_stream(request_id, seed)``, each tandem request's stream; whether the
+    writers are drawn ahead (bursts) or depend on the tokens (segments of at most ``max_run_tokens`` frozen tokens
+    a step)."""
 
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
-        raise ValueError(f"{key} = {name!r}: expected 'cpu', 'cuda' or 'cuda:N'")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            raise ValueError(f"{key} = {name!r}: this machine has {count} CUDA device(s)"
-                             + ("" if count else "; use 'cpu' or leave it unset (the hot model's device)"))
-
-
-def owner_stream(config: TandemConfig, request_id: str, seed: int | None,
-                 boundaries: frozenset[int] | None = None) -> OwnerStream:
-    """The request's owner stream: seeded by its sampling seed and id, so each sample of a group differs and a
-    seeded run repeats. ``boundaries``: the tokenizer's boundary ids, for the sentence and word selectors."""
-    return make_stream(config.selector_config(), zlib.crc32(f"{seed}:{request_id}".encode()), boundaries)
+    owner_stream: Callable[[str, int | None], OwnerStream]
+    drawn_ahead: bool
+    max_run_tokens: int
 
 
 @dataclass

@@ -111,7 +111,7 @@ def _reference_plan(seqs: list[Sequence], steps: list[int], bs: int, nb: int) ->
         pos = [min(s.num_tokens - 1 + j, s.num_tokens - 2 + k) for s, k in zip(seqs, steps)]
         positions.append(pos)
         slots.append([t[p // bs] * bs + p % bs if j < k else nb * bs for t, p, k in zip(tables, pos, steps)])
-    return {"ids": [s.last_token for s in seqs], "positions": positions, "slots": slots,
+    return {"ids": [s.token_ids[-1] for s in seqs], "positions": positions, "slots": slots,
             "context_lens": [[p + 1 for p in row] for row in positions], "tables": tables}
 
 

@@ -10,7 +10,7 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.scheduler import Scheduler
 from tandemrl.engine.sequence import Sequence, SequenceStatus
-from tandemrl.engine.speculative import SpeculativeConfig
+from tandemrl.speculative.config import SpeculativeConfig
 from tandemrl.engine.step import DecodeStep, StepKind, StepOutput
 from tandemrl.types import SamplingParams
 
@@ -235,7 +235,7 @@ def test_draft_rounds_halve_until_their_blocks_fit():
     planned, half as many are tried, and so on down to one (not straight to one)."""
     config = EngineConfig(block_size=BS, num_blocks=16, decode_steps=1)
     s = Scheduler(config, BlockManager(16, BS, True), [EOS],
-                  speculative=SpeculativeConfig(method="draft", num_tokens=2, rounds=16))
+                  speculative=SpeculativeConfig(method="draft", num_tokens=2, rounds=16).for_engine())
     a, b = seq([1, 2, 3], max_tokens=40), seq([4, 5, 6], max_tokens=40)
     s.add(a)
     s.add(b)

@@ -16,7 +16,8 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs
 from tandemrl.engine.model.runner import ModelRunner
-from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
+from tandemrl.engine.speculative import DRAFT
+from tandemrl.speculative.config import SpeculativeConfig
 from tandemrl.engine.step import TARGET
 from tandemrl.types import Request, Rollout, SamplingParams
 from tests.engine.test_model_runner import _EagerBody, _EagerGraph, _seeded_sample, build
@@ -193,7 +194,7 @@ def test_verify_rounds_through_graphs_equal_eager_forwards(monkeypatch, temperat
         for sampler in runner._samplers.values():
             sampler.fused_kernels = True
         engine = LLMEngine(runner, None, config(), eos_ids=[],
-                           speculative=SpeculativeConfig(method="draft", num_tokens=4))
+                           speculative=SpeculativeConfig(method="draft", num_tokens=4).for_engine())
         return [r.completion_ids for r in engine.generate(requests)]
 
     graphed = rollouts(True)
@@ -236,7 +237,8 @@ def test_greedy_rounds_run_as_one_graph_each_and_decode_as_plain_decoding(monkey
     target, draft = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
     requests = greedy_requests(count=5, max_tokens=30)
     runner = _graphed_runner(monkeypatch, target, draft)
-    engine = LLMEngine(runner, None, config(), eos_ids=[], speculative=SpeculativeConfig(method="draft", num_tokens=4))
+    engine = LLMEngine(runner, None, config(), eos_ids=[],
+                       speculative=SpeculativeConfig(method="draft", num_tokens=4).for_engine())
     out = engine.generate(requests)
     assert [r.completion_ids for r in out] == [r.completion_ids for r in generate(requests, target=target)]
     check_counts(out)
@@ -253,7 +255,7 @@ def test_greedy_ngram_rounds_run_as_one_graph_each_and_decode_as_plain_decoding(
     requests = [Request(f"n{i}", phrase * (2 + i) + phrase[:3], params) for i in range(3)] + greedy_requests(count=2)
     runner = _graphed_runner(monkeypatch, target, build("qwen2", seed=1, device=DEVICE))
     engine = LLMEngine(runner, None, config(), eos_ids=[],
-                       speculative=SpeculativeConfig(method="ngram", num_tokens=3))
+                       speculative=SpeculativeConfig(method="ngram", num_tokens=3).for_engine())
     out = engine.generate(requests)
     assert [r.completion_ids for r in out] == [r.completion_ids for r in generate(requests, target=target)]
     check_counts(out)
@@ -276,7 +278,7 @@ def test_sampled_verify_forwards_past_the_largest_decode_bucket_run_in_a_graph(m
         for slot in runner.slots.values():
             slot.enforce_eager = not graphed
         engine = LLMEngine(runner, None, config(num_blocks=512), eos_ids=[],
-                           speculative=SpeculativeConfig(method="draft", num_tokens=4))
+                           speculative=SpeculativeConfig(method="draft", num_tokens=4).for_engine())
         out = [r.completion_ids for r in engine.generate(requests)]
         if graphed:
             assert 512 in {bucket for bucket, _, _ in runner.slots[TARGET].decode_graphs().graphs}

@@ -10,7 +10,7 @@ import torch
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.tandem import TandemConfig, owner_stream
+from tandemrl.tandem.config import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout, SamplingParams
 from tandemrl.engine.model.cuda_graphs import DecodeGraphs
 from tests.engine.test_model_runner import _EagerGraph, build
@@ -127,7 +127,7 @@ class WordTokenizer:
 def test_boundary_selectors_cut_frozen_runs_like_the_naive_loop(selector):
     """The frozen model's run ends at the first boundary it writes when the next segment is the hot model's; the
     engine cuts it on the host and continues with the hot model's token there."""
-    from tandemrl.engine.boundaries import boundary_ids
+    from tandemrl.tandem.boundaries import boundary_ids
 
     hot, frozen = build("qwen2", device=DEVICE), build("qwen2", seed=1, device=DEVICE)
     tokenizer = WordTokenizer()

@@ -15,7 +15,7 @@ from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.step import DecodeStep
 from tandemrl.engine.stopping import tokens_to_keep
-from tandemrl.engine.tandem import TandemConfig, owner_stream
+from tandemrl.tandem.config import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
 from tests.engine.test_model_runner import build
 from tests.engine.test_tandem import DEVICE, WordTokenizer, engine_config, naive, requests

@@ -17,7 +17,7 @@ import tandemrl.engine.model.tandem_runner as tandem_runner_module
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, move, on_device
-from tandemrl.engine.tandem import TandemConfig, owner_stream
+from tandemrl.tandem.config import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
 from tests.engine.test_model_runner import build
 from tests.engine.test_tandem import WordTokenizer, engine_config, naive_with, requests
@@ -73,7 +73,7 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
     backend = EngineBackend(hot, tokenizer, engine_config(), tandem=tandem, frozen_model=frozen)
     runner = backend.runner
     assert runner.slots["frozen"].device == elsewhere
-    assert runner.sampler_for(runner.slots["frozen"]) is not runner.sampler  # its rows sample on its device
+    assert runner.context.sampler_for(runner.slots["frozen"]) is not runner.sampler  # its rows sample on its device
     out = backend.generate(reqs)
     backend.close()
     assert torch.device("cpu") in moved + burst_moved  # the frozen slot's tokens came back
@@ -91,7 +91,7 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
 def _boundaries(tokenizer, selector: str):
     if tokenizer is None:
         return None
-    from tandemrl.engine.boundaries import boundary_ids
+    from tandemrl.tandem.boundaries import boundary_ids
 
     return boundary_ids(tokenizer, selector)
 

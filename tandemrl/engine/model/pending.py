@@ -29,18 +29,17 @@ class PendingTokens:
 
     def __init__(self, tokens: Tensor, logprobs: Tensor, steps: Seq[int], accepted: Tensor | None = None,
                  kept: Tensor | None = None, own: tuple[Tensor, Tensor] | None = None) -> None:
-        planes = [tokens.double(), logprobs.double()]  # float64 holds every token id exactly
-        self._rounds = 0
+        planes = {"tokens": tokens, "logprobs": logprobs}  # one [B, K] float64 plane each: it holds every id exactly
         if accepted is not None:
             accepted = accepted.view(len(tokens), -1)
             self._rounds = accepted.shape[1]
-            planes.append(torch.nn.functional.pad(accepted.double(), (0, tokens.shape[1] - self._rounds)))
+            planes["accepted"] = torch.nn.functional.pad(accepted, (0, tokens.shape[1] - self._rounds))
         if kept is not None:
-            planes.append(kept.double()[:, None].expand_as(planes[0]))
+            planes["kept"] = kept[:, None].expand_as(tokens)
         if own is not None:  # tandem: [B, K] samples of the target at every position, and their log-probs
-            planes += [own[0].double(), own[1].double()]
-        self._has = (accepted is not None, kept is not None, own is not None)
-        packed = torch.stack(planes)
+            planes["own_ids"], planes["own_logprobs"] = own
+        self._planes = list(planes)
+        packed = torch.stack([plane.double() for plane in planes.values()])
         self._copied: torch.cuda.Event | None = None
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -55,17 +54,15 @@ class PendingTokens:
         """Per row: its tokens and their log-probs (waits for the device to get there)."""
         if self._copied is not None:
             self._copied.synchronize()
-        token_rows, logprob_rows = self._host[0].long().tolist(), self._host[1].tolist()
-        extras = 2
-        accepted = None
-        if self._has[0]:
-            accepted = self._host[2, :, :self._rounds].long().tolist()
-            extras += 1
-        counts = self._host[extras, :, 0].long().tolist() if self._has[1] else self.steps
+        host = dict(zip(self._planes, self._host))
+        counts = host["kept"][:, 0].long().tolist() if "kept" in host else self.steps
+        token_rows, logprob_rows = host["tokens"].long().tolist(), host["logprobs"].tolist()
         out = StepOutput([row[:k] for row, k in zip(token_rows, counts)],
-                         [row[:k] for row, k in zip(logprob_rows, counts)], accepted)
-        if self._has[2]:
-            out.own_ids, out.own_logprobs = self._host[-2].long().tolist(), self._host[-1].tolist()
+                         [row[:k] for row, k in zip(logprob_rows, counts)])
+        if "accepted" in host:
+            out.num_accepted = host["accepted"][:, :self._rounds].long().tolist()
+        if "own_ids" in host:
+            out.own_ids, out.own_logprobs = host["own_ids"].long().tolist(), host["own_logprobs"].tolist()
         return out
 
 

@@ -1,23 +1,18 @@
 """The speculative-decoding rejection sampler: batched, on the device, with no host synchronisation.
 
-A draft model proposes up to ``k`` tokens per row; the target scores them (and the position after them) in one
-forward. This module decides, per row, how many drafts to keep and which token follows them, by the standard
-rule of Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding") and Chen et al. 2023
-("Accelerating Large Language Model Decoding with Speculative Sampling"), so the tokens a row emits are
-distributed exactly as if the target had sampled them one by one:
+The target scores a row's ``k`` proposals (and the position after them) in one forward; this decides how many to
+keep and which token follows them by the standard rule (Leviathan et al. 2023; Chen et al. 2023), so a row's tokens
+are distributed exactly as if the target had sampled them one by one:
 
-* draft token ``x`` at position ``i`` is accepted with probability ``min(1, p(x) / q(x))``, ``p`` the target's
-  sampling distribution and ``q`` the draft's, both at position ``i``;
+* proposal ``x`` at position ``i`` is accepted with probability ``min(1, p(x) / q(x))`` (``p``: the target's sampling
+  distribution, ``q``: the draft's, both at ``i``);
 * at the first rejection the row emits one token drawn from the residual ``norm(max(0, p - q))`` and stops;
-* when every drafted token is accepted the row emits a bonus token drawn from ``p`` at the position after them.
+* when every proposal is accepted the row emits a bonus token drawn from ``p`` at the position after them.
 
-Greedy rows (temperature 0) accept while the draft equals the target's argmax and then emit the target's
-argmax, which reproduces plain greedy decoding token for token.
-
-Everything is tensor arithmetic over the whole batch (no ``.item()``, no branching on values), so the engine
-can queue the step behind the target's forward without waiting for the device. The random draws come from the
-optional ``torch.Generator`` (on the tensors' device), in a fixed order: ``B * k`` uniforms, then ``B * V``
-exponentials; a seeded generator therefore reproduces a step.
+Greedy rows (temperature 0) accept while the proposal is the target's argmax, then emit the argmax: plain greedy
+decoding token for token. Everything is tensor arithmetic over the batch (no ``.item()``, no branching on values);
+the random draws come from the optional generator in a fixed order (``B * k`` uniforms, then ``B * V``
+exponentials), so a seeded generator reproduces a step.
 """
 
 from __future__ import annotations
@@ -33,16 +28,9 @@ PAD_TOKEN = -1
 
 @dataclass(frozen=True)
 class RejectionResult:
-    """What one verification step emits per row.
-
-    tokens: [B, k+1] long. Row ``b`` emits ``tokens[b, :num_accepted[b] + 1]``: its accepted drafts, then one
-        token from the target (the residual sample at the first rejection, or the bonus token); the rest is
-        ``PAD_TOKEN``.
-    logprobs: [B, k+1] float32. The log-probability of each emitted token under the target's sampling
-        distribution at its position, ``log_softmax(logits / T)`` (raw ``log_softmax`` for greedy rows): the
-        distribution the rollout follows, whichever of draft or residual proposed the token. 0.0 at padding.
-    num_accepted: [B] long, in ``[0, num_draft]``.
-    """
+    """Per row ``b``: ``tokens[b, :num_accepted[b] + 1]`` [B, k+1] are its accepted drafts, then the target's token
+    (``PAD_TOKEN`` after); ``logprobs`` [B, k+1] float32, each token's log-prob under the target's sampling
+    distribution at its position (``log_softmax(logits / T)``, raw for greedy rows; 0.0 at padding)."""
 
     tokens: Tensor
     logprobs: Tensor
@@ -63,29 +51,18 @@ def rejection_sample(
     generator: torch.Generator | None = None,
     greedy_only: bool = False,
 ) -> RejectionResult:
-    """Verify each row's drafted tokens against the target; see the module docstring for the rule.
+    """Verify each row's drafted tokens against the target (module docstring).
 
-    target_logits: [B, k+1, V] the target's logits at the ``k`` drafted positions and the bonus position (any
-        float dtype; the arithmetic is float32). Row ``b`` only reads positions ``0..num_draft[b]``.
-    draft_probs: [B, k, V] the distribution each draft token was sampled from (after the draft's temperature;
-        a draft with a smaller vocabulary pads with zeros). Only rows with temperature > 0 read it, and only at
-        positions ``< num_draft[b]``, so the rest may hold anything (even NaN).
-    draft_tokens: [B, k] long; entries at positions ``>= num_draft[b]`` are ignored (may be padding such as -1).
-    num_draft: [B] long, tokens drafted for each row; values are clamped to ``[0, k]`` (checking them would
-        need a host sync).
-    temperature: [B] float, the target's sampling temperature; ``<= 0`` means greedy.
-    generator: optional, on the tensors' device.
-    greedy_only: every row is greedy (the caller knows it on the host): the same result without the random draws,
-        the residual and ``draft_probs`` (which may then be anything of its shape, e.g. an expanded zero).
+    target_logits [B, k+1, V] (any float dtype; float32 arithmetic); draft_probs [B, k, V], what each draft token was
+    drawn from, read only by sampled rows at positions ``< num_draft[b]`` (the rest may be anything, even NaN);
+    draft_tokens [B, k] long (ignored from ``num_draft[b]`` on); num_draft [B] long, clamped to ``[0, k]``;
+    temperature [B], ``<= 0``: greedy. ``greedy_only``: every row is greedy (known on the host): the same result
+    without random draws, residual or ``draft_probs`` (then anything of its shape, e.g. an expanded zero).
 
-    Temperature only: top-k / top-p are out of scope (the residual of a truncated ``p`` would need both
-    distributions truncated the same way). ``q(x) == 0`` for a proposed token can only come from rounding or a
-    draft that sampled outside the distribution it reports; the ratio ``p/q`` is then taken as +inf, so the
-    token is accepted iff ``p(x) > 0`` (the test is ``u * q(x) < p(x)`` with ``u ~ U[0, 1)``, which needs no
-    division). ``p(x) == 0`` is never accepted. If the residual has no mass (``q >= p`` everywhere, e.g.
-    ``p == q`` up to rounding) the token is drawn from ``p``.
-
-    Memory: one float32 [B, k+1, V] temporary (the log-softmax of every position) and a few [B, V] ones.
+    Temperature only: the residual of a top-k / top-p truncated ``p`` would need both distributions truncated alike.
+    The test is ``u * q(x) < p(x)`` (no division): ``q(x) == 0`` (rounding, or a draft outside what it reports)
+    accepts iff ``p(x) > 0``. A residual with no mass (``p == q`` up to rounding) draws from ``p``. Memory: one
+    float32 [B, k+1, V] temporary and a few [B, V] ones.
     """
     batch, positions, vocab = _check_shapes(target_logits, draft_probs, draft_tokens, num_draft, temperature)
     k = positions - 1
@@ -121,21 +98,15 @@ def rejection_sample(
     return RejectionResult(tokens=tokens, logprobs=logprobs, num_accepted=num_accepted)
 
 
-def _check_shapes(
-    target_logits: Tensor, draft_probs: Tensor, draft_tokens: Tensor, num_draft: Tensor, temperature: Tensor
-) -> tuple[int, int, int]:
+def _check_shapes(target_logits: Tensor, draft_probs: Tensor, draft_tokens: Tensor, num_draft: Tensor,
+                  temperature: Tensor) -> tuple[int, int, int]:
     """Shape checks only (host-side metadata, no sync); returns (B, k+1, V)."""
     if target_logits.dim() != 3 or target_logits.shape[1] < 2:
         raise ValueError(f"target_logits must be [B, k+1, V] with k >= 1, got {tuple(target_logits.shape)}")
     batch, positions, vocab = target_logits.shape
-    k = positions - 1
-    expected = {
-        "draft_probs": (draft_probs, (batch, k, vocab)),
-        "draft_tokens": (draft_tokens, (batch, k)),
-        "num_draft": (num_draft, (batch,)),
-        "temperature": (temperature, (batch,)),
-    }
-    for name, (tensor, shape) in expected.items():
+    for name, tensor, shape in (("draft_probs", draft_probs, (batch, positions - 1, vocab)),
+                                ("draft_tokens", draft_tokens, (batch, positions - 1)),
+                                ("num_draft", num_draft, (batch,)), ("temperature", temperature, (batch,))):
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
     return batch, positions, vocab

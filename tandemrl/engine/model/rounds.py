@@ -37,7 +37,9 @@ def launch_rounds(context: LaunchContext, target: ModelSlot, plan: VerifyStep) -
     """The plan's rounds (module docstring), launched without a host sync; each row returns its kept tokens of
     every round, in order, ``num_tokens[i]`` at most."""
     seqs = plan.seqs
-    name, rule_name, k, bonus = _shape(plan, context.acceptance)
+    name, rule_name, k = plan.proposer, plan.rule or context.acceptance, plan.k  # no rule named: the runner's
+    bonus = (np.ones(len(seqs), np.int64) if plan.forced is None  # a tandem row whose frozen run goes on has none
+             else int64_array([int(n > f) for n, f in zip(plan.num_tokens, plan.forced)]))
     if any(seq.num_pending for seq in seqs):
         raise RuntimeError("a verify step needs every token of its sequences on the host")
     lengths, budget = int64_array([seq.num_tokens for seq in seqs]), int64_array(plan.num_tokens)
@@ -70,15 +72,6 @@ def launch_rounds(context: LaunchContext, target: ModelSlot, plan: VerifyStep) -
     tokens, logprobs, kept = _compact(rounds)
     accepted = torch.stack([r.accepted for r in rounds], dim=1)
     return PendingTokens(tokens, logprobs, plan.num_tokens, accepted=accepted, kept=kept, own=rounds[-1].own)
-
-
-def _shape(plan: VerifyStep, rule: str) -> tuple[str, str, int, np.ndarray]:
-    """(proposer, rule, proposals per round k, bonus per row: whether a round ends with a target token) of a verify
-    plan; ``rule``: the runner's, for a plan that names none."""
-    bonus = np.ones(len(plan.seqs), np.int64)
-    if plan.forced is not None:
-        bonus = int64_array([int(n > f) for n, f in zip(plan.num_tokens, plan.forced)])
-    return plan.proposer, plan.rule or rule, plan.k, bonus
 
 
 def _compact(rounds: list[Round]) -> tuple[Tensor, Tensor, Tensor]:

@@ -104,10 +104,6 @@ class ModelRunner:
         """Whether a tandem burst runs in paired ticks (launch_context.py)."""
         return self.context.pairs_tandem_forwards
 
-    def sampler_for(self, slot: ModelSlot) -> StepSampler:
-        """The sampler of the slot's device (the runner's own ``sampler`` on the runner's device)."""
-        return self._samplers[slot.device]
-
     @property
     def target(self) -> ModelSlot:
         return self.slots[TARGET]

@@ -148,8 +148,18 @@ class ModelSlot:
         """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""
         self.stats.forwards += 1
         with self.on_device():
-            return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
-                                  fused=self.fused_kernels)
+            return self._forward(input_ids, meta, rows)
+
+    def _forward(self, input_ids: Tensor, meta: PrefillMeta | DecodeMeta, rows: Tensor | None = None) -> Tensor:
+        """The decoder over this slot's pool (read at each call: parked graphs must not keep a freed pool alive)."""
+        return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches, rows=rows,
+                              fused=self.fused_kernels)
+
+    def _query_groups(self, row_of: np.ndarray | None) -> Tensor | None:
+        """The attention's query groups of rows of one sequence side by side (``DecodePlan.row_of``), on the device."""
+        if row_of is None or not self.use_triton or self.query_capacity <= 1:
+            return None
+        return copy_to_device(torch.from_numpy(query_groups(row_of, self.query_capacity)), self.device)
 
     def on_device(self):
         """This slot's device as the current CUDA device, when it is not the runner's (placement.py)."""
@@ -199,9 +209,7 @@ class ModelSlot:
         sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows (up
         to 512: a verify forward reads batch x (k + 1) rows) and ``eager`` is False (a round graph captures the eager
         forward: round_graph.py)."""
-        groups = None
-        if row_of is not None and self.use_triton and self.query_capacity > 1:
-            groups = copy_to_device(torch.from_numpy(query_groups(row_of, self.query_capacity)), self.device)
+        groups = self._query_groups(row_of)
         graphed = not (eager or self.enforce_eager) and batch_bucket(len(table), FORWARD_BUCKETS) is not None
         with self.on_device():
             if graphed:
@@ -214,10 +222,9 @@ class ModelSlot:
                 if graphed:
                     return graphs.run_columns(prepared, input_ids, columns)
                 positions, slots, context_lens = columns.unbind(0)
-                meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
-                                  block_tables=table, use_triton=self.use_triton, query_groups=groups)
-                return forward_hidden(self.spec, input_ids, meta, self.k_caches, self.v_caches,
-                                      fused=self.fused_kernels)
+                return self._forward(input_ids, DecodeMeta(positions=positions, slot_mapping=slots, block_tables=table,
+                                                           context_lens=context_lens, use_triton=self.use_triton,
+                                                           query_groups=groups))
 
         return run
 
@@ -227,28 +234,20 @@ class ModelSlot:
                                  self.device)
         tables = copy_to_device(torch.from_numpy(plan.tables), self.device)
         first_ids = copy_to_device(torch.from_numpy(plan.ids), self.device)
-
-        groups = None
-        if plan.row_of is not None and self.use_triton and self.query_capacity > 1:
-            groups = copy_to_device(torch.from_numpy(query_groups(plan.row_of, self.query_capacity)), self.device)
+        groups = self._query_groups(plan.row_of)
 
         def run_step(j: int, input_ids: Tensor | None) -> Tensor:
             positions, slots, context_lens = columns[:, j].unbind(0)
-            meta = DecodeMeta(positions=positions, slot_mapping=slots, context_lens=context_lens,
-                              block_tables=tables, use_triton=self.use_triton,
-                              query_groups=groups if j == 0 else None)
-            ids = first_ids if input_ids is None else input_ids
-            return forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches, fused=self.fused_kernels)
+            meta = DecodeMeta(positions=positions, slot_mapping=slots, block_tables=tables, context_lens=context_lens,
+                              use_triton=self.use_triton, query_groups=groups if j == 0 else None)
+            return self._forward(first_ids if input_ids is None else input_ids, meta)
 
         return run_step, first_ids
 
     def decode_graphs(self) -> DecodeGraphs:
         if self.graphs is None:
-            # the pool is read at each capture, not held: parked graphs must not keep a freed pool alive
             self.graphs = DecodeGraphs(
-                lambda ids, meta: forward_hidden(self.spec, ids, meta, self.k_caches, self.v_caches,
-                                                 fused=self.fused_kernels), self.device,
-                scratch_block=self.num_blocks, block_size=self.block_size,
+                self._forward, self.device, scratch_block=self.num_blocks, block_size=self.block_size,
                 max_width=-(-self.max_model_len // self.block_size), fixed_width=self.use_triton,
                 use_triton=self.use_triton, warmup_stream=self.warmup_stream, query_capacity=self.query_capacity)
         return self.graphs

@@ -8,10 +8,9 @@ import random
 
 import pytest
 
-from tandemrl.engine.boundaries import boundary_ids
-from tandemrl.engine.selectors import (
-    OwnerStream, TandemSelectorConfig, alternating, bernoulli, chunk, make_stream, sentence, word,
-)
+from tandemrl.engine.tandem import OwnerStream
+from tandemrl.tandem.boundaries import boundary_ids
+from tandemrl.tandem.selectors import TandemSelectorConfig, alternating, bernoulli, chunk, make_stream, sentence, word
 from tandemrl.telemetry.tandem import tandem_metrics
 
 

@@ -1,5 +1,8 @@
 """Tandem-rollout selectors: who writes each completion position, the hot (trainable) or the frozen model.
 
+The engine reads a selector through its per-sequence owner stream only (``OwnerStream``, engine/tandem.py); the
+selectors themselves are policy and live here, above the engine.
+
 A *selector* is a per-run spec (``bernoulli(p)``, ``chunk(k, p)``, ``alternating()``, ``sentence(...)``,
 ``word(...)``); ``selector.stream(seed)`` makes one per-sequence :class:`OwnerStream` with its own
 ``random.Random(seed)``, so a rollout is reproducible from its request seed.
@@ -31,42 +34,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Literal, Sequence
+
+from tandemrl.engine.tandem import OwnerStream
 
 SelectorName = Literal["bernoulli", "chunk", "alternating", "sentence", "word"]
 SELECTOR_NAMES: tuple[str, ...] = ("bernoulli", "chunk", "alternating", "sentence", "word")
-
-# Space markers that byte-level BPE (GPT-2 "Ġ") and SentencePiece ("▁") put at the start of a word-initial token.
-
-
-# --------------------------------------------------------------------------------------------------- the protocol
-
-@runtime_checkable
-class OwnerStream(Protocol):
-    """Per-sequence owner stream: peek with ``next_segment`` / ``resolve``, move with ``advance``."""
-
-    @property
-    def position(self) -> int:
-        """Number of completion positions consumed so far."""
-        ...
-
-    def next_segment(self, limit: int) -> tuple[int, bool]:
-        """(r, hot_follows): r leading frozen positions (r <= limit), then maybe one hot one; never moves the stream."""
-        ...
-
-    def resolve(self, frozen_tokens: Sequence[int]) -> tuple[int, bool]:
-        """(n, hot_next): how many leading ``frozen_tokens`` stay frozen-owned, and whether position n is hot."""
-        ...
-
-    def advance(self, tokens: Sequence[int], owners: Sequence[bool]) -> None:
-        """Consume the kept positions (token ids and writers, True = hot)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]:
-        ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
 
 
 def _check_limit(limit: int) -> None:
