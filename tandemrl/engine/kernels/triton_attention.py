@@ -30,7 +30,8 @@ class DecodeAttentionTiles:
     Token counts are for head_dim 64 with 2-byte K/V (where they were measured); `kv_tile_tokens` scales them so a
     pipeline stage holds the same bytes at any head size and cache dtype (head_dim 128 in bf16: half the tokens;
     in fp8: the same). At 128 tokens x 128 dims a 2-stage single pass needs 128 KiB of shared memory, one program
-    per SM, which left the KV reads of long contexts at half the bandwidth.
+    per SM, which left the KV reads of long contexts at half the bandwidth. Long partitions (`long_split_tokens`)
+    use the single-pass tiles; `block_n` / `stages` serve the short partitions of few rows.
 
     Split-K: at head_dim 64 in bf16 on sm_90, 64 tokens x 4 warps compiles to 80 registers and 21 KiB of shared
     memory (the next K and V tiles prefetched by cp.async): ~6 programs fit an SM, so 256 rows x 2 KV heads run in
@@ -109,12 +110,14 @@ def triton_paged_decode(
     group = H // kv_heads
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     single = num_splits == 1
-    block_n = kv_tile_tokens(tiles.single_pass_block_n if single else tiles.block_n, D, k_cache.element_size())
-    min_chunk = max(block_n, split_min_tokens(B * kv_heads, _sm_count(q.device), tiles))
+    # Long partitions (rows x KV heads fill half the SMs) stream like the single pass: its larger tiles.
+    long_tiles = single or not _few_programs(B * kv_heads, _sm_count(q.device))
+    block_n = kv_tile_tokens(tiles.single_pass_block_n if long_tiles else tiles.block_n, D, k_cache.element_size())
     common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=_decode_rows(group), HEAD_DIM=D,
                   BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_WINDOW=window is not None,
-                  BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
-                  num_warps=tiles.num_warps, num_stages=tiles.single_pass_stages if single else tiles.stages)
+                  BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=tiles.num_warps,
+                  num_stages=tiles.single_pass_stages if long_tiles else tiles.stages)
+    min_chunk = max(block_n, split_min_tokens(B * kv_heads, _sm_count(q.device), tiles))
     if single:
         part_acc = part_m = part_l = out  # unused by the single-pass variant
     else:
@@ -214,7 +217,12 @@ def split_min_tokens(programs: int, sm_count: int, tiles: DecodeAttentionTiles =
     heads leave more than half the SMs idle (batch 1: any context gains from more programs); else
     `tiles.long_split_tokens`, so a context that fits one partition is attended as by the single pass and written
     out directly, without the merge."""
-    return tiles.block_n if 2 * programs < sm_count else tiles.long_split_tokens
+    return tiles.block_n if _few_programs(programs, sm_count) else tiles.long_split_tokens
+
+
+def _few_programs(programs: int, sm_count: int) -> bool:
+    """Whether (row, KV head) programs leave more than half the SMs idle."""
+    return 2 * programs < sm_count
 
 
 def kv_tile_tokens(tokens: int, head_dim: int, kv_element_size: int) -> int:
