@@ -228,8 +228,8 @@ def _few_programs(programs: int, sm_count: int) -> bool:
 def kv_tile_tokens(tokens: int, head_dim: int, kv_element_size: int) -> int:
     """Tokens per K/V tile for `tokens` given at head_dim 64 in 2-byte K/V: the same bytes per pipeline stage (shared
     memory, and so programs per SM) at any head size and cache dtype; a power of two, at least 16 (tl.dot)."""
-    scaled = tokens * 64 * 2 // (triton.next_power_of_2(head_dim) * kv_element_size)
-    return max(16, triton.next_power_of_2(max(1, scaled)))
+    scaled = tokens * 64 * 2 // ((1 << (head_dim - 1).bit_length()) * kv_element_size)
+    return max(16, 1 << (max(1, scaled) - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=None)
