@@ -74,6 +74,9 @@ _LARGE_BATCH_TILES = {
     (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
     (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
 }
+# The LoRA shrink above the GEMV range: a few hundred output columns, so narrow tiles for programs enough to fill the
+# SMs (48 at 256 rows and three rank-64 adapters); not measured.
+_LARGE_SHRINK_TILES = LinearTiles(64, 16, 64, num_warps=4, num_stages=3)
 # rows up to -> gate/up tiles of the TMA kernel (H100, `python -m bench.tma_probe`: 10.8 / 13.8 us per layer)
 _TMA_GATE_UP_TILES = {
     128: LinearTiles(128, 64, 64, num_warps=4, num_stages=4),
@@ -250,7 +253,9 @@ def _group_operands(modules: list[nn.Module | None], x: Tensor, max_rows: int | 
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
                     tiles: LinearTiles | None, adapters: list[LoraParts | None]) -> None:
     """out[:, columns of weight i] = x2 @ weights[i]^T (+ bias) (+ its adapter's product), up to three weights in
-    one launch; x2 is cast to the weights' dtype in the kernel (the LoRA shrink: float32 adapters)."""
+    one launch; x2 is cast to the weights' dtype in the kernel (the LoRA shrink: float32 adapters). Float32 dots
+    are exact for float32 inputs; a 16-bit model's float32 adapters get TF32, whose error stays below the
+    rounding of the 16-bit outputs they end in."""
     rows, K = x2.shape
     widths = [w.shape[0] for w in weights]
     elem = max(x2.element_size(), weights[0].element_size())
@@ -264,7 +269,7 @@ def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | Non
         rows, K, x2.stride(0), out.stride(0), *widths, *lora.pop("args"),
         HAS_BQ=biases[0] is not None, HAS_BK=biases[1] is not None, HAS_BV=biases[2] is not None,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
-        IEEE=weights[0].dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages, **lora,
+        IEEE=x2.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages, **lora,
         **pdl.launch_options(x2.device))
 
 
@@ -280,14 +285,15 @@ def _lora_operands(x2: Tensor, adapters: list[LoraParts | None], dummy: Tensor) 
     return {"args": [xa, xa.stride(0)] + [p.b if p else xa for p in adapters] + [p.rank if p else 0 for p in adapters]
             + [p.scaling if p else 0.0 for p in adapters],
             "HAS_LORA": True, "BLOCK_R": max(16, triton.next_power_of_2(max(p.rank for p in present))),
-            "LORA_IEEE": xa.dtype == torch.float32}
+            "LORA_IEEE": x2.dtype == torch.float32}
 
 
 def _lora_shrink(x2: Tensor, adapters: list[LoraParts]) -> Tensor:
     """x2 @ [A_1; A_2; ...]^T [rows, sum of ranks] in the adapters' dtype (peft's lora_A(x) output), one launch."""
-    a = adapters[0].a
-    xa = torch.empty(x2.shape[0], sum(p.rank for p in adapters), dtype=a.dtype, device=x2.device)
-    _grouped_linear(x2, [p.a for p in adapters], [None] * len(adapters), xa, None, [None] * len(adapters))
+    rows = x2.shape[0]
+    xa = torch.empty(rows, sum(p.rank for p in adapters), dtype=adapters[0].a.dtype, device=x2.device)
+    tiles = None if rows <= _GEMV_ROWS else _LARGE_SHRINK_TILES  # the GEMV rule fills the SMs up to 64 rows
+    _grouped_linear(x2, [p.a for p in adapters], [None] * len(adapters), xa, tiles, [None] * len(adapters))
     return xa
 
 
