@@ -441,9 +441,14 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch):
 
 
 @needs_kernels
-def test_lora_runner_greedy_equals_the_merged_model(monkeypatch):
+@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="CUDA graphs need a GPU"))])
+def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs):
     """A peft model (adapters on every linear layer) decodes on the fused path, adapters in the grouped launches,
-    and generates what the same model with its adapters merged into the base weights generates."""
+    and generates what the same model with its adapters merged into the base weights generates; an in-place step
+    on the adapter is seen by the same runner's next rollout (its graphs, if any, read peft's tensors)."""
+    import copy
+
     sys.path.insert(0, str(Path(__file__).parent))
     try:
         from test_model_runner import BLOCK, Blocks, build, generate, make_seq, prompts_of
@@ -461,26 +466,39 @@ def test_lora_runner_greedy_equals_the_merged_model(monkeypatch):
         return out
 
     monkeypatch.setattr(fl, "lora_projection", counted)
-    model = apply_lora(build("qwen2", device=DEVICE), LoraSettings(rank=8, alpha=16))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    results = []
-    for merged in (False, True):
-        if merged:
-            model.merge_adapter()
-        runner = mr.ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=False), DEVICE)
+
+    def runner_for(model):
+        runner = mr.ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=graphs), DEVICE)
         runner.allocate_kv_cache(16)
+        return runner
+
+    def rollout(runner):
         blocks = Blocks(16)
         seqs = [make_seq(i, p, blocks.take(2)) for i, p in enumerate(prompts_of([3, 9, 20]))]
         generate(runner, seqs, 4)
-        results.append(seqs)
-        if not merged:
-            assert served["lora"] >= 2 * 4 * len(unwrap_causal_lm(model).model.layers)  # o and down, each step
-    for a, b in zip(*results):
-        assert a.completion_ids == b.completion_ids
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        return seqs
+
+    def assert_same(got, expected):
+        for a, b in zip(got, expected):
+            assert a.completion_ids == b.completion_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+    model = apply_lora(build("qwen2", device=DEVICE), LoraSettings(rank=8, alpha=16))
+    lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
+    with torch.no_grad():
+        for p in lora_b:
+            p.normal_(0, 0.2)
+    runner = runner_for(model)
+    adapted = rollout(runner)
+    assert served["lora"] >= 2 * len(unwrap_causal_lm(model).model.layers)  # o and down, at least the prefill
+    assert_same(adapted, rollout(runner_for(copy.deepcopy(model).merge_and_unload())))
+    with torch.no_grad():  # an optimizer step that zeroes the adapters: the base model's generation again
+        for p in lora_b:
+            p.zero_()
+    again = rollout(runner)
+    assert_same(again, rollout(runner_for(build("qwen2", device=DEVICE))))
+    assert any(a.completion_ids != b.completion_ids or a.logprobs != pytest.approx(b.logprobs, abs=1e-4)
+               for a, b in zip(adapted, again))  # the adapters mattered
 
 
 def test_float32_tiles_above_the_gemv_range_fit_the_shared_memory_of_the_bfloat16_ones():
