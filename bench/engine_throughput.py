@@ -2,6 +2,9 @@
 
 Random weights of a real architecture, EOS ignored so every sequence decodes exactly --new-tokens tokens.
 GPU:  python bench/engine_throughput.py --arch qwen2.5-0.5b            (batches 1, 8, 64, 256; HF at 256)
+      python -m bench.engine_throughput --arch qwen2.5-7b --batches 32 --prompt-len 1024 --new-tokens 4096 --skip-hf
+      ... --lora-rank 64 (a peft adapter on every linear layer), --kv-cache-dtype fp8_e4m3 (with --logprob-drift:
+      the same requests on a model-dtype cache, log-prob differences reported)
 CPU:  python bench/engine_throughput.py --arch tiny --batches 8 --new-tokens 32 --prompt-len 16 --hf-batch 8
 """
 
@@ -19,7 +22,9 @@ import torch
 from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.types import Request, SamplingParams
+from tandemrl.models.lora import LoraSettings, apply_lora
+from tandemrl.models.unwrap import unwrap_causal_lm
+from tandemrl.types import Request, Rollout, SamplingParams
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -37,10 +42,11 @@ def timed(device: torch.device, fn) -> float:
     return time.perf_counter() - start
 
 
-def engine_run(backend: EngineBackend, prompts: list[list[int]], new_tokens: int) -> None:
+def engine_run(backend: EngineBackend, prompts: list[list[int]], new_tokens: int) -> list[Rollout]:
     params = SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, seed=0)
     rollouts = backend.generate([Request(str(i), p, params) for i, p in enumerate(prompts)])
     assert all(len(r.completion_ids) == new_tokens for r in rollouts), "a sequence stopped early"
+    return rollouts
 
 
 def hf_run(model, prompts: list[list[int]], new_tokens: int, device: torch.device) -> None:
@@ -62,14 +68,40 @@ def measured_bandwidth(device: torch.device) -> float:
     return 2 * src.numel() / seconds
 
 
-def decode_floor_s(model, batch: int, prompt_len: int, new_tokens: int, bandwidth: float) -> float:
-    """Per decode step: every weight byte once plus the KV cache read at the average context length."""
-    cfg = model.config
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+def decode_floor_s(model, batch: int, prompt_len: int, new_tokens: int, bandwidth: float,
+                   kv_element_size: int) -> float:
+    """Per decode step, the bytes a step must read at the measured bandwidth: every weight once (adapters
+    included), except an untied input embedding, of which a step reads only its rows, plus the K/V the attention
+    reads: each sequence's context at the average decode step (prompt + (new_tokens - 1) / 2 + 1 tokens), every
+    layer, in the cache's element size."""
+    lm = unwrap_causal_lm(model)
+    cfg = lm.config
+    params = {id(p): p for p in model.parameters()}
+    embed = lm.get_input_embeddings().weight
+    if lm.get_output_embeddings().weight is not embed:  # untied: the step gathers `batch` rows of it
+        params.pop(id(embed))
+    weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    weight_bytes += batch * embed.shape[1] * embed.element_size()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
-    mean_context = prompt_len + new_tokens / 2
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * kv_element_size
+    mean_context = prompt_len + (new_tokens - 1) / 2 + 1
     return (weight_bytes + batch * mean_context * kv_per_token) / bandwidth
+
+
+def logprob_drift(runs: list[list[Rollout]]) -> dict:
+    """Two rollouts of the same seeded requests (a cache dtype against the model's): over each completion's
+    tokens up to where the two first differ, the log-prob differences; and the share of tokens in those prefixes."""
+    diffs, total = [], 0
+    for a, b in zip(*runs):
+        total += len(a.completion_ids)
+        for tok_a, tok_b, lp_a, lp_b in zip(a.completion_ids, b.completion_ids, a.logprobs, b.logprobs):
+            if tok_a != tok_b:
+                break
+            diffs.append(abs(lp_a - lp_b))
+    d = torch.tensor(diffs or [float("nan")], dtype=torch.float64)
+    return {"tokens_compared": len(diffs), "share_before_divergence": len(diffs) / max(1, total),
+            "mean_abs_logprob_diff": d.mean().item(), "p99_abs_logprob_diff": d.quantile(0.99).item(),
+            "max_abs_logprob_diff": d.max().item()}
 
 
 def main() -> None:
@@ -81,42 +113,67 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--kv-gib", type=float, default=8.0)
+    parser.add_argument("--warmup-tokens", type=int, default=None,
+                        help="new tokens of each batch's warm-up run (default --new-tokens; the Triton attention's "
+                             "graphs have one table width, so a short warm-up compiles and captures all)")
     parser.add_argument("--decode-steps", type=int, default=EngineConfig.decode_steps,
                         help="decode steps per engine step (EngineConfig.decode_steps)")
     parser.add_argument("--sync", action="store_true", help="EngineConfig.async_scheduling off (for an A/B)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="wrap the model in a peft LoRA adapter of this rank on every linear layer (0: none)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="EngineConfig.kv_cache_dtype")
+    parser.add_argument("--logprob-drift", action="store_true",
+                        help="with --kv-cache-dtype other than auto: rerun the first batch's timed requests on a "
+                             "model-dtype cache and report the log-prob differences")
     parser.add_argument("--out", type=Path, default=Path("bench/out/engine_throughput.json"))
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = build_model(args.arch, device, dtype, gradient_checkpointing=False).eval()
-    vocab = model.config.vocab_size
-    probe = EngineBackend(model, None, EngineConfig(num_blocks=1), device=device)
-    num_blocks = int(args.kv_gib * 2**30 // probe.runner.bytes_per_block(16))
-    probe.close()
-    backend = EngineBackend(model, None, EngineConfig(num_blocks=num_blocks, max_num_seqs=max(args.batches),
-                                                          decode_steps=args.decode_steps,
-                                                          async_scheduling=not args.sync),
-                            device=device)
+    model = build_model(args.arch, device, dtype, gradient_checkpointing=False, init_on_device=True).eval()
+    if args.lora_rank:  # peft's defaults: float32 adapters on a bf16 model, B zero (the compute is the same)
+        model = apply_lora(model, LoraSettings(rank=args.lora_rank, alpha=2 * args.lora_rank)).eval()
+    vocab = unwrap_causal_lm(model).config.vocab_size
+
+    def make_backend(kv_cache_dtype: str) -> EngineBackend:
+        probe = EngineBackend(model, None, EngineConfig(num_blocks=1, kv_cache_dtype=kv_cache_dtype), device=device)
+        num_blocks = int(args.kv_gib * 2**30 // probe.runner.bytes_per_block(16))
+        probe.close()
+        return EngineBackend(model, None, EngineConfig(num_blocks=num_blocks, max_num_seqs=max(args.batches),
+                                                       decode_steps=args.decode_steps, kv_cache_dtype=kv_cache_dtype,
+                                                       async_scheduling=not args.sync), device=device)
+
+    backend = make_backend(args.kv_cache_dtype)
+    kv_element_size = backend.runner.slots[next(iter(backend.runner.slots))].k_caches[0].element_size()
     bandwidth = measured_bandwidth(device)
     rows = []
     for batch in args.batches:
         # Warm-up at the full shape, so every kernel is compiled and every graph captured before timing (Triton's
         # one-off compiles otherwise added up to 1.5 s, H100 2026-11-22). The timed runs use prompts of their own:
         # the prefix cache holds none of them, so the engine prefills every prompt, as HF generate does.
-        engine_run(backend, random_prompts(batch, args.prompt_len, vocab, seed=batch), args.new_tokens)
+        engine_run(backend, random_prompts(batch, args.prompt_len, vocab, seed=batch),
+                   args.warmup_tokens or args.new_tokens)
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch + 1)
-        total = timed(device, lambda: engine_run(backend, prompts, args.new_tokens))
+        outputs = []
+        total = timed(device, lambda: outputs.append(engine_run(backend, prompts, args.new_tokens)))
+        if batch == args.batches[0]:
+            drift_input = (prompts, outputs[0])
         fresh = random_prompts(batch, args.prompt_len, vocab, seed=batch + 2)
         prefill = timed(device, lambda: engine_run(backend, fresh, 1))
         step = (total - prefill) / (args.new_tokens - 1)
-        floor = decode_floor_s(model, batch, args.prompt_len, args.new_tokens, bandwidth)
+        floor = decode_floor_s(model, batch, args.prompt_len, args.new_tokens, bandwidth, kv_element_size)
         rows.append({"batch": batch, "engine_s": total, "prefill_s": prefill,
                      "engine_tok_s": batch * args.new_tokens / total, "decode_step_ms": step * 1e3,
                      "floor_ms": floor * 1e3, "step_over_floor": step / floor, "stats": backend.stats()})
         print(f"engine batch {batch}: {rows[-1]['engine_tok_s']:.0f} tok/s, prefill {prefill * 1e3:.0f} ms, "
               f"step {step * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, ratio {step / floor:.2f}", flush=True)
     backend.close()
+    drift = None
+    if args.logprob_drift and args.kv_cache_dtype != "auto":
+        reference = make_backend("auto")
+        drift = logprob_drift([drift_input[1], engine_run(reference, drift_input[0], args.new_tokens)])
+        reference.close()
+        print(f"log-prob drift of the {args.kv_cache_dtype} cache against {dtype}: {drift}", flush=True)
     hf_s = hf_tok_s = None
     if not args.skip_hf:
         hf_prompts = random_prompts(args.hf_batch, args.prompt_len, vocab, seed=args.hf_batch)
@@ -129,6 +186,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "arch": args.arch, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "decode_steps": args.decode_steps, "async_scheduling": not args.sync,
+        "lora_rank": args.lora_rank, "kv_cache_dtype": args.kv_cache_dtype, "logprob_drift": drift,
         "bandwidth_gb_s": bandwidth / 1e9, "engine": rows,
         "hf": {"batch": args.hf_batch, "seconds": hf_s, "tok_s": hf_tok_s},
         "speedup_vs_hf": engine_at_hf["engine_tok_s"] / hf_tok_s if engine_at_hf else None,

@@ -36,6 +36,10 @@ ARCHITECTURES = {
     "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
                          rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # Qwen2.5-7B's published configuration (engine_throughput's large rows; multi_gpu builds it on the CPU).
+    "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
+                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
     # Qwen3-0.6B's published configuration (tandem's benchmark pair: two of them).
     "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
@@ -71,11 +75,15 @@ class StepTiming:
 
 
 def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool,
-                attn_implementation: str | None = None):
+                attn_implementation: str | None = None, init_on_device: bool = False):
+    """Random weights of `arch`; init_on_device: drawn on `device` (a 7B model's CPU init takes a minute; other
+    values than a CPU init's)."""
     torch.manual_seed(0)
     config_class = Qwen3Config if "qwen3" in arch else LlamaConfig if arch.startswith("smollm2") else Qwen2Config
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForCausalLM.from_config(config_class(**ARCHITECTURES[arch]), dtype=dtype, **extra).to(device)
+    with torch.device(device if init_on_device else "cpu"):
+        model = AutoModelForCausalLM.from_config(config_class(**ARCHITECTURES[arch]), dtype=dtype, **extra)
+    model = model.to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()

@@ -25,6 +25,17 @@ def test_engine_throughput_prints_engine_and_hf_numbers(tmp_path):
     assert result["hf"]["tok_s"] > 0 and result["speedup_vs_hf"] > 0
 
 
+def test_engine_throughput_with_an_adapter_and_an_fp8_cache(tmp_path):
+    out = tmp_path / "throughput.json"
+    run_bench("bench.engine_throughput", "--arch", "tiny", "--batches", "4", "--skip-hf", "--lora-rank", "4",
+              "--kv-cache-dtype", "fp8_e4m3", "--logprob-drift", "--prompt-len", "16", "--new-tokens", "12",
+              "--kv-gib", "0.01", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["lora_rank"] == 4 and result["kv_cache_dtype"] == "fp8_e4m3"
+    drift = result["logprob_drift"]
+    assert drift["tokens_compared"] > 0 and 0 < drift["max_abs_logprob_diff"] < 1
+
+
 def test_grpo_step_runs_with_both_backends(tmp_path):
     for backend in ("hf", "engine"):
         out = tmp_path / f"{backend}.json"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # engine.kv_cache_dtype: the model's dtype, or float8 e4m3 (scale 1.0)
+
 
 @dataclass
 class EngineConfig:
@@ -49,6 +51,11 @@ class EngineConfig:
     max_model_len: int | None = field(default=None, metadata={
         "description": "longest prompt + completion; unset: no limit beyond the pool's size (the backend fills in "
                        "the model's own)"})
+    kv_cache_dtype: str = field(default="auto", metadata={
+        "description": "KV-cache element type: `auto` (the model's dtype) or `fp8_e4m3` (float8 e4m3, half the "
+                       "bytes of bf16: twice the tokens in the same memory and half the KV read per decode step; "
+                       "values stored with scale 1.0, clamped to +-448, so log-probs drift slightly from bf16, "
+                       "see docs/engine.md)"})
     fused_kernels: bool = field(default=True, metadata={
         "description": "Triton kernels for RMSNorm + residual add, RoPE and the SiLU product (CUDA with Triton "
                        "only; on CPU torch ops)"})
@@ -69,6 +76,9 @@ class EngineConfig:
                              f"max_num_seqs ({self.max_num_seqs})")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"EngineConfig.kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")

@@ -261,18 +261,89 @@ def test_weights_are_read_in_place():
         torch.testing.assert_close(after_mlp, _mlp_ref(mlp, x), **_tols(torch.float32))
 
 
-@needs_kernels
-def test_none_for_peft_lora_wrapped_projections():
+def _lora_layer(dtype, rank=8, targets=None):
+    """One Qwen2 layer wrapped by peft (all linear layers by default), lora_B drawn so the adapters matter. A
+    16-bit model gets float32 adapters (peft's autocast_adapter_dtype), as the trainer's LoRA models do."""
+    from tandemrl.models.lora import DEFAULT_TARGET_MODULES
+
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=3,
                       num_key_value_heads=1, intermediate_size=INTER)
-    x = _x(2, torch.float32)
-    for targets, grouped in ((["q_proj", "up_proj"], False), (["o_proj", "down_proj"], True)):
-        model = apply_lora(Qwen2ForCausalLM(cfg).to(DEVICE), LoraSettings(rank=4, target_modules=targets))
-        layer = unwrap_causal_lm(model).model.layers[0]
-        with torch.no_grad():
-            assert (fl.qkv_projection(layer.self_attn, x) is not None) is grouped
-            assert (fl.gate_up_silu(layer.mlp, x) is not None) is grouped
+    model = apply_lora(Qwen2ForCausalLM(cfg).to(DEVICE, dtype),
+                       LoraSettings(rank=rank, alpha=2 * rank, target_modules=targets or DEFAULT_TARGET_MODULES))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    return model, unwrap_causal_lm(model).model.layers[0]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 17, 100])
+@pytest.mark.parametrize("targets", [None, ["q_proj", "v_proj", "up_proj"]])
+def test_lora_projections_match_peft(dtype, rows, targets):
+    """Adapters on all or some projections of a group: the grouped launches compute what peft's modules do
+    (base + B A x * scaling), and o_proj / down_proj with adapters come out of one launch each; above the GEMV
+    range too (100 rows: the large-batch tiles and the shrink's own), where wide plain layers keep cuBLAS."""
+    wide = torch.zeros(100, 2048, device=DEVICE, dtype=dtype)
+    assert fl._launchable(wide, None, lora=True) and not fl._launchable(wide, None)
+    model, layer = _lora_layer(dtype, targets=targets)
+    attn, mlp = layer.self_attn, layer.mlp
+    x = _x(rows, dtype)
+    with torch.no_grad():
+        q, k, v = fl.qkv_projection(attn, x)
+        torch.testing.assert_close(q, attn.q_proj(x), **_tols(dtype))
+        torch.testing.assert_close(k, attn.k_proj(x), **_tols(dtype))
+        torch.testing.assert_close(v, attn.v_proj(x), **_tols(dtype))
+        torch.testing.assert_close(fl.gate_up_silu(mlp, x), _mlp_ref(mlp, x), **_tols(dtype))
+        for module, inp in ((attn.o_proj, x), (mlp.down_proj, _x(rows, dtype, INTER))):
+            out = fl.lora_projection(module, inp)
+            if targets is None:
+                torch.testing.assert_close(out, module(inp), **_tols(dtype))
+            else:  # a plain nn.Linear stays the module call
+                assert out is None
+        with model.disable_adapter():  # the adapters matter: without them the outputs differ
+            assert not torch.allclose(attn.q_proj(x), q, **_tols(dtype))
+
+
+@needs_kernels
+def test_lora_updates_are_read_in_place_and_other_states_use_the_modules():
+    model, layer = _lora_layer(torch.float32)
+    attn, mlp = layer.self_attn, layer.mlp
+    x = _x(3, torch.float32)
+    with torch.no_grad():
+        before = fl.qkv_projection(attn, x)[0].clone()
+        attn.q_proj.lora_B["default"].weight.mul_(2)  # an optimizer step on the adapter
+        after = fl.qkv_projection(attn, x)[0]
+        torch.testing.assert_close(after, attn.q_proj(x), **_tols(torch.float32))
+        assert not torch.allclose(after, before)
+        model.merge_adapter()  # merged into the base weights: the module computes it; the launch must not
+        assert fl.qkv_projection(attn, x) is None and fl.lora_projection(attn.o_proj, x) is None
+        model.unmerge_adapter()
+        with model.disable_adapter():
+            assert fl.gate_up_silu(mlp, x) is None
+        attn.q_proj.lora_dropout["default"] = nn.Dropout(0.1).eval()  # dropout: identity in eval mode
+        assert fl.qkv_projection(attn, x) is not None
+        attn.q_proj.lora_dropout["default"].train()  # while training: peft draws a random mask
+        assert fl.qkv_projection(attn, x) is None
+    # a grad-recording call (LoRA weights are trainable) must run the modules
+    assert fl.lora_projection(attn.o_proj, x) is None
+
+
+@needs_kernels
+def test_dora_adapters_use_the_modules():
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=3,
+                      num_key_value_heads=1, intermediate_size=INTER)
+    model = get_peft_model(Qwen2ForCausalLM(cfg).to(DEVICE), LoraConfig(r=4, use_dora=True,
+                                                                         target_modules=["q_proj", "o_proj"]))
+    attn = unwrap_causal_lm(model).model.layers[0].self_attn
+    with torch.no_grad():
+        assert fl.qkv_projection(attn, _x(2, torch.float32)) is None
+        assert fl.lora_projection(attn.o_proj, _x(2, torch.float32)) is None
 
 
 @needs_kernels
@@ -367,6 +438,67 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch):
     for a, b in zip(*results):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="CUDA graphs need a GPU"))])
+def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs):
+    """A peft model (adapters on every linear layer) decodes on the fused path, adapters in the grouped launches,
+    and generates what the same model with its adapters merged into the base weights generates; an in-place step
+    on the adapter is seen by the same runner's next rollout (its graphs, if any, read peft's tensors)."""
+    import copy
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from test_model_runner import BLOCK, Blocks, build, generate, make_seq, prompts_of
+    finally:
+        sys.path.pop(0)
+    if INTERPRET:
+        monkeypatch.setattr(fk, "fused_available", lambda device: True)
+        monkeypatch.setattr(mr, "fused_available", lambda device: True, raising=False)
+    served = {"lora": 0}
+    original = fl.lora_projection
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        served["lora"] += out is not None
+        return out
+
+    monkeypatch.setattr(fl, "lora_projection", counted)
+
+    def runner_for(model):
+        runner = mr.ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=graphs), DEVICE)
+        runner.allocate_kv_cache(16)
+        return runner
+
+    def rollout(runner):
+        blocks = Blocks(16)
+        seqs = [make_seq(i, p, blocks.take(2)) for i, p in enumerate(prompts_of([3, 9, 20]))]
+        generate(runner, seqs, 4)
+        return seqs
+
+    def assert_same(got, expected):
+        for a, b in zip(got, expected):
+            assert a.completion_ids == b.completion_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+    model = apply_lora(build("qwen2", device=DEVICE), LoraSettings(rank=8, alpha=16))
+    lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
+    with torch.no_grad():
+        for p in lora_b:
+            p.normal_(0, 0.2)
+    runner = runner_for(model)
+    adapted = rollout(runner)
+    assert served["lora"] >= 2 * len(unwrap_causal_lm(model).model.layers)  # o and down, at least the prefill
+    assert_same(adapted, rollout(runner_for(copy.deepcopy(model).merge_and_unload())))
+    with torch.no_grad():  # an optimizer step that zeroes the adapters: the base model's generation again
+        for p in lora_b:
+            p.zero_()
+    again = rollout(runner)
+    assert_same(again, rollout(runner_for(build("qwen2", device=DEVICE))))
+    assert any(a.completion_ids != b.completion_ids or a.logprobs != pytest.approx(b.logprobs, abs=1e-4)
+               for a, b in zip(adapted, again))  # the adapters mattered
 
 
 def test_float32_tiles_above_the_gemv_range_fit_the_shared_memory_of_the_bfloat16_ones():

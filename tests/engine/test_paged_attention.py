@@ -162,8 +162,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton_attentio
 def test_decode_splits_depend_on_shapes_only():
     # batch 1, 2 KV heads, 4096-token tables on 132 SMs: as many partitions as allowed
     assert decode_splits(1, 2, 256, 16, 132) == triton_attention._MAX_SPLITS
-    # rows x heads filling half the SMs: one split (the single-pass kernel)
-    assert decode_splits(33, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
+    # rows x heads reaching two programs per SM: one split (the single-pass kernel)
+    assert decode_splits(132, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
     assert decode_splits(32, 2, 256, 16, 132) == 5  # ceil(264 / 64): two programs per SM
     assert decode_splits(8, 2, 256, 16, 132) == 17  # ceil(264 / 16)
     # never more partitions than 64-token tiles in the widest context the table allows
@@ -175,10 +175,26 @@ def test_decode_splits_depend_on_shapes_only():
     assert decode_splits(1, 2, 9, 16, 132, tiles=DecodeAttentionTiles(block_n=128)) == 2
 
 
+def test_long_contexts_split_where_rows_fill_the_sms():
+    """64 rows x 2 KV heads (1.5B, batch 64) and 32 x 4 (7B, batch 32): one program per SM before; now 3
+    partitions where the table allows contexts over 1024 tokens, none where it does not (a 640-token table)."""
+    assert decode_splits(64, 2, 9216 // 16, 16, 132) == 3 and decode_splits(32, 4, 4096 // 16, 16, 132) == 3
+    assert decode_splits(64, 2, 40, 16, 132) == 1 and decode_splits(64, 2, 128, 16, 132) == 2
+    assert triton_attention.split_min_tokens(128, 132) == DEFAULT_DECODE_TILES.long_split_tokens
+    assert triton_attention.split_min_tokens(65, 132) == DEFAULT_DECODE_TILES.block_n
+
+
+def test_kv_tiles_keep_their_bytes_per_stage():
+    tile = triton_attention.kv_tile_tokens
+    assert tile(128, 64, 2) == 128 and tile(128, 128, 2) == 64 and tile(128, 128, 1) == 128
+    assert tile(64, 80, 2) == 32 and tile(16, 256, 4) == 16 and tile(64, 64, 4) == 32
+
+
 def test_decode_tile_defaults_are_the_tuned_values():
     """What the engine launches (it passes no tiles): changing a default is a tuning decision, made here too."""
     assert DEFAULT_DECODE_TILES == DecodeAttentionTiles() == DecodeAttentionTiles(
-        block_n=64, stages=3, single_pass_block_n=128, single_pass_stages=2, num_warps=4, split_target_waves=2)
+        block_n=64, stages=3, single_pass_block_n=128, single_pass_stages=2, num_warps=4, split_target_waves=2,
+        long_split_tokens=1024)
     for fn in (triton_paged_decode, decode_splits):
         assert inspect.signature(fn).parameters["tiles"].default is DEFAULT_DECODE_TILES
 
@@ -212,6 +228,36 @@ def test_triton_decode_splits_match_sdpa(dtype, H, kvh, D, window, splits):
     assert out.shape == ref.shape and out.dtype == dtype and not out.isnan().any()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("window", [None, 150])
+def test_long_split_regime_merges_long_rows_and_writes_short_ones_directly(monkeypatch, window):
+    """Rows x KV heads filling half the SMs (4 here): partitions of at least long_split_tokens, so rows of at
+    most that many tokens are written by partition 0 itself (no merge), longer ones merged; every row written."""
+    monkeypatch.setattr(triton_attention, "_sm_count", lambda device: 4)
+    tiles = DecodeAttentionTiles(long_split_tokens=64)
+    q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 6, 2, 32, [1, 16, 64, 65, 200, 129], seed=11)
+    assert triton_attention.split_min_tokens(len(ctx) * 2, 4, tiles) == 64
+    ref = sdpa_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window)
+    if torch.cuda.is_available():
+        torch.full((1 << 22,), float("nan"), device="cuda")
+    out = triton_paged_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window, num_splits=3, tiles=tiles)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_cache_is_dequantised_on_load(splits):
+    """An fp8 (e4m3) cache: the kernel attends over exactly the dequantised values (scale 1.0)."""
+    q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 6, 2, 32, [1, 16, 17, 65, 200], seed=5)
+    k8, v8 = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    ref = sdpa_decode(q, k8.float(), v8.float(), tables, ctx, 32 ** -0.5, None)
+    out = triton_paged_decode(q, k8, v8, tables, ctx, 32 ** -0.5, None, num_splits=splits)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sdpa_decode(q, k8, v8, tables, ctx, 32 ** -0.5, None), ref)  # the SDPA path too
+    assert not torch.allclose(ref, sdpa_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, None), atol=1e-4)
 
 
 @needs_kernels

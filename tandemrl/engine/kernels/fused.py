@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from tandemrl.engine.kernels import pdl
-from tandemrl.engine.kernels.paged_kv import store_kv
+from tandemrl.engine.kernels.paged_kv import FP8_E4M3_MAX, store_kv
 
 try:  # optional: without Triton (or off CUDA) the forward keeps its plain torch ops
     import triton
@@ -127,7 +127,7 @@ def rope_qk_store_(
     """``rope_qk_`` then ``paged_kv.store_kv`` in one launch (one program per token): rotates q [N, Hq, D] and
     k [N, Hkv, D] in place (bit for bit as ``rope_qk_``) and writes token n's rotated k and its v [N, Hkv, D] to
     flat slot ``slot_mapping[n]`` (= block * block_size + offset) of k_cache / v_cache [blocks, block_size, Hkv, D],
-    cast to the cache dtype. Slots must be valid; a slot named twice gets one of its tokens (as index_copy_)."""
+    cast to the cache dtype (an fp8 cache saturating, as ``paged_kv.to_cache_dtype``). Slots must be valid; a slot named twice gets one of its tokens (as index_copy_)."""
     N, Hq, D = q.shape
     Hk = k.shape[1]
     if D % 2 or k.shape != (N, Hk, D) or v.shape != k.shape or cos.shape != (N, D) or sin.shape != (N, D) \
@@ -146,7 +146,8 @@ def rope_qk_store_(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
         k_cache.stride(1), k_cache.stride(2), slot_mapping.stride(0),
         HQ=Hq, HK=Hk, HALF=half, BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
-        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4, **pdl.launch_options(q.device))
+        BLOCK_HALF=triton.next_power_of_2(half), SATURATE=k_cache.dtype == torch.float8_e4m3fn, num_warps=4,
+        **pdl.launch_options(q.device))
     return q, k
 
 
@@ -181,6 +182,8 @@ def _warps(h: int) -> int:
 # ---------------------------------------------------------------------------------------------- kernels
 
 if triton is not None:
+
+    FP8_MAX = tl.constexpr(FP8_E4M3_MAX)
 
     @triton.jit
     def _add_rmsnorm_kernel(
@@ -252,7 +255,8 @@ if triton is not None:
         stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_cn, stride_sn,
         stride_cslot, stride_chead, stride_slot,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, SATURATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # _rope_qk_kernel's work (the same code, so the same bits), then token n's rotated k and its v rows
         # copied to cache slot slot_mapping[n].
@@ -266,13 +270,20 @@ if triton is not None:
         mask = (heads < HK) & (d < HALF)
         slot = tl.load(slot_ptr + n * stride_slot).to(tl.int64)
         dst = slot * stride_cslot + heads * stride_chead + d
-        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst, _cache_value(k1, kc_ptr, SATURATE), mask=mask)
+        tl.store(kc_ptr + dst + HALF, _cache_value(k2, kc_ptr, SATURATE), mask=mask)
         src = v_ptr + n * stride_vn + heads * stride_vh + d
         v1 = tl.load(src, mask=mask, other=0.0)
         v2 = tl.load(src + HALF, mask=mask, other=0.0)
-        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, _cache_value(v1, vc_ptr, SATURATE), mask=mask)
+        tl.store(vc_ptr + dst + HALF, _cache_value(v2, vc_ptr, SATURATE), mask=mask)
+
+    @triton.jit
+    def _cache_value(x, cache_ptr, SATURATE: tl.constexpr):
+        """x in the cache's dtype; SATURATE (an fp8 cache): clamped to its finite range first, as ``to_cache_dtype``."""
+        if SATURATE:
+            x = tl.minimum(tl.maximum(x.to(tl.float32), -FP8_MAX), FP8_MAX)
+        return x.to(cache_ptr.dtype.element_ty)
 
     @triton.jit
     def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):

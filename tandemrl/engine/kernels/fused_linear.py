@@ -2,10 +2,14 @@
 
 - ``qkv_projection``: q_proj, k_proj and v_proj of an attention block into one [N, Nq + Nk + Nv] buffer.
 - ``gate_up_silu``: silu(gate_proj(x)) * up_proj(x) of a SiLU-gated MLP, the product in the epilogue.
+- ``lora_projection``: one peft LoRA Linear (o_proj, down_proj), base and adapter in one launch.
 
 Zero copy: the kernels take each module's weight pointer, never a concatenation, so an optimizer step on the
-trainer's parameters is seen by the next call. Both return None where they do not apply (a peft LoRA wrapper,
-whose forward adds the adapter; hooks; mixed dtypes; autograd; too many rows) and the caller uses the modules.
+trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
+computes x @ A^T of every adapter of the group (`_lora_shrink`, [rows, sum of ranks]), and the base projection's
+epilogue adds (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B are peft's parameters, nothing is
+merged. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters; mixed dtypes;
+autograd; too many rows) and the caller uses the modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
 (each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
@@ -31,6 +35,7 @@ from torch.nn.modules import module as _torch_module
 
 from tandemrl.engine.kernels import pdl
 from tandemrl.engine.kernels.fused import is_silu_mlp
+from tandemrl.engine.kernels.lora import LoraParts, lora_parts
 
 try:  # optional: without Triton the callers keep the module calls
     import triton
@@ -69,6 +74,9 @@ _LARGE_BATCH_TILES = {
     (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
     (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
 }
+# The LoRA shrink above the GEMV range: a few hundred output columns, so narrow tiles for programs enough to fill the
+# SMs (48 at 256 rows and three rank-64 adapters); not measured.
+_LARGE_SHRINK_TILES = LinearTiles(64, 16, 64, num_warps=4, num_stages=3)
 # rows up to -> gate/up tiles of the TMA kernel (H100, `python -m bench.tma_probe`: 10.8 / 13.8 us per layer)
 _TMA_GATE_UP_TILES = {
     128: LinearTiles(128, 64, 64, num_warps=4, num_stages=4),
@@ -130,16 +138,16 @@ def _plain_linear(module: nn.Module, x: Tensor) -> bool:
                                              or (bias is not None and bias.requires_grad)))
 
 
-def _launchable(x: Tensor, max_rows: int | None) -> bool:
+def _launchable(x: Tensor, max_rows: int | None, lora: bool = False) -> bool:
     """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows
-    (beyond the GEMV range only for short reductions, see _LARGE_ROWS_MAX_K)."""
+    (beyond the GEMV range only for short reductions, see _LARGE_ROWS_MAX_K, unless an adapter rides along)."""
     if triton is None or not (x.is_cuda or _INTERPRET):
         return False
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dim() < 1 or x.stride(-1) != 1:
         return False
     limit = GROUPED_LINEAR_MAX_ROWS if max_rows is None else max_rows
     rows = x.numel() // max(1, x.shape[-1])
-    return rows <= limit and (rows <= _GEMV_ROWS or x.shape[-1] <= _LARGE_ROWS_MAX_K)
+    return rows <= limit and (lora or rows <= _GEMV_ROWS or x.shape[-1] <= _LARGE_ROWS_MAX_K)
 
 
 def _no_global_hooks() -> bool:
@@ -178,32 +186,24 @@ def _new_output(rows: int, cols: int, like: Tensor) -> Tensor:
 def qkv_projection(
     attn: nn.Module, x: Tensor, *, max_rows: int | None = None, tiles: LinearTiles | None = None,
 ) -> tuple[Tensor, Tensor, Tensor] | None:
-    """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer.
+    """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer; peft
+    LoRA projections with their adapter's product added in the same launch (`_lora_shrink` first).
 
     None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
     tiles: None picks them (`pick_tiles`); benchmarks pass their own.
     """
     projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    if not (_launchable(x, max_rows) and _no_global_hooks() and all(
-            p is not None and _plain_linear(p, x) for p in projs)):
+    operands = _group_operands(projs, x, max_rows)
+    if operands is None:
         return None
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     rows = x2.shape[0]
-    nq, nk, nv = (p.weight.shape[0] for p in projs)
+    nq, nk, nv = (base.weight.shape[0] for base, _ in operands)
     out = _new_output(rows, nq + nk + nv, x)
     if rows:
-        t = tiles if tiles is not None else pick_tiles(rows, (nq, nk, nv), K, x.element_size(), 1,
-                                                        _sm_count(x.device))
-        col_tiles = sum(triton.cdiv(n, t.block_n) for n in (nq, nk, nv))
-        (wq, bq), (wk, bk), (wv, bv) = ((p.weight, p.bias) for p in projs)
-        _qkv_kernel[(col_tiles, triton.cdiv(rows, t.block_m))](
-            x2, wq, wk, wv, _or(bq, wq), _or(bk, wk), _or(bv, wv), out,
-            rows, K, x2.stride(0), out.stride(0), nq, nk, nv,
-            HAS_BQ=bq is not None, HAS_BK=bk is not None, HAS_BV=bv is not None,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
-            IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
-            **pdl.launch_options(x.device))
+        _grouped_linear(x2, [base.weight for base, _ in operands], [base.bias for base, _ in operands], out,
+                        tiles, [parts for _, parts in operands])
     q, k, v = out[:, :nq], out[:, nq:nq + nk], out[:, nq + nk:]
     if x.dim() == 2:  # the decoder's case: keep the views as they are (row stride nq + nk + nv)
         return q, k, v
@@ -211,34 +211,124 @@ def qkv_projection(
     return q.view(*lead, nq), k.view(*lead, nk), v.view(*lead, nv)
 
 
+def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
+    """A peft LoRA Linear's output, base and adapter in one launch (after `_lora_shrink`); None for anything else
+    (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply."""
+    operands = _group_operands([module], x, max_rows)
+    if operands is None or operands[0][1] is None:
+        return None
+    (base, parts), = operands
+    x2 = x.reshape(-1, x.shape[-1])
+    out = _new_output(x2.shape[0], base.weight.shape[0], x)
+    if x2.shape[0]:
+        _grouped_linear(x2, [base.weight], [base.bias], out, None, [parts])
+    return out.view(*x.shape[:-1], base.weight.shape[0])
+
+
+def _group_operands(modules: list[nn.Module | None], x: Tensor, max_rows: int | None
+                    ) -> list[tuple[nn.Linear, LoraParts | None]] | None:
+    """(base Linear, LoRA parts or None) of each module, or None where a launch cannot serve them all: a module
+    missing, hooked or neither a plain nn.Linear nor a plain peft LoRA Linear over one (lora.py), adapters of mixed
+    dtypes, or an input the kernels do not take. With an adapter, reductions of any length up to max_rows
+    (the alternative is peft's chain of small kernels per module)."""
+    if not _no_global_hooks():
+        return None
+    operands = []
+    for module in modules:
+        if module is None:
+            return None
+        if _plain_linear(module, x):
+            operands.append((module, None))
+            continue
+        parts = lora_parts(module, x)
+        if parts is None or not _plain_linear(parts.base, x):
+            return None
+        operands.append((parts.base, parts))
+    adapters = [parts for _, parts in operands if parts is not None]
+    if len({parts.a.dtype for parts in adapters}) > 1:
+        return None
+    return operands if _launchable(x, max_rows, lora=bool(adapters)) else None
+
+
+def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
+                    tiles: LinearTiles | None, adapters: list[LoraParts | None]) -> None:
+    """out[:, columns of weight i] = x2 @ weights[i]^T (+ bias) (+ its adapter's product), up to three weights in
+    one launch; x2 is cast to the weights' dtype in the kernel (the LoRA shrink: float32 adapters). Float32 dots
+    are exact for float32 inputs; a 16-bit model's float32 adapters get TF32, whose error stays below the
+    rounding of the 16-bit outputs they end in."""
+    rows, K = x2.shape
+    widths = [w.shape[0] for w in weights]
+    elem = max(x2.element_size(), weights[0].element_size())
+    t = tiles if tiles is not None else pick_tiles(rows, tuple(widths), K, elem, 1, _sm_count(x2.device))
+    col_tiles = sum(triton.cdiv(n, t.block_n) for n in widths)
+    pad = 3 - len(weights)  # absent weights: no columns, never read
+    weights, biases, widths = weights + weights[:1] * pad, biases + [None] * pad, widths + [0] * pad
+    lora = _lora_operands(x2, adapters + [None] * pad, out)
+    _grouped_linear_kernel[(col_tiles, triton.cdiv(rows, t.block_m))](
+        x2, *weights, *(_or(b, w) for b, w in zip(biases, weights)), out,
+        rows, K, x2.stride(0), out.stride(0), *widths, *lora.pop("args"),
+        HAS_BQ=biases[0] is not None, HAS_BK=biases[1] is not None, HAS_BV=biases[2] is not None,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
+        IEEE=x2.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages, **lora,
+        **pdl.launch_options(x2.device))
+
+
+def _lora_operands(x2: Tensor, adapters: list[LoraParts | None], dummy: Tensor) -> dict:
+    """The LoRA arguments of a grouped launch: ``args`` (xa, its row stride, then each weight's B, rank and
+    scaling; rank 0 where a weight has no adapter) and the constexprs. xa = x @ [A_1; A_2; ...]^T comes from
+    `_lora_shrink`; without adapters the pointers are dummies never read."""
+    present = [p for p in adapters if p is not None]
+    if not present:
+        return {"args": [dummy, 0] + [dummy] * len(adapters) + [0] * len(adapters) + [0.0] * len(adapters),
+                "HAS_LORA": False, "BLOCK_R": 16, "LORA_IEEE": False}
+    xa = _lora_shrink(x2, present)
+    return {"args": [xa, xa.stride(0)] + [p.b if p else xa for p in adapters] + [p.rank if p else 0 for p in adapters]
+            + [p.scaling if p else 0.0 for p in adapters],
+            "HAS_LORA": True, "BLOCK_R": max(16, triton.next_power_of_2(max(p.rank for p in present))),
+            "LORA_IEEE": x2.dtype == torch.float32}
+
+
+def _lora_shrink(x2: Tensor, adapters: list[LoraParts]) -> Tensor:
+    """x2 @ [A_1; A_2; ...]^T [rows, sum of ranks] in the adapters' dtype (peft's lora_A(x) output), one launch."""
+    rows = x2.shape[0]
+    xa = torch.empty(rows, sum(p.rank for p in adapters), dtype=adapters[0].a.dtype, device=x2.device)
+    tiles = None if rows <= _GEMV_ROWS else _LARGE_SHRINK_TILES  # the GEMV rule fills the SMs up to 64 rows
+    _grouped_linear(x2, [p.a for p in adapters], [None] * len(adapters), xa, tiles, [None] * len(adapters))
+    return xa
+
+
 def gate_up_silu(
     mlp: nn.Module, x: Tensor, *, max_rows: int | None = None, tiles: LinearTiles | None = None,
     tma: bool | None = None,
 ) -> Tensor | None:
     """silu(gate_proj(x)) * up_proj(x) in one launch, rounded as ``fused.silu_mul_ref(gate_proj(x), up_proj(x))``
-    (gate and up rounded to the dtype, then silu rounded, then the product). None where it does not apply.
+    (gate and up rounded to the dtype, then silu rounded, then the product); peft LoRA projections with their
+    adapter's product added (after `_lora_shrink`, plain loads). None where it does not apply.
 
     The engine passes neither tiles nor tma: above the GEMV range tensor descriptors where they apply (`_use_tma`)
     with the measured `_TMA_GATE_UP_TILES`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
     (for whichever kernel runs) and may force descriptors (tma=True) or plain loads (tma=False).
     """
-    if not (is_silu_mlp(mlp) and _launchable(x, max_rows) and _no_global_hooks()):
+    operands = _group_operands([mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
+    if operands is None:
         return None
-    gate, up = mlp.gate_proj, mlp.up_proj
-    if not (_plain_linear(gate, x) and _plain_linear(up, x) and gate.weight.shape == up.weight.shape):
+    (gate, gate_lora), (up, up_lora) = operands
+    if gate.weight.shape != up.weight.shape:
         return None
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     rows, inter = x2.shape[0], gate.weight.shape[0]
     out = _new_output(rows, inter, x)
-    if rows and _use_tma(rows, tma, x2, gate.weight, up.weight):
+    adapted = gate_lora is not None or up_lora is not None  # the adapter's epilogue: plain loads only
+    if rows and not adapted and _use_tma(rows, tma, x2, gate.weight, up.weight):
         t = tiles if tiles is not None else for_element_size(_TMA_GATE_UP_TILES[_bucket(rows)], x.element_size())
         _gate_up_silu_tma(x2, gate, up, out, t)
     elif rows:
         t = tiles if tiles is not None else pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
+        lora = _lora_operands(x2, [gate_lora, up_lora], out)
         _gate_up_silu_kernel[(triton.cdiv(inter, t.block_n), triton.cdiv(rows, t.block_m))](
             x2, gate.weight, up.weight, _or(gate.bias, gate.weight), _or(up.bias, up.weight), out,
-            rows, inter, K, x2.stride(0), out.stride(0),
+            rows, inter, K, x2.stride(0), out.stride(0), *lora.pop("args"), **lora,
             HAS_BG=gate.bias is not None, HAS_BU=up.bias is not None,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
             IEEE=x.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
@@ -305,12 +395,35 @@ if triton is not None:
         return x_mask, w_mask
 
     @triton.jit
+    def _lora_add(acc, xa_ptr, stride_xa, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n, M, N, out_dtype,
+                  BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr):
+        """The float32 tile of a base projection (bias added) plus its LoRA product, rounded as peft does: the base
+        output in out_dtype, lora_B(xa) and its product with scaling in the adapter's dtype, their sum in the wider
+        one. xa [M, ranks] = x @ A^T (`_lora_shrink`), this weight's columns from xa_col0; B [N, rank]."""
+        r = tl.arange(0, BLOCK_R)
+        r_ok = r < rank
+        xa = tl.load(xa_ptr + offs_m[:, None] * stride_xa + xa_col0 + r[None, :],
+                     mask=(offs_m[:, None] < M) & r_ok[None, :], other=0.0)
+        b_t = tl.load(lb_ptr + offs_n[None, :].to(tl.int64) * rank + r[:, None],
+                      mask=r_ok[:, None] & (offs_n[None, :] < N), other=0.0)  # B^T tile [BLOCK_R, BLOCK_N]
+        if LORA_IEEE:
+            delta = tl.dot(xa, b_t, input_precision="ieee")
+        else:
+            delta = tl.dot(xa, b_t)
+        ad = xa_ptr.dtype.element_ty
+        lora = (delta.to(ad).to(tl.float32) * scaling).to(ad).to(tl.float32)
+        return acc.to(out_dtype).to(tl.float32) + lora
+
+    @triton.jit
     def _linear_tile(
         x_ptr, w_ptr, b_ptr, out_ptr, offs_m, col0, out_col0, M, N, K: tl.constexpr, stride_xm, stride_om,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+        xa_ptr, stride_xa, xa_col0, lb_ptr, rank, scaling, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+        LORA_IEEE: tl.constexpr,
     ):
-        """out[offs_m, out_col0 + col0 + j] = x[offs_m] @ W[col0 + j]^T (+ b), j < BLOCK_N, masked to M x N."""
+        """out[offs_m, out_col0 + col0 + j] = x[offs_m] @ W[col0 + j]^T (+ b) (+ the LoRA product), j < BLOCK_N,
+        masked to M x N; x is cast to W's dtype (the LoRA shrink's float32 adapters)."""
         offs_n = col0 + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         m_mask = offs_m[:, None] < M
@@ -322,22 +435,28 @@ if triton is not None:
             x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
             x = tl.load(x_ptrs, mask=x_mask, other=0.0)
             w = tl.load(w_ptrs, mask=w_mask, other=0.0)
-            acc = _dot_step(x, w, acc, IEEE)
+            acc = _dot_step(x.to(w.dtype), w, acc, IEEE)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if HAS_BIAS:  # nn.Linear adds the bias in float32 and rounds once
             acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        if HAS_LORA:
+            acc = _lora_add(acc, xa_ptr, stride_xa, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n, M, N,
+                            out_ptr.dtype.element_ty, BLOCK_R, LORA_IEEE)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + (out_col0 + offs_n)[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask & n_mask)
 
     @triton.jit
-    def _qkv_kernel(
+    def _grouped_linear_kernel(
         x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, out_ptr, M, K: tl.constexpr, stride_xm, stride_om,
-        NQ, NK, NV,
+        NQ, NK, NV, xa_ptr, stride_xa, lbq_ptr, lbk_ptr, lbv_ptr, RQ, RK, RV, SQ, SK, SV,
         HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+        HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
-        # Column tiles 0..TQ-1 belong to q, the next TK to k, the rest to v: a uniform branch per program.
+        # Up to three weights side by side in the output (q/k/v; the LoRA shrink; one projection: NK = NV = 0).
+        # Column tiles 0..TQ-1 belong to the first, the next TK to the second, the rest to the third: a uniform
+        # branch per program. Weight i's LoRA: B at lb*, rank R*, scaling S*, its xa columns after the others'.
         pdl.pdl_enter(PDL)
         pid_n = tl.program_id(0)
         offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -345,19 +464,24 @@ if triton is not None:
         tiles_k = tl.cdiv(NK, BLOCK_N)
         if pid_n < tiles_q:
             _linear_tile(x_ptr, wq_ptr, bq_ptr, out_ptr, offs_m, pid_n * BLOCK_N, 0, M, NQ, K, stride_xm,
-                         stride_om, HAS_BQ, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+                         stride_om, HAS_BQ, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
+                         xa_ptr, stride_xa, 0, lbq_ptr, RQ, SQ, HAS_LORA, BLOCK_R, LORA_IEEE)
         elif pid_n < tiles_q + tiles_k:
             _linear_tile(x_ptr, wk_ptr, bk_ptr, out_ptr, offs_m, (pid_n - tiles_q) * BLOCK_N, NQ, M, NK, K,
-                         stride_xm, stride_om, HAS_BK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+                         stride_xm, stride_om, HAS_BK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
+                         xa_ptr, stride_xa, RQ, lbk_ptr, RK, SK, HAS_LORA, BLOCK_R, LORA_IEEE)
         else:
             _linear_tile(x_ptr, wv_ptr, bv_ptr, out_ptr, offs_m, (pid_n - tiles_q - tiles_k) * BLOCK_N, NQ + NK,
-                         M, NV, K, stride_xm, stride_om, HAS_BV, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+                         M, NV, K, stride_xm, stride_om, HAS_BV, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
+                         xa_ptr, stride_xa, RQ + RK, lbv_ptr, RV, SV, HAS_LORA, BLOCK_R, LORA_IEEE)
 
     @triton.jit
     def _gate_up_silu_kernel(
         x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, out_ptr, M, N, K: tl.constexpr, stride_xm, stride_om,
+        xa_ptr, stride_xa, lbg_ptr, lbu_ptr, RG, RU, SG, SU,
         HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_LORA: tl.constexpr,
+        BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
         # The same columns of gate and up in one program: x is loaded once for both dots.
         pdl.pdl_enter(PDL)
@@ -382,7 +506,14 @@ if triton is not None:
             x_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
-        _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BG, HAS_BU)
+        acc_g, acc_u = _biases(acc_g, acc_u, bg_ptr, bu_ptr, offs_n, N, HAS_BG, HAS_BU)
+        if HAS_LORA:  # gate's adapter columns of xa first, then up's
+            dt = out_ptr.dtype.element_ty
+            acc_g = _lora_add(acc_g, xa_ptr, stride_xa, 0, lbg_ptr, RG, SG, offs_m, offs_n, M, N, dt, BLOCK_R,
+                              LORA_IEEE)
+            acc_u = _lora_add(acc_u, xa_ptr, stride_xa, RG, lbu_ptr, RU, SU, offs_m, offs_n, M, N, dt, BLOCK_R,
+                              LORA_IEEE)
+        _silu_product_store(acc_g, acc_u, out_ptr, offs_m, offs_n, M, N, stride_om)
 
     @triton.jit
     def _gate_up_silu_tma_kernel(
@@ -402,16 +533,20 @@ if triton is not None:
             acc_u = _dot_step(x, u_desc.load([off_n, k]).T, acc_u, IEEE)
         offs_m = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BG, HAS_BU)
+        acc_g, acc_u = _biases(acc_g, acc_u, bg_ptr, bu_ptr, offs_n, N, HAS_BG, HAS_BU)
+        _silu_product_store(acc_g, acc_u, out_ptr, offs_m, offs_n, M, N, stride_om)
 
     @triton.jit
-    def _silu_product_store(acc_g, acc_u, bg_ptr, bu_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-                            HAS_BG: tl.constexpr, HAS_BU: tl.constexpr):
-        """out[offs_m, offs_n] = silu(gate) * up from the float32 accumulators, masked to M x N."""
+    def _biases(acc_g, acc_u, bg_ptr, bu_ptr, offs_n, N, HAS_BG: tl.constexpr, HAS_BU: tl.constexpr):
         if HAS_BG:
             acc_g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         if HAS_BU:
             acc_u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        return acc_g, acc_u
+
+    @triton.jit
+    def _silu_product_store(acc_g, acc_u, out_ptr, offs_m, offs_n, M, N, stride_om):
+        """out[offs_m, offs_n] = silu(gate) * up from the float32 accumulators (biases in), masked to M x N."""
         dt = out_ptr.dtype.element_ty
         # The module path's rounding points: gate_proj and up_proj outputs, silu(gate), then the product.
         g = acc_g.to(dt).to(tl.float32)

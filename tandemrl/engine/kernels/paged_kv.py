@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
+
+FP8_E4M3_MAX = 448.0  # largest finite float8 e4m3fn value
 
 
 @dataclass
@@ -45,6 +48,16 @@ class DecodeMeta:
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Write k, v [N, kv_heads, head_dim] into the flattened caches at slot_mapping [N]."""
-    kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for x, cache in ((k, k_cache), (v, v_cache)):
+        flat, x = cache.view(-1, *cache.shape[-2:]), to_cache_dtype(x, cache.dtype)
+        if cache.element_size() == 1:  # index_copy_ has no float8 kernels: copy the bytes
+            flat, x = flat.view(torch.uint8), x.view(torch.uint8)
+        flat.index_copy_(0, slot_mapping, x)
+
+
+def to_cache_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x as the cache stores it: an fp8 cache (scale 1.0) saturates at its largest finite value, where torch's
+    cast would give NaN; the Triton store does the same."""
+    if dtype == torch.float8_e4m3fn:
+        x = x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return x.to(dtype)

@@ -27,6 +27,12 @@ class DecodeAttentionTiles:
     """Launch choices of `triton_paged_decode`: a parameter, so benchmarks sweep them without touching the module.
     The defaults are what the engine runs (its callers pass nothing); changing one is a tuning decision.
 
+    Token counts are for head_dim 64 with 2-byte K/V (where they were measured); `kv_tile_tokens` scales them so a
+    pipeline stage holds the same bytes at any head size and cache dtype (head_dim 128 in bf16: half the tokens;
+    in fp8: the same). At 128 tokens x 128 dims a 2-stage single pass needs 128 KiB of shared memory, one program
+    per SM, which left the KV reads of long contexts at half the bandwidth. Long partitions (`long_split_tokens`)
+    use the single-pass tiles; `block_n` / `stages` serve the short partitions of few rows.
+
     Split-K: at head_dim 64 in bf16 on sm_90, 64 tokens x 4 warps compiles to 80 registers and 21 KiB of shared
     memory (the next K and V tiles prefetched by cp.async): ~6 programs fit an SM, so 256 rows x 2 KV heads run in
     one wave with ~16 KiB each in flight. 128-token tiles (96 registers, 40 KiB) halve the loop trips; 8 warps halve
@@ -41,6 +47,9 @@ class DecodeAttentionTiles:
     single_pass_stages: int = 2
     num_warps: int = 4  # both variants
     split_target_waves: int = 2  # `decode_splits` aims at this many decode programs per SM
+    # Shortest partition once rows x KV heads fill half the SMs: there a split pays for its workspace round trip
+    # and merge only on long contexts (a row whose context fits one partition skips both).
+    long_split_tokens: int = 1024
 
 
 DEFAULT_DECODE_TILES = DecodeAttentionTiles()
@@ -101,10 +110,14 @@ def triton_paged_decode(
     group = H // kv_heads
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     single = num_splits == 1
+    # Long partitions (rows x KV heads fill half the SMs) stream like the single pass: its larger tiles.
+    long_tiles = single or not _few_programs(B * kv_heads, _sm_count(q.device))
+    block_n = kv_tile_tokens(tiles.single_pass_block_n if long_tiles else tiles.block_n, D, k_cache.element_size())
     common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=_decode_rows(group), HEAD_DIM=D,
                   BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_WINDOW=window is not None,
-                  BLOCK_N=tiles.single_pass_block_n if single else tiles.block_n, IEEE=q.dtype == torch.float32,
-                  num_warps=tiles.num_warps, num_stages=tiles.single_pass_stages if single else tiles.stages)
+                  BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=tiles.num_warps,
+                  num_stages=tiles.single_pass_stages if long_tiles else tiles.stages)
+    min_chunk = max(block_n, split_min_tokens(B * kv_heads, _sm_count(q.device), tiles))
     if single:
         part_acc = part_m = part_l = out  # unused by the single-pass variant
     else:
@@ -114,7 +127,7 @@ def triton_paged_decode(
     _paged_decode_kernel[(B, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_m, part_l,
         context_lens if query_groups is None else query_groups,
-        scale * _LOG2E, window if window is not None else 0, num_splits,
+        scale * _LOG2E, window if window is not None else 0, num_splits, min_chunk,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
@@ -124,8 +137,8 @@ def triton_paged_decode(
     if not single:
         _combine_splits_kernel[(B, H)](
             part_acc, part_m, part_l, context_lens, out,
-            window if window is not None else 0, num_splits, context_lens.stride(0), out.stride(0), out.stride(1),
-            HEAD_DIM=D, BLOCK_D=common["BLOCK_D"], BLOCK_N=tiles.block_n, HAS_WINDOW=window is not None,
+            window if window is not None else 0, num_splits, min_chunk, context_lens.stride(0), out.stride(0),
+            out.stride(1), HEAD_DIM=D, BLOCK_D=common["BLOCK_D"], BLOCK_N=block_n, HAS_WINDOW=window is not None,
             BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4, **pdl.launch_options(q.device),
         )
     return out
@@ -180,20 +193,43 @@ def _decode_rows(group: int) -> int:
 
 def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int, *,
                   tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES) -> int:
-    """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only.
+    """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only (a CUDA graph
+    captured per (rows, width) keeps its grid; each row's context length picks on the device how many of them it
+    fills, see `split_min_tokens`).
 
-    When rows x KV heads fill half the SMs: 1, the single-pass kernel without workspace or merge (on an H100 at
-    64 rows x 2 heads it beat every split, the merge costing more than the extra programs gain). Below that, enough
-    programs for about `tiles.split_target_waves` programs per SM (a decode program is latency-bound: more of them
-    in flight means more bytes in flight), never more partitions than `tiles.block_n`-token tiles in the widest
-    context the table allows (the rest would always be empty), at most _MAX_SPLITS (the merge reads them in one tile).
+    When rows x KV heads reach `tiles.split_target_waves` programs per SM: 1, the single-pass kernel without
+    workspace or merge. Below that, enough partitions for that many programs per SM (a decode program is
+    latency-bound: more of them in flight means more bytes in flight), never more than partitions of
+    `split_min_tokens` in the widest context the table allows (the rest would always be empty), at most _MAX_SPLITS
+    (the merge reads them in one tile). So 64 rows x 2 KV heads on 132 SMs get 3 partitions of contexts over 1024
+    tokens (they ran at one program per SM, half the bandwidth), and shorter contexts stay in one.
     """
     programs = rows * kv_heads
-    if 2 * programs >= sm_count:
-        return 1
     target = tiles.split_target_waves * sm_count
-    token_tiles = -(-width * block_size // tiles.block_n)
-    return max(1, min(-(-target // programs), token_tiles, _MAX_SPLITS))
+    if programs >= target:
+        return 1
+    partitions = -(-width * block_size // split_min_tokens(programs, sm_count, tiles))
+    return max(1, min(-(-target // programs), partitions, _MAX_SPLITS))
+
+
+def split_min_tokens(programs: int, sm_count: int, tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES) -> int:
+    """The shortest partition of a split context (the kernel rounds it up to whole tiles): one tile while rows x KV
+    heads leave more than half the SMs idle (batch 1: any context gains from more programs); else
+    `tiles.long_split_tokens`, so a context that fits one partition is attended as by the single pass and written
+    out directly, without the merge."""
+    return tiles.block_n if _few_programs(programs, sm_count) else tiles.long_split_tokens
+
+
+def _few_programs(programs: int, sm_count: int) -> bool:
+    """Whether (row, KV head) programs leave more than half the SMs idle."""
+    return 2 * programs < sm_count
+
+
+def kv_tile_tokens(tokens: int, head_dim: int, kv_element_size: int) -> int:
+    """Tokens per K/V tile for `tokens` given at head_dim 64 in 2-byte K/V: the same bytes per pipeline stage (shared
+    memory, and so programs per SM) at any head size and cache dtype; a power of two, at least 16 (tl.dot)."""
+    scaled = tokens * 64 * 2 // ((1 << (head_dim - 1).bit_length()) * kv_element_size)
+    return max(16, 1 << (max(1, scaled) - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,14 +247,16 @@ def _sm_count(device: torch.device) -> int:
 if triton is not None:
 
     @triton.jit
-    def _split_chunk(ctx, window, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
-        # A row's first attended token and the tokens of each of its partitions (whole BLOCK_N tiles), from its
-        # context length on the device: partition i holds [start + i * chunk, min(start + (i+1) * chunk, ctx)).
+    def _split_chunk(ctx, window, num_splits, min_chunk, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+        # A row's first attended token, the tokens of each of its partitions (whole BLOCK_N tiles, at least
+        # min_chunk) and how many partitions hold tokens, from its context length on the device: partition i
+        # holds [start + i * chunk, min(start + (i+1) * chunk, ctx)).
         start = 0
         if HAS_WINDOW:
             start = tl.maximum(ctx - window, 0)
-        per_split = tl.cdiv(ctx - start, num_splits)
-        return start, tl.cdiv(per_split, BLOCK_N) * BLOCK_N
+        per_split = tl.maximum(tl.cdiv(ctx - start, num_splits), min_chunk)
+        chunk = tl.cdiv(per_split, BLOCK_N) * BLOCK_N
+        return start, chunk, tl.cdiv(ctx - start, chunk)
 
     @triton.jit
     def _kv_tile(k_ptr, v_ptr, table_ptr, stride_btn, tok, t_mask, kvh, d, d_mask, stride_kblk, stride_kslot,
@@ -237,6 +275,8 @@ if triton is not None:
     def _softmax_step(q, k, v, seen, m, l, acc, qk_scale, IEEE: tl.constexpr):
         """One tile of keys into the online softmax of the rows of q (running max m, sum l, output acc); `seen`
         [rows or 1, keys] masks the scores. A row that has seen no key yet keeps weight 0 instead of NaN."""
+        k = k.to(q.dtype)  # an fp8 cache is dequantised here (scale 1.0); a no-op otherwise
+        v = v.to(q.dtype)
         if IEEE:  # float32 inputs: no TF32, to match torch's float32 attention
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -282,7 +322,7 @@ if triton is not None:
     @triton.jit
     def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, groups_ptr,
-        qk_scale, window, num_splits,
+        qk_scale, window, num_splits, min_chunk,
         stride_qb, stride_qh,
         stride_kblk, stride_kslot, stride_kh,
         stride_btb, stride_btn, stride_ctx,
@@ -305,7 +345,7 @@ if triton is not None:
         else:
             split = tl.program_id(2)
             ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
-            start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
+            start, chunk, active = _split_chunk(ctx, window, num_splits, min_chunk, HAS_WINDOW, BLOCK_N)
             lo = start + split * chunk
             hi = tl.minimum(lo + chunk, ctx)  # lo >= hi: a partition past a short row's context, nothing to do
             g = tl.arange(0, BLOCK_G)
@@ -317,17 +357,20 @@ if triton is not None:
             m, l, acc = _attend_keys(
                 q, k_ptr, v_ptr, bt_ptr + b * stride_btb, stride_btn, kvh, d, d_mask, lo, hi, hi, window, qk_scale,
                 stride_kblk, stride_kslot, stride_kh, BLOCK_G, BLOCK_D, BLOCK_N, BLOCK_SIZE, False, False, IEEE)
+            out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
             if SPLIT:
-                # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge skips it).
-                part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
-                g_ok = (g < GROUP) & (lo < hi)
-                tl.store(part_m_ptr + part, m, mask=g_ok)
-                tl.store(part_l_ptr + part, l, mask=g_ok)
-                tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+                if active > 1:
+                    # Unnormalised partials [B, H, splits(, D)]; an empty partition writes nothing (the merge
+                    # skips it).
+                    part = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
+                    g_ok = (g < GROUP) & (lo < hi)
+                    tl.store(part_m_ptr + part, m, mask=g_ok)
+                    tl.store(part_l_ptr + part, l, mask=g_ok)
+                    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=gd_mask)
+                else:  # the whole context in partition 0: no merge
+                    tl.store(out_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
             else:
-                out = acc / l[:, None]
-                tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                         out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+                tl.store(out_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
 
     @triton.jit
     def _grouped_decode(
@@ -367,19 +410,27 @@ if triton is not None:
 
     @triton.jit
     def _combine_splits_kernel(
-        part_acc_ptr, part_m_ptr, part_l_ptr, ctx_ptr, out_ptr, window, num_splits,
+        part_acc_ptr, part_m_ptr, part_l_ptr, ctx_ptr, out_ptr, window, num_splits, min_chunk,
         stride_ctx, stride_ob, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
         BLOCK_S: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl.pdl_enter(PDL)
         # One program per (row, query head): merges the partitions that hold tokens (the first `active`, the same
-        # split as the decode kernel's), each rescaled from its own running max to the common one.
+        # split as the decode kernel's), each rescaled from its own running max to the common one. A row with one
+        # partition was written out by the decode kernel.
         b = tl.program_id(0)
         h = tl.program_id(1)
         ctx = tl.load(ctx_ptr + b * stride_ctx).to(tl.int32)
-        start, chunk = _split_chunk(ctx, window, num_splits, HAS_WINDOW, BLOCK_N)
-        active = tl.cdiv(ctx - start, chunk)
+        start, chunk, active = _split_chunk(ctx, window, num_splits, min_chunk, HAS_WINDOW, BLOCK_N)
+        if active > 1:
+            _merge_partitions(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, b, h, num_splits, active,
+                              stride_ob, stride_oh, HEAD_DIM, BLOCK_D, BLOCK_S)
+
+    @triton.jit
+    def _merge_partitions(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, b, h, num_splits, active,
+                          stride_ob, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_S: tl.constexpr):
         s = tl.arange(0, BLOCK_S)
         s_mask = s < active
         part = (b * tl.num_programs(1) + h) * num_splits + s

@@ -114,8 +114,8 @@ def _prefill_chunk(
     S, Q = rows.shape
     kv_heads = k_cache.shape[2]
     G = H // kv_heads
-    k = gather_kv(k_cache, meta.block_tables[seqs])  # [S, kvh, L, D]
-    v = gather_kv(v_cache, meta.block_tables[seqs])
+    k = gather_kv(k_cache, meta.block_tables[seqs]).to(q.dtype)  # [S, kvh, L, D]; fp8 dequantised (scale 1.0)
+    v = gather_kv(v_cache, meta.block_tables[seqs]).to(q.dtype)
     # Queries padded to [S, Q, kvh, G, D], then the G heads of a KV head folded next to Q: [S, kvh, Q*G, D].
     qp = q[rows].view(S, Q, kv_heads, G, D).permute(0, 2, 1, 3, 4).reshape(S, kv_heads, Q * G, D)
     keys = torch.arange(k.shape[2], device=q.device)
@@ -146,8 +146,8 @@ def sdpa_decode(
     B, H, D = q.shape
     kv_heads = k_cache.shape[2]
     G = H // kv_heads
-    k = gather_kv(k_cache, block_tables)  # [B, kvh, L, D]
-    v = gather_kv(v_cache, block_tables)
+    k = gather_kv(k_cache, block_tables).to(q.dtype)  # [B, kvh, L, D]; an fp8 cache dequantised (scale 1.0)
+    v = gather_kv(v_cache, block_tables).to(q.dtype)
     keys = torch.arange(k.shape[2], device=q.device)
     ctx = context_lens.unsqueeze(-1)  # [B, 1]
     mask = keys < ctx

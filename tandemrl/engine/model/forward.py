@@ -5,7 +5,9 @@ Fast path for Qwen2/Qwen2.5, Qwen3 and Llama/Mistral. Every weight is used by ca
 is seen by the next forward, and peft LoRA layers (which replace q_proj etc. by modules whose forward adds the
 adapter) just work. Tokens are packed: hidden states are [N, hidden] for N tokens across all sequences.
 The fused path may group plain nn.Linear projections into one Triton launch (fused_linear.py); those kernels
-read the same parameter tensors in place and step aside for LoRA-wrapped or hooked modules.
+read the same parameter tensors in place, serve peft LoRA layers in their plain state (the adapter's product in
+the same launch as the base projection, no merge) and step aside for anything else (hooks, merged or DoRA
+adapters), where the module runs.
 """
 
 from __future__ import annotations
@@ -168,18 +170,25 @@ def _head_norm(norm: nn.Module, x: Tensor, fused: bool) -> Tensor:
 
 def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
     """A SiLU-gated MLP with its activation product fused: gate/up in the same launch where they are plain
-    Linear layers, else module calls (LoRA wraps them)."""
+    Linear layers or plain LoRA layers over them, else module calls."""
     if not fk.is_silu_mlp(mlp):
         return mlp(x)
     act = fl.gate_up_silu(mlp, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS)  # one launch for decode batches
-    if act is None:  # LoRA-wrapped or hooked projections, or prefill-size inputs (cuBLAS)
+    if act is None:  # hooked projections or adapters the kernels do not serve, or prefill-size inputs (cuBLAS)
         act = fk.silu_mul(mlp.gate_proj(x), mlp.up_proj(x))
-    return mlp.down_proj(act)
+    return _project(mlp.down_proj, act, fused=True)
+
+
+def _project(module: nn.Module, x: Tensor, fused: bool) -> Tensor:
+    """A projection (o_proj, down_proj): the module call (cuBLAS for a plain Linear), except a peft LoRA Linear on
+    the fused path, whose base and adapter run in one launch (fused_linear.lora_projection)."""
+    out = fl.lora_projection(module, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
+    return module(x) if out is None else out
 
 
 def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The q, k, v projections: on the fused path one grouped launch for decode batches (column views of one
-    buffer), else the modules themselves (LoRA wrappers, hooks, prefill-size inputs)."""
+    buffer; LoRA adapters included), else the modules themselves (hooks, prefill-size inputs)."""
     grouped = fl.qkv_projection(attn, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
     if grouped is not None:
         return grouped
@@ -212,7 +221,7 @@ def _self_attention(
         out = prefill_attention(q, k_cache, v_cache, meta, spec.scale, window)
     else:
         out = decode_attention(q, k_cache, v_cache, meta, spec.scale, window)
-    return attn.o_proj(out.reshape(N, spec.num_heads * spec.head_dim))
+    return _project(attn.o_proj, out.reshape(N, spec.num_heads * spec.head_dim), fused)
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -92,7 +92,7 @@ class ModelRunner:
             eager = not config.cuda_graphs or device.type != "cuda"
         return ModelSlot(name, model, device, self.block_size, config.max_model_len, use_triton=use_triton,
                          fused_kernels=fused, enforce_eager=eager, warmup_stream=stream,
-                         home=self.device)
+                         home=self.device, kv_cache_dtype=config.kv_cache_dtype)
 
     def _launch_context(self) -> LaunchContext:
         """What the verify, round and tandem launches read of this runner (launch_context.py)."""

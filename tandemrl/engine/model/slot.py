@@ -53,10 +53,13 @@ class ModelSlot:
     def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int,
                  max_model_len: int | None, *,
                  use_triton: bool, fused_kernels: bool, enforce_eager: bool,
-                 warmup_stream: torch.cuda.Stream | None, home: torch.device | None = None) -> None:
+                 warmup_stream: torch.cuda.Stream | None, home: torch.device | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         self.name = name
         self.model = model
         self.spec: DecoderSpec = inspect_decoder(model)
+        # engine.kv_cache_dtype: "fp8_e4m3" stores K/V as float8 (the stores saturate, attention dequantises)
+        self.kv_dtype = torch.float8_e4m3fn if kv_cache_dtype == "fp8_e4m3" else self.spec.dtype
         self.device = device
         self.block_size = block_size
         self.max_model_len = int(max_model_len or self.spec.max_position_embeddings or 4096)
@@ -99,7 +102,7 @@ class ModelSlot:
     def bytes_per_block(self, block_size: int | None = None) -> int:
         """K and V of every layer for one block."""
         s = self.spec
-        elem = torch.empty((), dtype=s.dtype).element_size()
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
         return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * elem
 
     def allocate(self, num_blocks: int) -> None:
@@ -109,7 +112,7 @@ class ModelSlot:
         self.free()
         s = self.spec
         shape = (2, s.num_layers, num_blocks + 1, self.block_size, s.num_kv_heads, s.head_dim)
-        kv = torch.zeros(shape, dtype=s.dtype, device=self.device)
+        kv = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.k_caches = list(kv[0].unbind(0))
         self.v_caches = list(kv[1].unbind(0))
         self.num_blocks = num_blocks
