@@ -19,6 +19,7 @@ from tandemrl.engine.engine import LLMEngine
 from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN, TandemConfig
+from tandemrl.engine.model.tensor_parallel import TensorParallelGroup
 from tandemrl.types import Request, Rollout
 
 
@@ -28,7 +29,8 @@ class EngineBackend:
     def __init__(self, model: nn.Module, tokenizer: Any, engine_config: EngineConfig | None = None,
                  device: torch.device | str | None = None, speculative: SpeculativeConfig | None = None,
                  draft_model: nn.Module | None = None, tandem: TandemConfig | None = None,
-                 frozen_model: nn.Module | None = None) -> None:
+                 frozen_model: nn.Module | None = None,
+                 tensor_parallel: TensorParallelGroup | None = None) -> None:
         from tandemrl.engine.model.runner import ModelRunner  # lazy: the runner pulls in the attention kernels
 
         config = dataclasses.replace(engine_config) if engine_config is not None else EngineConfig()
@@ -45,13 +47,24 @@ class EngineBackend:
         tandem = tandem if tandem is not None and tandem.enabled else None
         if (tandem is None) != (frozen_model is None):
             raise ValueError("tandem rollouts need a frozen model, and a frozen model needs tandem.enabled")
+        if tensor_parallel is not None and tensor_parallel.size > 1:
+            model, frozen_model = _tensor_parallel_models(model, frozen_model, tensor_parallel)
         models = {TARGET: model, DRAFT: draft_model, FROZEN: frozen_model}
         self.runner = ModelRunner({name: m for name, m in models.items() if m is not None}, config, self.device)
+        if tensor_parallel is not None and tensor_parallel.size > 1 and config.num_blocks is None:
+            # every rank of the group schedules alike only over pools of one size: the smallest that fits
+            fits = self.runner.num_blocks_that_fit(config.block_size, config.gpu_memory_utilization)
+            config.num_blocks = max(1, tensor_parallel.min_int(fits, self.device))
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
                                 speculative=speculative, tandem=tandem)
         self._closed = False
+
+    @property
+    def engine_model(self) -> nn.Module:
+        """The model the engine decodes: ``model`` itself, or this rank's tensor-parallel shard of it."""
+        return self.runner.target.model
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
         with self.generating():
@@ -96,3 +109,16 @@ class EngineBackend:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # hand the freed cache back to the device
 
+
+
+def _tensor_parallel_models(model: nn.Module, frozen: nn.Module | None, tp: TensorParallelGroup
+                            ) -> tuple[nn.Module, nn.Module | None]:
+    """This rank's shards of the policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's
+    frozen model (which is then dropped: only its shard stays). A draft model stays whole on every rank."""
+    from tandemrl.engine.model.tensor_parallel import shard_for_rank
+
+    if not hasattr(model, "shard_sizes"):
+        model = shard_for_rank(model, tp)
+    if frozen is not None and not hasattr(frozen, "shard_sizes"):
+        frozen = shard_for_rank(frozen, tp)
+    return model, frozen
