@@ -47,6 +47,11 @@ class EngineBackend:
         tandem = tandem if tandem is not None and tandem.enabled else None
         if (tandem is None) != (frozen_model is None):
             raise ValueError("tandem rollouts need a frozen model, and a frozen model needs tandem.enabled")
+        if config.tensor_parallel_size != (tensor_parallel.size if tensor_parallel is not None else 1):
+            raise ValueError(f"engine.tensor_parallel_size = {config.tensor_parallel_size} needs a torchrun job whose "
+                             "ranks run the engine together (`torchrun --nproc-per-node N -m tandemrl train`); this "
+                             "engine runs on " + (f"a group of {tensor_parallel.size}" if tensor_parallel else "one rank")
+                             + " (set engine.tensor_parallel_size = 1 to run a whole engine in this process)")
         if tensor_parallel is not None and tensor_parallel.size > 1:
             model, frozen_model = _tensor_parallel_models(model, frozen_model, tensor_parallel)
         models = {TARGET: model, DRAFT: draft_model, FROZEN: frozen_model}

@@ -52,7 +52,8 @@ def run_rank(rank: int, world: int, store_file: str, tiny_dir: str, result_file:
     dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     try:
         tp = TensorParallelGroup(rank=rank, size=world)
-        config = EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False)
+        config = EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False, tensor_parallel_size=world)
+        whole = EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False)
         results = {}
         for name in ("tiny", "qwen2.5-0.5b"):
             model = build_model(name, tiny_dir)
@@ -70,7 +71,7 @@ def run_rank(rank: int, world: int, store_file: str, tiny_dir: str, result_file:
                       "full_params": sum(p.numel() for p in model.parameters()),
                       "local_kv_heads": shard.config.num_key_value_heads}
             if rank == 0:
-                result["reference"] = decode(EngineBackend(model, None, config, device="cpu"), reqs)
+                result["reference"] = decode(EngineBackend(model, None, whole, device="cpu"), reqs)
             results[name] = result
         if rank == 0:
             with open(result_file, "w") as f:

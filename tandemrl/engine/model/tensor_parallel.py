@@ -204,7 +204,7 @@ def empty_shard(model: nn.Module, tp: TensorParallelGroup, device: torch.device 
     config.num_attention_heads, config.num_key_value_heads = sizes.heads, sizes.kv_heads
     config.intermediate_size, config.head_dim = sizes.intermediate, sizes.head_dim
     with torch.device("meta"):
-        shard = type(lm)(config).to(dtype)
+        shard = _model_class(lm)(config).to(dtype)
         _swap_parallel_modules(shard, lm, sizes, tp)
     shard = shard.to_empty(device=device).eval().requires_grad_(False)
     if _tied(lm):  # to_empty gave each module a parameter of its own
@@ -218,6 +218,13 @@ def empty_shard(model: nn.Module, tp: TensorParallelGroup, device: torch.device 
     for name, buffer in shard.named_buffers():  # RoPE's inverse frequencies: the head size did not change
         buffer.copy_(buffers[name])
     return shard
+
+
+def _model_class(lm: nn.Module) -> type:
+    """The Hugging Face class of ``lm`` (FSDP2's fully_shard swaps in a subclass of it and FSDPModule)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(lm).__mro__ if not issubclass(c, FSDPModule))
 
 
 def _swap_parallel_modules(shard: nn.Module, full: nn.Module, sizes: ShardSizes, tp: TensorParallelGroup) -> None:
