@@ -50,8 +50,9 @@ def check_layout(cfg: Config, world_size: int) -> None:
                          f"{tp} consecutive ranks runs one engine)")
     engines = world_size // tp
     if prompts % engines:
-        raise ValueError(f"rollout.prompts_per_step = {prompts} must be a multiple of the {engines} engines "
-                         "(processes / engine.tensor_parallel_size: each samples whole groups of its share)")
+        who = "processes" if tp == 1 else "engines (processes / engine.tensor_parallel_size)"
+        raise ValueError(f"rollout.prompts_per_step = {prompts} must be a multiple of the {engines} {who} (each "
+                         "samples whole groups of its share of the prompts)")
     engine_samples = prompts // engines * cfg.rollout.group_size
     if engine_samples % tp:
         raise ValueError(f"engine.tensor_parallel_size = {tp} must divide each engine's {engine_samples} samples "
@@ -60,6 +61,9 @@ def check_layout(cfg: Config, world_size: int) -> None:
     if local_samples % cfg.train.mini_batches:
         raise ValueError(f"train.mini_batches = {cfg.train.mini_batches} must divide each rank's "
                          f"{local_samples} samples (rollout.prompts_per_step / processes * rollout.group_size)")
+    if cfg.model.lora.enabled and tp > 1:
+        raise ValueError(f"engine.tensor_parallel_size = {tp} does not take model.lora.enabled: the engine's shards "
+                         "are cut from a plain model (LoRA models are small enough for a whole engine per rank)")
     if cfg.model.lora.enabled and cfg.distributed.strategy == "shard":
         raise ValueError("distributed.strategy = 'shard' does not take model.lora.enabled: LoRA replicates (each "
                          "rank holds the base and the adapter); use 'auto' or 'replicate'")
