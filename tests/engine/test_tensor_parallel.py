@@ -1,6 +1,7 @@
 """Tensor-parallel engine on the CPU (gloo, float32): 2 ranks decode the tokens of 1, greedily, token for token, for
 the tiny model (1 KV head: replicated on both ranks) and Qwen2.5-0.5B's shapes (2 KV heads split, biased q/k/v,
-tied and padded vocabulary); each rank holds about half the weights; sleep frees each rank's KV shard."""
+tied and padded vocabulary); each rank holds about half the weights; sleep frees each rank's KV shard. Tandem,
+speculative decoding and seeded sampling agree too."""
 
 from __future__ import annotations
 
@@ -34,6 +35,18 @@ def test_two_ranks_decode_the_tokens_of_one(two_ranks, name):
     assert result["tp"] == result["reference"]
     assert result["after_wake"] == result["reference"][:2]
     assert result["sleep_freed"]
+
+
+@pytest.mark.parametrize("case", ["tandem", "draft", "sampled"])
+def test_tandem_speculative_and_sampled_decoding_over_two_ranks(two_ranks, case):
+    """Tandem with the frozen model split, speculative decoding with the draft whole on each rank, seeded sampling:
+    the ranks of the group agree, and match one rank (tokens, and tandem's writers)."""
+    result = two_ranks["partners"][case]
+    assert result["ranks_agree"]
+    assert result["tp"] == result["reference"]
+    if case == "tandem":
+        writers = [w for _, sources in result["tp"] for w in sources]
+        assert any(writers) and not all(writers)
 
 
 def test_each_rank_holds_its_share(two_ranks):
