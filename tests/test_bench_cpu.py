@@ -141,6 +141,17 @@ def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
 
 
+def test_multi_gpu_bench_runs_a_tensor_parallel_engine_on_two_gloo_ranks(tmp_path):
+    """The '2 gpu tp' worker: one engine over both ranks, its slices refreshed from the FSDP2 shards."""
+    out = tmp_path / "multi_gpu.json"
+    done = run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tp", "--strategies", "shard",
+                     "--out", str(out))
+    row = json.loads(out.read_text())["rows"]["2 gpu tp / shard"]
+    assert "error" not in row, f"{row['error']}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert row["tensor_parallel_size"] == 2 and row["global_samples"] == 2 * 2 * 2
+    assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
+
+
 def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):
     """bench.serve --cpu-smoke end to end (two `tandemrl serve` children); timings are not asserted."""
     pytest.importorskip("fastapi")
