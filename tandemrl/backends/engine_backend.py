@@ -16,10 +16,10 @@ from torch import nn
 from tandemrl.backends.hf_backend import eos_token_ids, sampling_mode
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.model.tensor_parallel import TensorParallelGroup, is_shard
 from tandemrl.engine.speculative import DRAFT, SpeculativeConfig
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN, TandemConfig
-from tandemrl.engine.model.tensor_parallel import TensorParallelGroup
 from tandemrl.types import Request, Rollout
 
 
@@ -122,8 +122,8 @@ def _tensor_parallel_models(model: nn.Module, frozen: nn.Module | None, tp: Tens
     frozen model (which is then dropped: only its shard stays). A draft model stays whole on every rank."""
     from tandemrl.engine.model.tensor_parallel import shard_for_rank
 
-    if not hasattr(model, "shard_sizes"):
+    if not is_shard(model):
         model = shard_for_rank(model, tp)
-    if frozen is not None and not hasattr(frozen, "shard_sizes"):
+    if frozen is not None and not is_shard(frozen):
         frozen = shard_for_rank(frozen, tp)
     return model, frozen

@@ -90,10 +90,12 @@ def _hf_source(model: nn.Module, replica: nn.Module) -> tuple[nn.Module, dict | 
     """Collective. What the Hugging Face files are written from: the engine's replica, or, when the engine holds
     only a tensor-parallel shard (engine.tensor_parallel_size > 1), the trained model's whole weights gathered into
     rank 0's host memory (never onto a GPU)."""
-    if not hasattr(replica, "shard_sizes"):
-        return replica, None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    from tandemrl.engine.model.tensor_parallel import is_shard
+
+    if not is_shard(replica):
+        return replica, None
     return model, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 

@@ -244,6 +244,11 @@ def _tied(lm: nn.Module) -> bool:
     return lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
 
 
+def is_shard(model: nn.Module) -> bool:
+    """Whether ``model`` is one rank's tensor-parallel shard (built by ``empty_shard``)."""
+    return isinstance(getattr(model, "shard_sizes", None), ShardSizes)
+
+
 def shard_params(shard: nn.Module, rank: int) -> list[tuple[str, Tensor, ParamSlice]]:
     """(name, the shard's tensor, the slice of the full parameter it holds) for every parameter of ``shard`` (built
     by ``empty_shard``), as rank ``rank`` of its group holds it (tied parameters once)."""
