@@ -1,6 +1,7 @@
 """One rank of the tensor-parallel weight refresh test (tests/distributed/test_tp_weights.py): the trained model is
 FSDP2-sharded over every rank; each rank's engine shard, refreshed from those shards, must equal the shard cut from
-the whole model. Rank 0 writes what it saw."""
+the whole model (and so must the one refreshed from replicated training's whole tensors). Rank 0 writes what it
+saw."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def run_rank(rank: int, world: int, tp_size: int, store_file: str, result_file: 
             torch.manual_seed(0)
             whole = Qwen2ForCausalLM(Qwen2Config(**config)).float()
             expected = shard_for_rank(whole, group)
+            replicated = Qwen2ForCausalLM(Qwen2Config(**config)).float()  # replicated training: whole tensors
+            replicated.load_state_dict(whole.state_dict())
+            local = empty_shard(replicated, group)
+            TensorParallelWeights(replicated, local, tp_size).refresh()
+            local_params = dict(local.named_parameters())
+            mismatched_local = [n for n, p in expected.named_parameters() if not torch.equal(p, local_params[n])]
             trained = Qwen2ForCausalLM(Qwen2Config(**config)).float()
             trained.load_state_dict(whole.state_dict())
             shard_model(trained)
@@ -48,7 +55,8 @@ def run_rank(rank: int, world: int, tp_size: int, store_file: str, result_file: 
             updated = shard_for_rank(whole, group)
             stale = [n for n, p in updated.named_parameters() if not torch.equal(p, got[n])]
             mismatched_all = [None] * world
-            dist.all_gather_object(mismatched_all, {"mismatched": mismatched, "stale": stale})
+            dist.all_gather_object(mismatched_all, {"mismatched": mismatched, "stale": stale,
+                                                    "replicated": mismatched_local})
             results[name] = {"ranks": mismatched_all, "seconds": seconds,
                              "engine_params": sum(p.numel() for p in engine.parameters()),
                              "whole_params": sum(p.numel() for p in whole.parameters())}
