@@ -47,19 +47,18 @@ class EngineBackend:
         tandem = tandem if tandem is not None and tandem.enabled else None
         if (tandem is None) != (frozen_model is None):
             raise ValueError("tandem rollouts need a frozen model, and a frozen model needs tandem.enabled")
-        if config.tensor_parallel_size != (tensor_parallel.size if tensor_parallel is not None else 1):
-            raise ValueError(f"engine.tensor_parallel_size = {config.tensor_parallel_size} needs a torchrun job whose "
-                             "ranks run the engine together (`torchrun --nproc-per-node N -m tandemrl train`); this "
-                             "engine runs on " + (f"a group of {tensor_parallel.size}" if tensor_parallel else "one rank")
-                             + " (set engine.tensor_parallel_size = 1 to run a whole engine in this process)")
-        if tensor_parallel is not None and tensor_parallel.size > 1:
-            model, frozen_model = _tensor_parallel_models(model, frozen_model, tensor_parallel)
+        model, frozen_model = _tensor_parallel_models(config.tensor_parallel_size, model, frozen_model,
+                                                      tensor_parallel)
         models = {TARGET: model, DRAFT: draft_model, FROZEN: frozen_model}
         self.runner = ModelRunner({name: m for name, m in models.items() if m is not None}, config, self.device)
         if tensor_parallel is not None and tensor_parallel.size > 1 and config.num_blocks is None:
             # every rank of the group schedules alike only over pools of one size: the smallest that fits
             fits = self.runner.num_blocks_that_fit(config.block_size, config.gpu_memory_utilization)
-            config.num_blocks = max(1, tensor_parallel.min_int(fits, self.device))
+            config.num_blocks = tensor_parallel.min_int(fits, self.device)
+            if config.num_blocks < 1:
+                raise ValueError(f"no room for a KV cache on a rank of this engine's group (at "
+                                 f"engine.gpu_memory_utilization = {config.gpu_memory_utilization}); raise it or set "
+                                 "engine.num_blocks")
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
@@ -116,12 +115,20 @@ class EngineBackend:
 
 
 
-def _tensor_parallel_models(model: nn.Module, frozen: nn.Module | None, tp: TensorParallelGroup
+def _tensor_parallel_models(size: int, model: nn.Module, frozen: nn.Module | None, tp: TensorParallelGroup | None
                             ) -> tuple[nn.Module, nn.Module | None]:
-    """This rank's shards of the policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's
-    frozen model (which is then dropped: only its shard stays). A draft model stays whole on every rank."""
+    """``size``: engine.tensor_parallel_size, which must be the group's. Over a group of several ranks, this rank's
+    shards of the policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's frozen model (the
+    whole one is then dropped); a draft model stays whole on every rank."""
     from tandemrl.engine.model.tensor_parallel import shard_for_rank
 
+    if size != (tp.size if tp is not None else 1):
+        where = f"a group of {tp.size}" if tp is not None else "one rank"
+        raise ValueError(f"engine.tensor_parallel_size = {size} needs a torchrun job whose ranks run the engine "
+                         f"together (`torchrun --nproc-per-node N -m tandemrl train`); this engine runs on {where} "
+                         "(set engine.tensor_parallel_size = 1 to run a whole engine in this process)")
+    if tp is None or tp.size == 1:
+        return model, frozen
     if not is_shard(model):
         model = shard_for_rank(model, tp)
     if frozen is not None and not is_shard(frozen):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.graph import increment_version
 
 from tandemrl.engine.model.tensor_parallel import (ParamSlice, TensorParallelGroup, param_slice, shard_params,
                                                    take_slice, target_view)
@@ -53,8 +54,9 @@ class TensorParallelWeights:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         sources = dict(self.trained.named_parameters(remove_duplicate=False))
         sizes = self.shard.shard_sizes
-        self._params = [(sources[name], target, [param_slice(name, sizes, r % self.tp_size) for r in range(self.world)])
-                        for name, target, _ in shard_params(self.shard, self.rank % self.tp_size)]
+        self._params = [
+            (sources[name], target, [param_slice(name, sizes, r % self.tp_size) for r in range(self.world)])
+            for name, target, _ in shard_params(self.shard, self.rank % self.tp_size)]
 
     @torch.no_grad()
     def refresh(self) -> float:
@@ -79,6 +81,9 @@ class TensorParallelWeights:
 
         bounds = fsdp_rows(shape[0], self.world)
         low, high = bounds[self.rank]
+        if local.shape[0] != high - low:
+            raise RuntimeError(f"an FSDP2 shard holds {local.shape[0]} rows where torch.chunk's split gives "
+                               f"{high - low}: the tensor-parallel refresh cannot place them")
         sends, send_sizes, receive_sizes = [], [], []
         for r, piece in enumerate(pieces):
             part = _part(local, low, high, piece, shape)
@@ -86,10 +91,12 @@ class TensorParallelWeights:
             send_sizes.append(part.numel())
             receive_sizes.append(_part_numel(*bounds[r], pieces[self.rank], shape))
         out = target_view(target, pieces[self.rank])
-        buffer = out if out.is_contiguous() and out.dtype == local.dtype else out.new_empty(out.shape, dtype=local.dtype)
+        direct = out.is_contiguous() and out.dtype == local.dtype
+        buffer = out if direct else out.new_empty(out.shape, dtype=local.dtype)
         dist.all_to_all_single(buffer.view(-1), torch.cat(sends), receive_sizes, send_sizes)
         if buffer is not out:
             out.copy_(buffer)
+        increment_version(target)  # the engine's weights_version (slot.py) sees the write
 
 
 def fsdp_rows(rows: int, world: int) -> list[tuple[int, int]]:

@@ -188,9 +188,9 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
             print(f"torchrun: {rank.world_size} ranks, distributed.strategy -> {placed.choice.strategy} "
                   f"({placed.choice.reason})", flush=True)
             if tensor_parallel is not None:
-                print(f"torchrun: engine.tensor_parallel_size = {tensor_parallel.size}: "
-                      f"{rank.world_size // tensor_parallel.size} engine(s), each rank holding 1/{tensor_parallel.size} "
-                      "of the engine's weights and KV cache", flush=True)
+                size = tensor_parallel.size
+                print(f"torchrun: engine.tensor_parallel_size = {size}: {rank.world_size // size} engine(s), each "
+                      f"rank holding 1/{size} of the engine's weights and KV cache", flush=True)
     optimizer = build_optimizer(model, cfg.train)  # over the shards when sharded
     backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device), tensor_parallel=tensor_parallel)

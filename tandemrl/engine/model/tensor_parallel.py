@@ -116,20 +116,17 @@ class ParamSlice:
 def param_slice(name: str, sizes: ShardSizes, rank: int) -> ParamSlice:
     """What rank ``rank`` holds of the full model's parameter ``name`` (its name in the shard model too)."""
     module, kind = (["", *name.split(".")])[-2:]
-    q_rows = sizes.heads * sizes.head_dim
-    kv_rows = sizes.kv_heads * sizes.head_dim
-    if module in ("q_proj",) or (module == "o_proj" and kind == "weight"):
-        return ParamSlice(0 if module == "q_proj" else 1, rank * q_rows, (rank + 1) * q_rows)
-    if module in ("k_proj", "v_proj"):
-        first = rank // sizes.kv_replicas * kv_rows
-        return ParamSlice(0, first, first + kv_rows)
-    if module in ("gate_proj", "up_proj") or (module == "down_proj" and kind == "weight"):
-        cols = sizes.intermediate
-        return ParamSlice(0 if module != "down_proj" else 1, rank * cols, (rank + 1) * cols)
-    if module in VOCAB_PARALLEL and kind == "weight":
+    if module in ("k_proj", "v_proj"):  # a replicated KV head: the one this rank's query heads read
+        rows = sizes.kv_heads * sizes.head_dim
+        first = rank // sizes.kv_replicas * rows
+        return ParamSlice(0, first, first + rows)
+    if module in COLUMN_PARALLEL or (module in ROW_PARALLEL and kind == "weight"):
+        width = sizes.heads * sizes.head_dim if module in ("q_proj", "o_proj") else sizes.intermediate
+        return ParamSlice(1 if module in ROW_PARALLEL else 0, rank * width, (rank + 1) * width)
+    if module in VOCAB_PARALLEL and kind == "weight":  # the last shard may end in padding rows
         start = rank * sizes.vocab_rows
         return ParamSlice(0, min(start, sizes.vocab), min(start + sizes.vocab_rows, sizes.vocab))
-    return ParamSlice(None)
+    return ParamSlice(None)  # norms, RoPE, the biases of row-parallel layers: whole
 
 
 def take_slice(full: Tensor, piece: ParamSlice) -> Tensor:
@@ -187,8 +184,7 @@ class VocabParallelLMHead(nn.Module):
         return parts.permute(1, 0, 2).reshape(hidden.shape[0], -1)[:, :self.vocab]
 
 
-def empty_shard(model: nn.Module, tp: TensorParallelGroup, device: torch.device | None = None,
-                dtype: torch.dtype | None = None) -> nn.Module:
+def empty_shard(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
     """Rank ``tp.rank``'s shard of ``model`` (a plain HF decoder; its parameters may be FSDP2 DTensors), frozen, in
     eval mode, its weights allocated but not filled (``fill_from_full`` or distributed/tp_weights.py fill them).
     Never materialises a full layer: the shard is built on the meta device, then allocated."""
@@ -197,16 +193,14 @@ def empty_shard(model: nn.Module, tp: TensorParallelGroup, device: torch.device 
         raise ValueError(f"{KEY} > 1 takes a plain Hugging Face decoder (no LoRA adapter, no wrapper): the engine's "
                          "shard is built from its config and fed slices of its weights")
     sizes = shard_sizes(lm.config, tp.size)
-    source = next(lm.parameters())
-    device = device or source.device
-    dtype = dtype or source.dtype
+    source = next(lm.parameters())  # the shard lives where the model does, in its dtype
     config = copy.deepcopy(lm.config)
     config.num_attention_heads, config.num_key_value_heads = sizes.heads, sizes.kv_heads
     config.intermediate_size, config.head_dim = sizes.intermediate, sizes.head_dim
     with torch.device("meta"):
-        shard = _model_class(lm)(config).to(dtype)
+        shard = _model_class(lm)(config).to(source.dtype)
         _swap_parallel_modules(shard, lm, sizes, tp)
-    shard = shard.to_empty(device=device).eval().requires_grad_(False)
+    shard = shard.to_empty(device=source.device).eval().requires_grad_(False)
     if _tied(lm):  # to_empty gave each module a parameter of its own
         shard.lm_head.weight = shard.model.embed_tokens.weight
     shard.shard_sizes = sizes  # the full model's slicing, for whoever fills the weights (shard_params)
