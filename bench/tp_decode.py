@@ -85,6 +85,11 @@ def parity(model, prompts: list[list[int]], whole: list[list[int]], split: list[
     return {"sequences": len(prompts), "exact": sum(a == b for a, b in zip(whole, split)), "differences": gaps}
 
 
+def save(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="qwen2.5-7b")
@@ -130,6 +135,7 @@ def main() -> None:
         result["whole"] = step_times(whole, shapes, vocab, device)
         whole_tokens = run(whole, parity_ids, args.parity_tokens, temperature=0.0)
         whole.close()
+        save(args.out, result)  # a run cut short keeps the one-GPU rows
     dist.barrier()
     print(f"=== rank {info.rank}: tensor-parallel engine over {world} ranks", flush=True)
     group = tensor_parallel_group(info.rank, world, world)
@@ -144,8 +150,7 @@ def main() -> None:
         result["parity"] = parity(model, parity_ids, whole_tokens, split_tokens, device)
         result["parity"]["ties"] = all(abs(d["gap"]) <= args.tie_logits for d in result["parity"]["differences"])
         result["ratio"] = [s["decode_step_ms"] / w["decode_step_ms"] for s, w in zip(result["split"], result["whole"])]
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        save(args.out, result)
         print("| batch | prompt+new | 1 GPU step ms | TP step ms | TP / 1 GPU |")
         for w, s, r in zip(result["whole"], result["split"], result["ratio"]):
             print(f"| {w['batch']} | {w['prompt']}+{w['new']} | {w['decode_step_ms']:.2f} | "

@@ -144,6 +144,16 @@ def test_multi_gpu_bench_runs_on_two_gloo_ranks(tmp_path, setting):
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
 
 
+def test_tp_decode_bench_compares_one_engine_over_two_gloo_ranks_with_one(tmp_path):
+    """bench.tp_decode --cpu-smoke under torchrun: step times of both engines, greedy parity (float32: exact)."""
+    out = tmp_path / "tp_decode.json"
+    run_bench("torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "bench.tp_decode", "--cpu-smoke",
+              "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["whole"][0]["decode_step_ms"] > 0 and result["split"][0]["decode_step_ms"] > 0
+    assert result["parity"] == {"sequences": 4, "exact": 4, "differences": [], "ties": True}
+
+
 def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):
     """bench.serve --cpu-smoke end to end (two `tandemrl serve` children); timings are not asserted."""
     pytest.importorskip("fastapi")
