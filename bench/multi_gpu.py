@@ -13,6 +13,9 @@ Settings (each one launch, run one after another; the multi-GPU ones once per --
   2 gpu tandem      2 gpu weak with tandem rollouts, the frozen model on every rank (p = --tandem-p)
   4 gpu strong      4 ranks, the 1-gpu global batch (each rank a quarter of the prompts)
   4 gpu weak        4 ranks, each with the 1-gpu batch
+  2 gpu tp          2 gpu weak's global batch through one tensor-parallel engine over both ranks
+                    (engine.tensor_parallel_size = 2: each rank holds half the engine's weights and KV cache,
+                    refreshed slice by slice from the trained model; each rank trains on half the rollouts)
 
 GPU (2 GPUs):   python -m bench.multi_gpu --strategies replicate shard
 GPU (4 GPUs):   python -m bench.multi_gpu --settings "1 gpu plain" "4 gpu weak" "4 gpu strong"
@@ -49,7 +52,9 @@ SETTINGS = {  # name: (processes, prompts multiplier per rank vs the 1-gpu batch
     "2 gpu tandem": (2, 1.0, True, True),
     "4 gpu strong": (4, 0.25, True, False),
     "4 gpu weak": (4, 1.0, True, False),
+    "2 gpu tp": (2, 1.0, True, False),
 }
+TENSOR_PARALLEL = {"2 gpu tp": 2}  # engine.tensor_parallel_size of a setting (1 when absent)
 FIXED_STRATEGY = {"1 gpu plain": "none", "1 gpu fsdp": "shard"}
 UPDATE_SPAN = "grpo_update"  # the profiled step's annotation around the update (bench/comm_overlap.py)
 
@@ -109,23 +114,26 @@ def run_worker(args: argparse.Namespace) -> None:
     from tandemrl.train.sharding import distribute_model
 
     processes, per_rank, torchrun, tandem = SETTINGS[args.setting]
+    tp = TENSOR_PARALLEL.get(args.setting, 1)
     info = init_process_group(DistributedConfig(), "cpu" if args.cpu_smoke else "auto") if torchrun else None
     device = info.device if info else torch.device("cpu" if args.cpu_smoke else "cuda")
-    parallel = Distributed(info) if info else SingleProcess()
+    parallel = Distributed(info, tp) if info else SingleProcess()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build(args, device, dtype)
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if tandem else None
-    engine_model, gather, reduce = model, None, None
+    engine_model, gather, reduce, group = model, None, None, None
     if torchrun:
-        placed = distribute_model(model, args.strategy, parallel.world_size, device, lora=args.lora)
+        placed = distribute_model(model, args.strategy, parallel.world_size, device, lora=args.lora,
+                                  tensor_parallel_size=tp)
         engine_model, gather, reduce = placed.engine_model, placed.engine_weights, placed.reduce_gradients
+        group = placed.tensor_parallel
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
     tandem_cfg = TandemConfig(enabled=True, p=args.tandem_p, max_run_tokens=args.max_run_tokens) if tandem else None
-    backend = EngineBackend(engine_model, None, EngineConfig(num_blocks=args.num_blocks), device=device,
-                            tandem=tandem_cfg, frozen_model=frozen)
-    prompts = max(1, round(args.prompts * per_rank))
+    backend = EngineBackend(engine_model, None, EngineConfig(num_blocks=args.num_blocks, tensor_parallel_size=tp),
+                            device=device, tandem=tandem_cfg, frozen_model=frozen, tensor_parallel=group)
+    prompts = max(1, round(args.prompts * per_rank)) * tp  # an engine's prompts: its ranks train on 1/tp each
     timed_reduce = TimedReduce(reduce, device) if reduce is not None else None
     step = functools.partial(one_step, model, backend, optimizer, scheduler, cfg, args, device, parallel, gather,
                              timed_reduce, prompts)
@@ -138,9 +146,10 @@ def run_worker(args: argparse.Namespace) -> None:
     peaks = gather_all(parallel, peak)
     median = sorted(runs, key=lambda t: t.step_s)[len(runs) // 2]
     if parallel.is_main:
-        samples = prompts * args.group * parallel.world_size
+        samples = prompts * args.group * parallel.world_size // tp
         strategy = placed.choice.strategy if torchrun else "none"
-        row = {"processes": processes, "strategy": strategy, "global_samples": samples, **asdict(median),
+        row = {"processes": processes, "strategy": strategy, "tensor_parallel_size": tp, "global_samples": samples,
+               **asdict(median),
                "step_s": median.step_s, "samples_per_s": samples / median.step_s,
                "gather_share": median.gather_s / median.step_s, "reduce_share": median.reduce_s / median.step_s,
                "peak_gib_per_gpu": peaks, **({"overlap": comm_overlap} if comm_overlap else {})}
@@ -199,7 +208,7 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, parallel, 
     from tandemrl.types import Request, SamplingParams
 
     vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(seed * 1000 + parallel.rank)
+    gen = torch.Generator().manual_seed(parallel.rollout_seed(seed * 1000))  # the ranks of one engine: one seed
     ids = torch.randint(0, vocab, (prompts, args.prompt_len), generator=gen).tolist()
     params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, seed=seed)
     requests = [Request(f"{i}-{j}", p, params) for i, p in enumerate(ids) for j in range(args.group)]
@@ -213,7 +222,8 @@ def one_step(model, backend, optimizer, scheduler, cfg, args, device, parallel, 
     with profiler or contextlib.nullcontext(), torch.profiler.record_function(UPDATE_SPAN):  # --profile's window
         start = synced(device)
         backend.sleep()
-        batch = build_batch(rollouts, advantages, pad_id=0, device=device)
+        rows = parallel.train_rows(len(rollouts))  # a tensor-parallel engine's rank trains on its share
+        batch = build_batch(rollouts[rows], advantages[rows], pad_id=0, device=device)
         policy_update(model, batch, optimizer, scheduler, cfg, temperature=1.0, max_completion_length=args.new_tokens,
                       global_norm=parallel.global_norm, any_rank=parallel.any if parallel.world_size > 1 else None,
                       reduce_gradients=reduce)

@@ -141,15 +141,28 @@ def test_curriculum_overhead_runs_on_the_cpu(tmp_path):
     assert 0 < result["terms_pct_of_rollout"] < 100 and 0 < result["curriculum_pct_of_epoch"] < 100
 
 
-def test_multi_gpu_bench_runs_tandem_on_two_gloo_ranks(tmp_path):
-    """The FSDP worker (replica, gather, tandem per rank) under torchrun on the CPU; timings are not asserted."""
+@pytest.mark.parametrize("setting", ["2 gpu tandem", "2 gpu tp"])
+def test_multi_gpu_bench_runs_on_two_gloo_ranks(tmp_path, setting):
+    """The FSDP worker under torchrun on the CPU: tandem (replica, gather, a frozen model per rank) and one
+    tensor-parallel engine over both ranks (its slices refreshed from the shards); timings are not asserted."""
     out = tmp_path / "multi_gpu.json"
-    done = run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", "2 gpu tandem", "--strategies", "shard",
+    done = run_bench("bench.multi_gpu", "--cpu-smoke", "--settings", setting, "--strategies", "shard",
                      "--out", str(out))
-    row = json.loads(out.read_text())["rows"]["2 gpu tandem / shard"]
+    row = json.loads(out.read_text())["rows"][f"{setting} / shard"]
     assert "error" not in row, f"{row['error']}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert row["processes"] == 2 and row["global_samples"] == 2 * 2 * 2
+    assert row["tensor_parallel_size"] == (2 if setting == "2 gpu tp" else 1)
     assert row["gather_s"] > 0 and 0 < row["gather_share"] < 1
+
+
+def test_tp_decode_bench_compares_one_engine_over_two_gloo_ranks_with_one(tmp_path):
+    """bench.tp_decode --cpu-smoke under torchrun: step times of both engines, greedy parity (float32: exact)."""
+    out = tmp_path / "tp_decode.json"
+    run_bench("torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "bench.tp_decode", "--cpu-smoke",
+              "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["whole"][0]["decode_step_ms"] > 0 and result["split"][0]["decode_step_ms"] > 0
+    assert result["parity"] == {"sequences": 4, "exact": 4, "differences": [], "ties": True}
 
 
 def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):

@@ -16,6 +16,7 @@ from torch import nn
 from tandemrl.backends.hf_backend import eos_token_ids, sampling_mode
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.engine.model.tensor_parallel import TensorParallelGroup, is_shard
 from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN
@@ -30,7 +31,8 @@ class EngineBackend:
     def __init__(self, model: nn.Module, tokenizer: Any, engine_config: EngineConfig | None = None,
                  device: torch.device | str | None = None, speculative: SpeculativeConfig | None = None,
                  draft_model: nn.Module | None = None, tandem: TandemConfig | None = None,
-                 frozen_model: nn.Module | None = None) -> None:
+                 frozen_model: nn.Module | None = None,
+                 tensor_parallel: TensorParallelGroup | None = None) -> None:
         from tandemrl.engine.model.runner import ModelRunner  # lazy: the runner pulls in the attention kernels
 
         config = dataclasses.replace(engine_config) if engine_config is not None else EngineConfig()
@@ -47,14 +49,29 @@ class EngineBackend:
         tandem = tandem if tandem is not None and tandem.enabled else None
         if (tandem is None) != (frozen_model is None):
             raise ValueError("tandem rollouts need a frozen model, and a frozen model needs tandem.enabled")
+        model, frozen_model = _tensor_parallel_models(config.tensor_parallel_size, model, frozen_model,
+                                                      tensor_parallel)
         models = {TARGET: model, DRAFT: draft_model, FROZEN: frozen_model}
         self.runner = ModelRunner({name: m for name, m in models.items() if m is not None}, config, self.device)
+        if tensor_parallel is not None and tensor_parallel.size > 1 and config.num_blocks is None:
+            # every rank of the group schedules alike only over pools of one size: the smallest that fits
+            fits = self.runner.num_blocks_that_fit(config.block_size, config.gpu_memory_utilization)
+            config.num_blocks = tensor_parallel.min_int(fits, self.device)
+            if config.num_blocks < 1:
+                raise ValueError(f"no room for a KV cache on a rank of this engine's group (at "
+                                 f"engine.gpu_memory_utilization = {config.gpu_memory_utilization}); raise it or set "
+                                 "engine.num_blocks")
         if config.max_model_len is None:  # the runner's own limit (e.g. its RoPE table), so add() rejects early
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
                                 speculative=speculative.for_engine(),
                                 tandem=tandem.for_engine(tokenizer) if tandem is not None else None)
         self._closed = False
+
+    @property
+    def engine_model(self) -> nn.Module:
+        """The model the engine decodes: ``model`` itself, or this rank's tensor-parallel shard of it."""
+        return self.runner.target.model
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
         with self.generating():
@@ -99,3 +116,24 @@ class EngineBackend:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # hand the freed cache back to the device
 
+
+
+def _tensor_parallel_models(size: int, model: nn.Module, frozen: nn.Module | None, tp: TensorParallelGroup | None
+                            ) -> tuple[nn.Module, nn.Module | None]:
+    """``size``: engine.tensor_parallel_size, which must be the group's. Over a group of several ranks, this rank's
+    shards of the policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's frozen model (the
+    whole one is then dropped); a draft model stays whole on every rank."""
+    from tandemrl.engine.model.tensor_parallel import shard_for_rank
+
+    if size != (tp.size if tp is not None else 1):
+        where = f"a group of {tp.size}" if tp is not None else "one rank"
+        raise ValueError(f"engine.tensor_parallel_size = {size} needs a torchrun job whose ranks run the engine "
+                         f"together (`torchrun --nproc-per-node N -m tandemrl train`); this engine runs on {where} "
+                         "(set engine.tensor_parallel_size = 1 to run a whole engine in this process)")
+    if tp is None or tp.size == 1:
+        return model, frozen
+    if not is_shard(model):
+        model = shard_for_rank(model, tp)
+    if frozen is not None and not is_shard(frozen):
+        frozen = shard_for_rank(frozen, tp)
+    return model, frozen

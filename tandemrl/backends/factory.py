@@ -13,7 +13,9 @@ from tandemrl.config import Config
 
 
 def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.device,
-                 draft_model: nn.Module | None = None, frozen_model: nn.Module | None = None) -> RolloutBackend:
+                 draft_model: nn.Module | None = None, frozen_model: nn.Module | None = None,
+                 tensor_parallel: Any = None) -> RolloutBackend:
+    """``tensor_parallel``: this rank's TensorParallelGroup when engine.tensor_parallel_size > 1 (torchrun)."""
     speculative = cfg.rollout.speculative
     if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.mode == "server":  # HTTP only: no vLLM import here
         from tandemrl.backends.vllm.server import VLLMServerBackend
@@ -35,7 +37,8 @@ def make_backend(cfg: Config, model: nn.Module, tokenizer: Any, device: torch.de
         from tandemrl.backends.engine_backend import EngineBackend
 
         return EngineBackend(model, tokenizer, cfg.engine, device=device, speculative=speculative,
-                             draft_model=draft_model, tandem=cfg.tandem, frozen_model=frozen_model)
+                             draft_model=draft_model, tandem=cfg.tandem, frozen_model=frozen_model,
+                             tensor_parallel=tensor_parallel)
     if cfg.tandem.enabled:
         raise ValueError(f"tandem rollouts need the engine backend; {type(model).__name__} runs on the HF backend")
     if speculative.enabled:

@@ -37,20 +37,33 @@ def start_heartbeat(cfg: Config, info: RankInfo) -> Heartbeat | None:
     return Heartbeat(store, info.rank, info.world_size, cfg.distributed.heartbeat_timeout_s).start()
 
 
-def make_parallel(info: RankInfo | None) -> Parallel:
-    return SingleProcess() if info is None else Distributed(info)
+def make_parallel(info: RankInfo | None, tensor_parallel_size: int = 1) -> Parallel:
+    return SingleProcess() if info is None else Distributed(info, tensor_parallel_size)
 
 
 def check_layout(cfg: Config, world_size: int) -> None:
-    """Each rank samples whole prompt groups and takes the same number of optimizer steps."""
-    prompts = cfg.rollout.prompts_per_step
-    if prompts % world_size:
-        raise ValueError(f"rollout.prompts_per_step = {prompts} must be a multiple of the {world_size} processes "
-                         "(each rank samples whole groups of its share of the prompts)")
-    local_samples = prompts // world_size * cfg.rollout.group_size
+    """Each engine samples whole prompt groups; each rank trains on as many samples and takes the same number of
+    optimizer steps."""
+    prompts, tp = cfg.rollout.prompts_per_step, cfg.engine.tensor_parallel_size
+    if world_size % tp:
+        raise ValueError(f"engine.tensor_parallel_size = {tp} must divide the {world_size} processes (each group of "
+                         f"{tp} consecutive ranks runs one engine)")
+    engines = world_size // tp
+    if prompts % engines:
+        who = "processes" if tp == 1 else "engines (processes / engine.tensor_parallel_size)"
+        raise ValueError(f"rollout.prompts_per_step = {prompts} must be a multiple of the {engines} {who} (each "
+                         "samples whole groups of its share of the prompts)")
+    engine_samples = prompts // engines * cfg.rollout.group_size
+    if engine_samples % tp:
+        raise ValueError(f"engine.tensor_parallel_size = {tp} must divide each engine's {engine_samples} samples "
+                         "(rollout.prompts_per_step / engines * rollout.group_size): its ranks train on equal shares")
+    local_samples = engine_samples // tp
     if local_samples % cfg.train.mini_batches:
         raise ValueError(f"train.mini_batches = {cfg.train.mini_batches} must divide each rank's "
                          f"{local_samples} samples (rollout.prompts_per_step / processes * rollout.group_size)")
+    if cfg.model.lora.enabled and tp > 1:
+        raise ValueError(f"engine.tensor_parallel_size = {tp} does not take model.lora.enabled: the engine's shards "
+                         "are cut from a plain model (LoRA models are small enough for a whole engine per rank)")
     if cfg.model.lora.enabled and cfg.distributed.strategy == "shard":
         raise ValueError("distributed.strategy = 'shard' does not take model.lora.enabled: LoRA replicates (each "
                          "rank holds the base and the adapter); use 'auto' or 'replicate'")

@@ -25,6 +25,7 @@ class Parallel(Protocol):
     def is_main(self) -> bool: ...
     def local_share(self, items: Sequence[T]) -> list[T]: ...
     def rollout_seed(self, seed: int) -> int: ...
+    def train_rows(self, rows: int) -> slice: ...
     def global_norm(self, norm: BatchNorm) -> BatchNorm: ...
     def reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]: ...
     def any(self, flag: bool) -> bool: ...
@@ -46,6 +47,9 @@ class SingleProcess:
     def rollout_seed(self, seed: int) -> int:
         return seed
 
+    def train_rows(self, rows: int) -> slice:
+        return slice(None)
+
     def global_norm(self, norm: BatchNorm) -> BatchNorm:
         return norm
 
@@ -60,25 +64,38 @@ class SingleProcess:
 
 
 class Distributed:
-    """One rank of a torchrun job (the process group is already up)."""
+    """One rank of a torchrun job (the process group is already up).
 
-    def __init__(self, info: RankInfo) -> None:
+    ``tensor_parallel_size`` N > 1: the N consecutive ranks of a group run one engine, so they sample the same prompts
+    with the same seed (the rollouts are the group's, on every rank of it); each rank then trains on its 1/N of them.
+    """
+
+    def __init__(self, info: RankInfo, tensor_parallel_size: int = 1) -> None:
         self.rank, self.world_size, self.device = info.rank, info.world_size, info.device
+        self.tp_size = tensor_parallel_size
+        self.engines, self.engine_index = info.world_size // tensor_parallel_size, info.rank // tensor_parallel_size
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def local_share(self, items: Sequence[T]) -> list[T]:
-        """This rank's contiguous slice of the global batch (prompts: each prompt's whole group samples here)."""
-        if len(items) % self.world_size:
-            raise ValueError(f"{len(items)} prompts per step cannot be split evenly over {self.world_size} ranks: "
-                             "make rollout.prompts_per_step a multiple of the number of processes")
-        per_rank = len(items) // self.world_size
-        return list(items[self.rank * per_rank:(self.rank + 1) * per_rank])
+        """This engine's contiguous slice of the global batch (prompts: each prompt's whole group samples here)."""
+        if len(items) % self.engines:
+            raise ValueError(f"{len(items)} prompts per step cannot be split evenly over {self.engines} engines: "
+                             "make rollout.prompts_per_step a multiple of the number of processes / "
+                             "engine.tensor_parallel_size")
+        per_engine = len(items) // self.engines
+        return list(items[self.engine_index * per_engine:(self.engine_index + 1) * per_engine])
 
     def rollout_seed(self, seed: int) -> int:
-        return seed * self.world_size + self.rank  # distinct streams per rank, still a function of the step
+        return seed * self.engines + self.engine_index  # distinct streams per engine, still a function of the step
+
+    def train_rows(self, rows: int) -> slice:
+        """This rank's rows of its engine's rollouts (all of them when every rank runs its own engine)."""
+        per_rank = rows // self.tp_size
+        first = (self.rank % self.tp_size) * per_rank
+        return slice(first, first + per_rank)
 
     def global_norm(self, norm: BatchNorm) -> BatchNorm:
         """The mini-batch normalisers over every rank's rows, divided by the world size: FSDP averages gradients
@@ -102,7 +119,10 @@ class Distributed:
 
         gathered: list[dict[str, Any] | None] = [None] * self.world_size
         dist.all_gather_object(gathered, metrics)
-        return combine_metrics([g for g in gathered if g is not None], SUMMED_METRICS)
+        combined = combine_metrics([g for g in gathered if g is not None], SUMMED_METRICS)
+        for key in SUMMED_METRICS & combined.keys():  # the ranks of one engine report its rate each
+            combined[key] /= self.tp_size
+        return combined
 
     def any(self, flag: bool) -> bool:
         import torch.distributed as dist

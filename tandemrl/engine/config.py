@@ -59,6 +59,11 @@ class EngineConfig:
     fused_kernels: bool = field(default=True, metadata={
         "description": "Triton kernels for RMSNorm + residual add, RoPE and the SiLU product (CUDA with Triton "
                        "only; on CPU torch ops)"})
+    tensor_parallel_size: int = field(default=1, metadata={
+        "description": "ranks of a torchrun job that run one engine together, each holding 1/N of the attention "
+                       "heads, KV heads, MLP columns and vocabulary (its KV cache split by KV heads); must divide "
+                       "the job's processes and the model's heads (docs/multi-gpu.md). 1: every rank runs its own "
+                       "engine over the whole model"})
 
     def validate(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -70,6 +75,7 @@ class EngineConfig:
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("decode_steps", self.decode_steps)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_num_batched_tokens < self.max_num_seqs:
             # a decode step computes one token per running sequence; it must fit the budget
             raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "

@@ -71,8 +71,9 @@ def save_distributed(root: Path, step: int, *, parallel: Distributed, model: nn.
         model_state, optim_state = get_state_dict(model, optimizer, options=trained_only())
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / DCP_DIR)
         torch.save(rng_state, tmp / rng_file(parallel.rank))
+        source, weights = _hf_source(model, replica)
         if parallel.is_main:
-            _write_main_files(tmp, replica, tokenizer, scheduler, state_text)
+            _write_main_files(tmp, source, tokenizer, scheduler, state_text, weights)
         parallel.barrier()  # every rank's shards and RNG file are written
         if parallel.is_main:
             _publish(root, tmp, final, name, step, keep_last)
@@ -85,8 +86,22 @@ def save_distributed(root: Path, step: int, *, parallel: Distributed, model: nn.
     return final
 
 
-def _write_main_files(tmp: Path, replica: nn.Module, tokenizer: Any, scheduler: Any, state_text: str) -> None:
-    replica.save_pretrained(tmp, safe_serialization=True)
+def _hf_source(model: nn.Module, replica: nn.Module) -> tuple[nn.Module, dict | None]:
+    """Collective. What the Hugging Face files are written from: the engine's replica, or, when the engine holds
+    only a tensor-parallel shard (engine.tensor_parallel_size > 1), the trained model's whole weights gathered into
+    rank 0's host memory (never onto a GPU)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from tandemrl.engine.model.tensor_parallel import is_shard
+
+    if not is_shard(replica):
+        return replica, None
+    return model, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _write_main_files(tmp: Path, replica: nn.Module, tokenizer: Any, scheduler: Any, state_text: str,
+                      weights: dict | None = None) -> None:
+    replica.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save(scheduler.state_dict(), tmp / SCHEDULER)

@@ -186,8 +186,9 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     if run.curriculum is not None:
         run.curriculum.record([s.index for s in scored.samples], scored.reward.total)
     advantages, valid = group_advantages(scored, cfg.train.advantage)
-    batch = build_batch(scored.rollouts, advantages, run.tokenizer.pad_token_id, run.device)
-    batch.loss_mask *= valid.to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
+    rows = run.parallel.train_rows(len(scored.rollouts))  # engine.tensor_parallel_size > 1: this rank's share
+    batch = build_batch(scored.rollouts[rows], advantages[rows], run.tokenizer.pad_token_id, run.device)
+    batch.loss_mask *= valid[rows].to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
     version_lag = batch.policy_version_lag(state.policy_version)
     run.backend.sleep()  # the rollout cache is not needed while the trainer steps
     with times.measure("train"):

@@ -174,20 +174,26 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     ref_model = None
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    engine_model, engine_weights, reduce_gradients = model, None, None
+    engine_model, engine_weights, reduce_gradients, tensor_parallel = model, None, None, None
     if rank is not None:  # replicated or FSDP2-sharded (distributed.strategy; train/sharding.py)
         from tandemrl.train.sharding import distribute_model
 
         placed = distribute_model(model, cfg.distributed.strategy, rank.world_size, device, cfg.model.lora.enabled,
-                                  extra_copies=int(ref_model is not None))
+                                  extra_copies=int(ref_model is not None),
+                                  tensor_parallel_size=cfg.engine.tensor_parallel_size)
         engine_model, engine_weights, reduce_gradients = placed.engine_model, placed.engine_weights, \
             placed.reduce_gradients
+        tensor_parallel = placed.tensor_parallel
         if rank.is_main:
             print(f"torchrun: {rank.world_size} ranks, distributed.strategy -> {placed.choice.strategy} "
                   f"({placed.choice.reason})", flush=True)
+            if tensor_parallel is not None:
+                size = tensor_parallel.size
+                print(f"torchrun: engine.tensor_parallel_size = {size}: {rank.world_size // size} engine(s), each "
+                      f"rank holding 1/{size} of the engine's weights and KV cache", flush=True)
     optimizer = build_optimizer(model, cfg.train)  # over the shards when sharded
     backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
-                           frozen_model=load_frozen(cfg, device))
+                           frozen_model=load_frozen(cfg, device), tensor_parallel=tensor_parallel)
     agent = build_agent(cfg, backend, tokenizer)
     encoder = prompt_encoder(cfg, tokenizer, agent, context=model_context(model))
     train_samples, skipped = fitting_prompts(encoder, data.train, cfg.data.long_prompts)
@@ -209,7 +215,7 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
                     if cfg.curriculum.enabled else None),
         sample_log=(SampleLog(out_dir, cfg.log.sample_text_per_step)
                     if cfg.log.samples and (rank is None or rank.is_main) else None),
-        parallel=make_parallel(rank),
+        parallel=make_parallel(rank, cfg.engine.tensor_parallel_size),
         engine_model=engine_model if rank is not None else None, engine_weights=engine_weights,
         reduce_gradients=reduce_gradients,
     )

@@ -28,15 +28,19 @@ class RankModel:
 
     choice: Choice
     engine_model: nn.Module
-    engine_weights: Any  # WeightGather | NoGather
+    engine_weights: Any  # WeightGather | NoGather | TensorParallelWeights
     reduce_gradients: Callable[[], None] | None  # replicated: called once per optimizer step (train/update.py)
+    tensor_parallel: Any = None  # engine.tensor_parallel_size > 1: this rank's TensorParallelGroup
 
 
 def distribute_model(model: nn.Module, asked: str, world_size: int, device: torch.device, lora: bool,
-                     extra_copies: int = 0) -> RankModel:
+                     extra_copies: int = 0, tensor_parallel_size: int = 1) -> RankModel:
     """Collective: every rank calls it. Replicates or shards ``model`` in place (the ranks agree: one rank that
-    cannot replicate makes all shard)."""
+    cannot replicate makes all shard). ``tensor_parallel_size`` > 1: the engine decodes this rank's tensor-parallel
+    shard, refreshed slice by slice from the trained model (distributed/tp_weights.py)."""
     choice = agreed(choose_strategy(asked, model, device, lora, extra_copies), device)
+    if tensor_parallel_size > 1:
+        return _tensor_parallel_engine(model, choice, world_size, tensor_parallel_size)
     if choice.strategy == "replicate":
         from tandemrl.distributed.replicate import GradientAllReduce, NoGather, broadcast_trainable
 
@@ -47,6 +51,29 @@ def distribute_model(model: nn.Module, asked: str, world_size: int, device: torc
     replica = plain_replica(model)  # before sharding: it starts with the full weights
     shard_model(model)
     return RankModel(choice, replica, WeightGather(model, replica), None)
+
+
+def _tensor_parallel_engine(model: nn.Module, choice: Choice, world_size: int, size: int) -> RankModel:
+    """Train as ``choice`` says; the engine's shard starts from the trained weights (sharded: from the FSDP2 shards,
+    no rank ever holding a whole replica)."""
+    import torch.distributed as dist
+
+    from tandemrl.distributed.tp_weights import TensorParallelWeights, tensor_parallel_group
+    from tandemrl.engine.model.tensor_parallel import empty_shard
+
+    reduce_gradients = None
+    if choice.strategy == "replicate":
+        from tandemrl.distributed.replicate import GradientAllReduce, broadcast_trainable
+
+        broadcast_trainable(model)
+        reduce_gradients = GradientAllReduce.of(model, world_size)
+    else:
+        shard_model(model)
+    group = tensor_parallel_group(dist.get_rank(), world_size, size)
+    engine = empty_shard(model, group)
+    weights = TensorParallelWeights(model, engine, size)
+    weights.refresh()
+    return RankModel(choice, engine, weights, reduce_gradients, group)
 
 
 def agreed(choice: Choice, device: torch.device) -> Choice:

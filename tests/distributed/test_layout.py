@@ -69,6 +69,32 @@ def test_layouts_that_cannot_split_fail_before_any_work():
         check_layout(load_config(None, ["model.lora.enabled=true", "distributed.strategy=shard"]), 2)
 
 
+def test_tensor_parallel_ranks_share_prompts_and_seeds_and_split_the_training_rows():
+    def tp_rank(r: int, world: int) -> Distributed:
+        return Distributed(RankInfo(rank=r, world_size=world, local_rank=r, device=torch.device("cpu")), 2)
+
+    prompts = list("abcd")
+    assert [tp_rank(r, 4).local_share(prompts) for r in range(4)] == [["a", "b"], ["a", "b"], ["c", "d"], ["c", "d"]]
+    seeds = [tp_rank(r, 4).rollout_seed(7) for r in range(4)]
+    assert seeds[0] == seeds[1] != seeds[2] == seeds[3]
+    rows = list(range(8))
+    assert [rows[tp_rank(r, 4).train_rows(8)] for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert rows[rank(0, 2).train_rows(8)] == rows
+
+
+def test_tensor_parallel_layouts_that_cannot_split_fail_before_any_work():
+    tp = ["engine.tensor_parallel_size=2", "rollout.group_size=2"]
+    with pytest.raises(ValueError, match="engine.tensor_parallel_size = 2 must divide the 3 processes"):
+        check_layout(load_config(None, [*tp, "rollout.prompts_per_step=6"]), 3)
+    with pytest.raises(ValueError, match="must be a multiple of the 2 engines"):
+        check_layout(load_config(None, [*tp, "rollout.prompts_per_step=3"]), 4)
+    with pytest.raises(ValueError, match="train.mini_batches = 4 must divide each rank's 2 samples"):
+        check_layout(load_config(None, [*tp, "rollout.prompts_per_step=4", "train.mini_batches=4"]), 4)
+    with pytest.raises(ValueError, match="engine.tensor_parallel_size = 2 does not take model.lora.enabled"):
+        check_layout(load_config(None, [*tp, "rollout.prompts_per_step=4", "model.lora.enabled=true"]), 2)
+    check_layout(load_config(None, [*tp, "rollout.prompts_per_step=4", "train.mini_batches=1"]), 4)
+
+
 def test_checkpoints_resume_only_in_their_own_mode(tmp_path):
     import json
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from tandemrl.models.tiny import ensure_tiny_model
 from tandemrl.telemetry.writers import read_metrics
 from tandemrl.train.checkpoint import checkpoint_info, checkpoint_problem, find_latest
@@ -126,3 +128,28 @@ def test_two_torchrun_launches_meet_in_one_rendezvous_and_train_lora(tmp_path):
     latest = find_latest(tmp_path / "run" / "checkpoints")
     assert latest.name == "step-00000002" and checkpoint_info(latest)["world_size"] == 2
     assert (latest / "adapter_model.safetensors").is_file()  # rank 0 wrote the adapter in peft's layout
+
+
+def test_a_tensor_parallel_engine_over_two_ranks_trains_from_the_fsdp_shards(tmp_path):
+    """engine.tensor_parallel_size = 2: both ranks run one engine (sampled rollouts: their schedulers stay in step or
+    the job hangs), each trains on half of them, and the engine's slices refresh from the FSDP2 shards each step."""
+    tiny = ensure_tiny_model(tmp_path / "tiny")
+    settings = [f'model.tiny_dir="{tiny}"', "eval.limit=4", "eval.pass_k=0", "rollout.prompts_per_step=2",
+                "rollout.group_size=4", "log.tensorboard=false", "train.max_steps=2", "distributed.strategy=shard",
+                "engine.tensor_parallel_size=2", "distributed.timeout_s=60", "train.lr=1e-2",
+                "checkpoint.every_steps=2"]
+    done = torchrun(tmp_path, 2, "--out", "run", *[a for s in settings for a in ("--set", s)])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "engine.tensor_parallel_size = 2: 1 engine(s)" in done.stdout
+    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    assert all(row["time/weight_gather"] > 0 for row in steps)
+    assert steps[-1]["policy_version"] == 2
+    # the checkpoint's Hugging Face files hold the whole trained model, not rank 0's engine shard
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(find_latest(tmp_path / "run" / "checkpoints"))
+    start = AutoModelForCausalLM.from_pretrained(tiny)
+    assert saved.config.num_attention_heads == start.config.num_attention_heads
+    assert saved.get_input_embeddings().weight.shape == start.get_input_embeddings().weight.shape
+    assert not torch.equal(saved.model.layers[0].mlp.down_proj.weight, start.model.layers[0].mlp.down_proj.weight)

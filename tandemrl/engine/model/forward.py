@@ -87,7 +87,7 @@ def inspect_decoder(model: nn.Module) -> DecoderSpec:
         qk_norm=model_type == "qwen3",
         dtype=_weight(embed).dtype,
         device=_weight(embed).device,
-        vocab_size=int(_weight(embed).shape[0]),
+        vocab_size=int(getattr(embed, "num_embeddings", None) or _weight(embed).shape[0]),  # TP: the whole vocab
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
     )
 

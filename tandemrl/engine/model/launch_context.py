@@ -12,6 +12,7 @@ import torch
 
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
+from tandemrl.engine.model.tensor_parallel import is_shard
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN
 
@@ -49,6 +50,8 @@ class LaunchContext:
     @property
     def pairs_tandem_forwards(self) -> bool:
         """Whether a tandem burst runs in paired ticks (tandem_burst.py): the frozen model on the runner's GPU, its
-        forwards on its own stream beside the hot model's."""
+        forwards on its own stream beside the hot model's. Not for tensor-parallel shards: both models' all-reduces
+        share one communicator, whose operations must not run side by side."""
         frozen = self.slots.get(FROZEN)
-        return self.device.type == "cuda" and frozen is not None and frozen.device == self.device
+        return (self.device.type == "cuda" and frozen is not None and frozen.device == self.device
+                and not is_shard(frozen.model))

@@ -1,0 +1,167 @@
+"""Tensor-parallel decode: one engine over N ranks (engine.tensor_parallel_size = N) against one engine per GPU, in one
+torchrun launch: the decode step time at each (batch, prompt + new tokens) shape, and greedy parity.
+
+Every rank builds the same random-weight model (one seed) on its GPU. Rank 0 first runs the whole model alone (the
+other ranks wait), then all ranks run the tensor-parallel engine over the same model's shards. A shape's decode step
+time is (time of prompt + new tokens - time of the prompt and one token) / (new - 1), after a short warm-up at that
+batch (graphs captured, kernels compiled). Sampling is seeded (temperature 1, EOS ignored: fixed lengths).
+
+Greedy parity (bf16): the tokens of both engines on --parity-prompts prompts. The shard sums o_proj / down_proj
+over ranks in another order than one GPU does, so bf16 rounding may flip an argmax where the top two logits nearly
+tie; after that the continuations differ. So at each sequence's first difference the whole model's own logits (HF
+forward over prompt + the common prefix) say how far apart the two tokens were: a rounding tie is a gap within
+--tie-logits (a few bf16 ulps of the logits' size), anything wider is a real mismatch.
+
+GPU (2 GPUs): torchrun --nproc-per-node 2 -m bench.tp_decode --arch qwen2.5-7b
+CPU (gloo):   torchrun --nproc-per-node 2 -m bench.tp_decode --cpu-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from bench.engine_throughput import random_prompts, timed
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.engine.config import EngineConfig
+from tandemrl.types import Request, SamplingParams
+
+
+def build(arch: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from bench.grpo_step import ARCHITECTURES
+    from bench.multi_gpu import LARGE_ARCHITECTURES
+
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: the same weights on every rank (one seed, one kind)
+        config = Qwen2Config(**{**ARCHITECTURES, **LARGE_ARCHITECTURES}[arch])
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id = None
+    return model.eval().requires_grad_(False)
+
+
+def run(backend: EngineBackend, prompts: list[list[int]], new_tokens: int, temperature: float = 1.0) -> list:
+    params = SamplingParams(max_tokens=new_tokens, temperature=temperature, ignore_eos=True, seed=0)
+    rollouts = backend.generate([Request(str(i), p, params) for i, p in enumerate(prompts)])
+    assert all(len(r.completion_ids) == new_tokens for r in rollouts), "a sequence stopped early"
+    return [r.completion_ids for r in rollouts]
+
+
+def step_times(backend: EngineBackend, shapes: list[tuple[int, int, int]], vocab: int, device: torch.device) -> list:
+    rows = []
+    for batch, prompt_len, new in shapes:
+        run(backend, random_prompts(batch, prompt_len, vocab, seed=batch), min(new, 32))  # warm-up
+        prompts = random_prompts(batch, prompt_len, vocab, seed=batch + 1)
+        total = timed(device, lambda: run(backend, prompts, new))
+        fresh = random_prompts(batch, prompt_len, vocab, seed=batch + 2)
+        prefill = timed(device, lambda: run(backend, fresh, 1))
+        rows.append({"batch": batch, "prompt": prompt_len, "new": new, "total_s": total, "prefill_s": prefill,
+                     "decode_step_ms": (total - prefill) / (new - 1) * 1e3})
+        print(f"  batch {batch} {prompt_len}+{new}: step {rows[-1]['decode_step_ms']:.2f} ms", flush=True)
+    return rows
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@torch.no_grad()
+def parity(model, prompts: list[list[int]], whole: list[list[int]], split: list[list[int]], device) -> dict:
+    """Exact sequences, and at each first difference the whole model's logit gap between the two tokens."""
+    gaps = []
+    for prompt, a, b in zip(prompts, whole, split):
+        at = first_difference(a, b)
+        if at is None:
+            continue
+        ids = torch.tensor([prompt + a[:at]], device=device)
+        logits = model(ids).logits[0, -1].float()
+        gaps.append({"position": at, "gap": float(logits[a[at]] - logits[b[at]]),
+                     "top_logit": float(logits.max())})
+    return {"sequences": len(prompts), "exact": sum(a == b for a, b in zip(whole, split)), "differences": gaps}
+
+
+def save(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="qwen2.5-7b")
+    parser.add_argument("--shapes", nargs="+", default=["1:128:512", "64:128:512", "1:1024:4096", "64:1024:4096"],
+                        help="batch:prompt:new tokens")
+    parser.add_argument("--parity-prompts", type=int, default=16)
+    parser.add_argument("--parity-tokens", type=int, default=64)
+    parser.add_argument("--tie-logits", type=float, default=0.125, help="a greedy difference whose tokens' logits "
+                        "(whole model) are this close counts as a rounding tie")
+    parser.add_argument("--kv-gib", type=float, default=24.0, help="KV cache of the whole model (shards: 1/N each)")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (EngineConfig.cuda_graphs off)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short shapes, CPU and gloo")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/tp_decode.json"))
+    args = parser.parse_args()
+    if args.cpu_smoke:
+        args.arch, args.shapes, args.parity_prompts, args.parity_tokens, args.kv_gib = "tiny", ["2:8:8"], 4, 8, 0.01
+
+    from tandemrl.config import DistributedConfig
+    from tandemrl.distributed.env import destroy_process_group, init_process_group
+    from tandemrl.distributed.tp_weights import tensor_parallel_group
+
+    info = init_process_group(DistributedConfig(), "cpu" if args.cpu_smoke else "auto")
+    device, world = info.device, info.world_size
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build(args.arch, device, dtype)
+    vocab = model.config.vocab_size
+    shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes]
+    parity_ids = random_prompts(args.parity_prompts, 32, vocab, seed=7)
+    probe = EngineBackend(model, None, EngineConfig(num_blocks=1), device=device)
+    block_bytes = probe.runner.bytes_per_block(16)
+    probe.close()
+    num_blocks = max(64, int(args.kv_gib * 2**30 // block_bytes))
+    max_seqs = max(b for b, _, _ in shapes + [(args.parity_prompts, 0, 0)])
+    result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch, "ranks": world,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "cuda_graphs": not args.eager, "num_blocks_whole": num_blocks}
+    import torch.distributed as dist
+
+    if info.rank == 0:
+        print(f"=== one GPU, whole model ({num_blocks} blocks)", flush=True)
+        config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs, cuda_graphs=not args.eager)
+        whole = EngineBackend(model, None, config, device=device)
+        result["whole"] = step_times(whole, shapes, vocab, device)
+        whole_tokens = run(whole, parity_ids, args.parity_tokens, temperature=0.0)
+        whole.close()
+        save(args.out, result)  # a run cut short keeps the one-GPU rows
+    dist.barrier()
+    print(f"=== rank {info.rank}: tensor-parallel engine over {world} ranks", flush=True)
+    group = tensor_parallel_group(info.rank, world, world)
+    config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs, cuda_graphs=not args.eager,
+                          tensor_parallel_size=world)
+    split = EngineBackend(model, None, config, device=device, tensor_parallel=group)
+    result["split"] = step_times(split, shapes, vocab, device)
+    split_tokens = run(split, parity_ids, args.parity_tokens, temperature=0.0)
+    result["split_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    split.close()
+    if info.rank == 0:
+        result["parity"] = parity(model, parity_ids, whole_tokens, split_tokens, device)
+        result["parity"]["ties"] = all(abs(d["gap"]) <= args.tie_logits for d in result["parity"]["differences"])
+        result["ratio"] = [s["decode_step_ms"] / w["decode_step_ms"] for s, w in zip(result["split"], result["whole"])]
+        save(args.out, result)
+        print("| batch | prompt+new | 1 GPU step ms | TP step ms | TP / 1 GPU |")
+        for w, s, r in zip(result["whole"], result["split"], result["ratio"]):
+            print(f"| {w['batch']} | {w['prompt']}+{w['new']} | {w['decode_step_ms']:.2f} | "
+                  f"{s['decode_step_ms']:.2f} | {r:.2f} |")
+        p = result["parity"]
+        print(f"greedy parity: {p['exact']}/{p['sequences']} sequences exact; first differences (position, whole "
+              f"model's logit gap): {[(d['position'], round(d['gap'], 3)) for d in p['differences']]}; "
+              f"all within {args.tie_logits}: {p['ties']}")
+    dist.barrier()
+    destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
