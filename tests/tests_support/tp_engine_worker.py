@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.model.tensor_parallel import TensorParallelGroup
-from tandemrl.engine.speculative import SpeculativeConfig
-from tandemrl.engine.tandem import TandemConfig
+from tandemrl.speculative.config import SpeculativeConfig
+from tandemrl.tandem.config import TandemConfig
 from tandemrl.types import Request, SamplingParams
 
 # Qwen2.5-0.5B's shapes (14 heads, 2 KV heads, head size 64, MLP 4864, biased q/k/v, tied embeddings), 2 layers;
