@@ -4,6 +4,7 @@
 #              (bench.engine_throughput), the GRPO step 8x8x512 (bench.grpo_step) and the tandem step against
 #              vanilla at p = 0.5 and 0.8 (bench.tandem_step; the new tree also as verify rounds, --rounds-too:
 #              point 2); the table last (bench.shape_summary).
+#   PART=tests the GPU engine tests of the new tree (TESTS: which files), nothing else
 #   PART=spec  the GPU engine tests of the new tree, then `bench.speculative --batches 1 8` on it (every row >= 80 %
 #              of the formula).
 # Both trees are git archives under .ab/ (ignored; carry ".ab" and ".whl"), so neither holds anyone's uncommitted work;
@@ -34,7 +35,8 @@ if [ "${PART:-ab}" = ab ]; then
           --out "$OUT/tp-$side-$r.json" > "$OUT/tp-$side-$r.log" 2>&1 || echo "throughput $side failed"
       in_tree ".ab/$side" timeout 120 python3 -m bench.grpo_step --backend engine --repeats "$R" \
           --out "$OUT/grpo-$side-$r.json" > "$OUT/grpo-$side-$r.log" 2>&1 || echo "grpo $side failed"
-      rounds=$([ "$side" = new ] && echo --rounds-too)  # point 2: tandem as verify rounds, beside the bursts
+      # point 2: tandem as verify rounds, beside the bursts (ROUNDS_TOO=0 leaves them out)
+      rounds=$([ "$side" = new ] && [ "${ROUNDS_TOO:-1}" = 1 ] && echo --rounds-too)
       # shellcheck disable=SC2086  # rounds is empty or one word
       in_tree ".ab/$side" timeout 240 python3 -m bench.tandem_step --repeats "$R" $rounds \
           --out "$OUT/tandem-$side-$r.json" > "$OUT/tandem-$side-$r.log" 2>&1 || echo "tandem $side failed"
@@ -43,14 +45,19 @@ if [ "${PART:-ab}" = ab ]; then
   done
   PYTHONPATH=/tmp/site:$ROOT python3 -m bench.shape_summary "$OUT" | tee -a "$OUT/summary.md"
 else
-  in_tree .ab/new timeout "${TEST_SECONDS:-170}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_speculative.py \
+  # TESTS: the test files (default: the round loop's); PART=tests runs nothing after them
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  in_tree .ab/new timeout "${TEST_SECONDS:-170}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/engine/test_speculative.py \
       tests/engine/test_step_contract.py tests/engine/test_tandem.py tests/engine/test_tandem_async.py \
-      tests/engine/test_tandem_placement.py tests/engine/test_model_runner.py tests/engine/test_rejection.py \
+      tests/engine/test_tandem_placement.py tests/engine/test_model_runner.py tests/engine/test_rejection.py} \
       > "$OUT/tests.log" 2>&1
   echo "GPU engine tests exit status $? ($(tail -n 1 "$OUT/tests.log"))" | tee -a "$OUT/summary.md"
-  in_tree .ab/new timeout "${BENCH_SECONDS:-400}" python3 -m bench.speculative --batches 1 8 \
-      --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
-  echo "bench.speculative exit status $?" | tee -a "$OUT/summary.md"
-  grep -E "^\|" "$OUT/speculative.log" | tee -a "$OUT/summary.md"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$OUT/summary.md"
+  if [ "$PART" != tests ]; then
+    in_tree .ab/new timeout "${BENCH_SECONDS:-400}" python3 -m bench.speculative --batches 1 8 \
+        --out "$OUT/speculative.json" > "$OUT/speculative.log" 2>&1
+    echo "bench.speculative exit status $?" | tee -a "$OUT/summary.md"
+    grep -E "^\|" "$OUT/speculative.log" | tee -a "$OUT/summary.md"
+  fi
 fi
 (cd "$OUT" && tar -czf shape.tar.gz --exclude=shape.tar.gz ./*.log ./*.json 2>/dev/null; rm -f ./*.log ./tp-*.json ./grpo-*.json ./tandem-*.json)
