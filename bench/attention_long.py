@@ -42,9 +42,9 @@ def measure(name: str, heads: int, kv_heads: int, head_dim: int, rows: int, cont
     variants = {"engine": dict(num_splits=picked), "single": dict(num_splits=1)}
     for splits in (2, 4, 8):
         variants[f"splits {splits}"] = dict(num_splits=splits)
-    for tokens in (64, 256):  # single-pass tiles given at head_dim 64: half / twice the default's bytes
-        tiles = replace(ta.DEFAULT_DECODE_TILES, single_pass_block_n=tokens)
-        variants[f"engine, tiles {tokens}"] = dict(num_splits=picked, tiles=tiles)
+    # single-pass tiles of twice the default's bytes: 128 tokens at head_dim 128, what ran before kv_tile_tokens
+    variants["engine, tiles x2"] = dict(num_splits=picked,
+                                        tiles=replace(ta.DEFAULT_DECODE_TILES, single_pass_block_n=256))
     row = {"shape": name, "kv_dtype": str(kv_dtype), "engine_splits": picked, "kv_mib": kv_bytes / 2**20}
     for label, kwargs in variants.items():
         us = per_layer_us(lambda _: ta.triton_paged_decode(q, k_cache, v_cache, tables, ctx, 0.1, None, **kwargs),

@@ -26,11 +26,11 @@ piece() {  # piece <seconds> <name> <command...>: its log in raw/<name>.log, a l
   echo "- $name: rc $rc, $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')" | tee -a "$SUMMARY"
 }
 
-piece 120 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_paged_attention.py \
+piece 110 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_paged_attention.py \
     tests/engine/test_kv_cache_dtype.py tests/engine/test_fused_kernels.py tests/engine/test_fused_linear.py \
     -k "decode or split or prefill or fp8 or store or lora or dora or qkv or gate_up or cache_dtype"
 tail -n 3 "$OUT/raw/tests.log" >> "$SUMMARY"
-piece 45 attention python3 -m bench.attention_long --out "$OUT/raw/attention_long.json"
+piece 55 attention python3 -m bench.attention_long --out "$OUT/raw/attention_long.json"
 
 TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48)
 piece 100 long-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 --prompt-len 1024 --new-tokens 8192 --kv-gib 18 \

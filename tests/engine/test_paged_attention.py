@@ -310,17 +310,20 @@ def test_triton_decode_rejects_bad_splits():
 
 
 @needs_cuda
-@pytest.mark.parametrize("B", [1, 8, 200])
-def test_triton_decode_graph_replays_with_new_context_lens(B):
-    """Split counts come from shapes only: one capture serves contexts of any length, short or long."""
+@pytest.mark.parametrize("B,width", [(1, 64), (8, 64), (200, 64), (64, 256)])
+def test_triton_decode_graph_replays_with_new_context_lens(B, width):
+    """Split counts come from shapes only: one capture serves contexts of any length, short or long (64 rows x 2
+    KV heads, 4096-token table: long partitions, short rows written directly, long ones merged)."""
     torch.manual_seed(B)
-    dev, nb, bs, width, H, kvh, D = torch.device("cuda"), 2048, 16, 64, 14, 2, 64
+    dev, nb, bs, H, kvh, D = torch.device("cuda"), 2048, 16, 14, 2, 64
     k_cache = torch.randn(nb, bs, kvh, D, device=dev, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
     tables = torch.stack([torch.randperm(nb, device=dev)[:width] for _ in range(B)])
     staged = tables.t().contiguous().t()
     ctx = torch.randint(1, 50, (B,), device=dev)
+    if B == 64:  # the long-context regime is what this case is for
+        assert decode_splits(B, kvh, width, bs, triton_attention._sm_count(dev)) > 1
     triton_paged_decode(q, k_cache, v_cache, staged, ctx, 0.125, None)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
