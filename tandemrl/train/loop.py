@@ -36,7 +36,10 @@ from tandemrl.train.epochs import end_of_epoch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import batch_logprobs
-from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
+from tandemrl.train.async_rollouts import start_async_rollouts
+from tandemrl.train.rollout_jobs import draw_job, run_job
+from tandemrl.train.rollouts import group_advantages, weigh_frozen_tokens
+from tandemrl.train.scored_groups import group_count
 from tandemrl.train.sample_log import show_completions
 from tandemrl.train.inputs import RunInputs, write_inline_datasets
 from tandemrl.train.setup import Run, TrainerState, build_run
@@ -84,6 +87,8 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
         if log is not None:
             log.truncate_after(state.step if state.initial_eval is not None else -1)
     run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
+    if cfg.rollout.mode == "async":  # the rollout worker starts from them too (tandemrl/train/async_rollouts.py)
+        run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
         state.initial_eval = initial.to_dict()
@@ -154,6 +159,8 @@ def close_logs(run: Run, writers: MultiWriter) -> None:
     if run.sample_log is not None:
         run.sample_log.close()
     run.sync.close()
+    if run.rollouts is not None:
+        run.rollouts.close()
 
 
 def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:
@@ -173,14 +180,12 @@ def checkpoint(run: Run, state: TrainerState, started: float) -> Path:
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:
     cfg, times = run.cfg, StepTimes()
     reset_peak_memory(run.device)
-    prompts = run.parallel.local_share(run.train_prompts.next_batch())  # torchrun: this rank's whole groups
-    # the curriculum's bucket decides each prompt's group size; without it every prompt gets rollout.group_size
-    group_sizes = [run.curriculum.rollouts_for(s.index) for s in prompts] if run.curriculum else cfg.rollout.group_size
     with times.measure("rollout"):
-        params = rollout_params(cfg.rollout, seed=run.parallel.rollout_seed(cfg.train.seed * 1_000_003 + state.step))
-        scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params, group_sizes,
-                                    state.policy_version, f"step{state.step}", agent=run.agent,
-                                    inference=run.inference)
+        if run.rollouts is not None:  # async: the worker sampled it meanwhile (or is finishing it)
+            scored, async_metrics = run.rollouts.next(state.step, state.policy_version)
+        else:
+            job = draw_job(run, state.step)
+            scored, async_metrics = run_job(run, job, run.backend, run.agent, state.policy_version), {}
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     check_rewards(run, state, scored.reward, display)
     if run.curriculum is not None:
@@ -203,6 +208,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     state.policy_version += int(update.optimizer_steps > 0)
     with times.measure("sync"):
         synced = run.sync.push(run.model, state.policy_version)
+        if run.rollouts is not None:
+            async_metrics.update(run.rollouts.publish(state.policy_version))
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
     if run.sample_log is not None:
         run.sample_log.write(state.step, scored)
@@ -216,11 +223,11 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **({"accuracy": sum(scored.correct) / len(scored.correct)} if scored.correct is not None else {}),
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
-        "rollouts_per_prompt/mean": len(scored.rollouts) / len(prompts),
+        "rollouts_per_prompt/mean": len(scored.rollouts) / group_count(scored),
         "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
-        **synced.metrics(), **times.metrics(), "time/step": sum(times.durations.values()),
+        **synced.metrics(), **async_metrics, **times.metrics(), "time/step": sum(times.durations.values()),
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }

@@ -1,0 +1,145 @@
+"""rollout.mode = "async": a rollout worker samples the next batches while the trainer updates.
+
+The trainer draws each step's job (prompts, group sizes, seed) on its own thread and keeps the worker at most
+``rollout.max_staleness`` batches ahead of the step it is on; the worker thread samples and scores each job with its
+own engine over its own copy of the weights (``WeightMirror``: published after every update, applied between two
+batches) and puts the scored groups, tagged with the version that sampled them, on the :class:`RolloutQueue`. The
+trainer takes a step's groups from the queue; groups more than ``max_staleness`` versions behind it are dropped,
+counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
+published: the same batch, with the same weights, as the synchronous loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from typing import Callable
+
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.models.load import resolve_device
+from tandemrl.rollout.setup import build_agent
+from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
+from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue
+from tandemrl.train.rollouts import ScoredRollouts
+from tandemrl.train.scored_groups import join_groups
+from tandemrl.train.setup import Run
+from tandemrl.train.weight_mirror import WeightMirror
+
+MAX_EXTRA_DROPS = 3  # stale batches in a row beyond max_staleness before the run stops: the weights are stuck
+Sampler = Callable[[RolloutJob, int], ScoredRollouts]  # (job, policy version) -> the scored batch
+
+
+class RolloutWorker:
+    """Runs jobs in order on its own thread: applies the newest published weights, samples, puts the result on
+    ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises it)."""
+
+    def __init__(self, sample: Sampler, mirror: WeightMirror, out: RolloutQueue) -> None:
+        self._sample, self.mirror, self.out = sample, mirror, out
+        self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
+        self.busy_s = 0.0  # seconds spent sampling, since the start
+        self._thread.start()
+
+    def submit(self, job: RolloutJob) -> None:
+        self._jobs.put(job)
+
+    def gone(self) -> str | None:
+        """None while the thread runs; why it does not otherwise."""
+        return None if self._thread.is_alive() else "the rollout worker thread ended"
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self.out.close()  # a put waiting for room returns
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        job = None
+        try:
+            while (job := self._jobs.get()) is not None:
+                version = self.mirror.apply()  # between two batches: one batch, one version
+                started = time.perf_counter()
+                scored = self._sample(job, version)
+                self.busy_s += time.perf_counter() - started
+                self.out.put(QueuedGroups(scored, min(r.policy_version for r in scored.rollouts)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
+            where = f"step {job.index}'s batch" if job is not None else "a batch"
+            self.out.fail(f"the rollout worker failed while sampling {where} (rollout.mode = 'async'): "
+                          f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+
+
+class AsyncRollouts:
+    """The trainer's side: keeps the worker supplied with jobs and takes each step's groups from the queue."""
+
+    def __init__(self, draw: Callable[[int], RolloutJob], worker: RolloutWorker, max_staleness: int,
+                 groups_per_step: int, first_index: int, release: Callable[[], None] = lambda: None) -> None:
+        self._draw, self.worker, self.max_staleness, self._release = draw, worker, max_staleness, release
+        self.groups_per_step = groups_per_step
+        self._next_index = first_index  # the next job's step index
+        self.dropped_total = 0
+        self._drops_in_a_row = 0
+        self._clock = (time.perf_counter(), worker.busy_s)
+
+    def next(self, step: int, trainer_version: int) -> tuple[ScoredRollouts, dict[str, float]]:
+        """Step ``step``'s groups (the trainer holds ``trainer_version``) and the metrics of the wait."""
+        while self._next_index <= step + self.max_staleness:  # at most max_staleness batches ahead
+            self._submit()
+        self._drops_in_a_row = 0
+        taken = self.worker.out.take(self.groups_per_step, trainer_version, self.max_staleness,
+                                     on_drop=lambda item: self._replace(item, trainer_version), alive=self.worker.gone)
+        scored = join_groups([part.scored for part in taken.parts])
+        self.dropped_total += taken.dropped_groups
+        lags = [trainer_version - r.policy_version for r in scored.rollouts]
+        return scored, {
+            "async/version_lag_mean": sum(lags) / len(lags), "async/version_lag_max": max(lags),
+            "async/dropped_groups": taken.dropped_groups, "async/dropped_groups_total": self.dropped_total,
+            "async/queue_groups": self.worker.out.depth_groups, "async/wait_s": taken.waited_s,
+            "async/worker_busy": self._worker_busy(),
+        }
+
+    def publish(self, version: int) -> dict[str, float]:
+        """After an update: stage the trainer's weights for the worker (applied before its next batch)."""
+        seconds = self.worker.mirror.publish(version)
+        return {"async/push_s": seconds, "async/push_mb": self.worker.mirror.bytes / 2**20}
+
+    def close(self) -> None:
+        self.worker.stop()
+        self._release()
+
+    def _replace(self, dropped: QueuedGroups, trainer_version: int) -> None:
+        """A batch came back too stale: ask for another, unless the worker's weights plainly stopped following."""
+        self._drops_in_a_row += 1
+        if self._drops_in_a_row > self.max_staleness + MAX_EXTRA_DROPS:
+            raise RolloutProducerError(
+                f"{self._drops_in_a_row} batches in a row were sampled more than rollout.max_staleness = "
+                f"{self.max_staleness} versions behind the trainer (the last by version {dropped.version}, the "
+                f"trainer holds {trainer_version}): the rollout worker's weights do not follow the trainer's")
+        self._submit()
+
+    def _submit(self) -> None:
+        self.worker.submit(self._draw(self._next_index))
+        self._next_index += 1
+
+    def _worker_busy(self) -> float:
+        """The share of the wall time since the last take that the worker spent sampling."""
+        now, busy = time.perf_counter(), self.worker.busy_s
+        (then, busy_then), self._clock = self._clock, (now, busy)
+        return (busy - busy_then) / max(now - then, 1e-9)
+
+
+def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollouts:
+    """The worker over a copy of the trainer's current weights (``version``) on ``rollout.async_device``, with
+    an engine (and agent loop) of its own; its first job is step ``first_step``'s."""
+    cfg = run.cfg
+    if run.engine_model is not None:
+        raise ValueError("rollout.mode = 'async' runs in one process; under torchrun use rollout.mode = 'sync'")
+    device = resolve_device(cfg.rollout.async_device) if cfg.rollout.async_device else run.device
+    mirror = WeightMirror.copy_of(run.model, device, version)
+    backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
+    agent = build_agent(cfg, backend, run.tokenizer)
+    sample = lambda job, policy_version: run_job(run, job, backend, agent, policy_version)
+    worker = RolloutWorker(sample, mirror, RolloutQueue(capacity_groups=(cfg.rollout.max_staleness + 2) *
+                                                        cfg.rollout.prompts_per_step))
+    return AsyncRollouts(lambda index: draw_job(run, index), worker, cfg.rollout.max_staleness,
+                         cfg.rollout.prompts_per_step, first_step, release=backend.close)
