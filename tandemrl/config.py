@@ -400,9 +400,9 @@ class Config(Section):
         rollout = self.rollout
         if rollout.mode != "async":
             return self
-        if rollout.backend != "engine":
-            raise ValueError(f"rollout.mode = 'async' runs its rollout worker on the engine: set rollout.backend = "
-                             f"'engine' (got {rollout.backend!r})")
+        if rollout.backend not in ("engine", "server"):
+            raise ValueError(f"rollout.mode = 'async' samples with its own engine or from a `tandemrl serve` "
+                             f"server: set rollout.backend = 'engine' or 'server' (got {rollout.backend!r})")
         if rollout.speculative.enabled or self.tandem.enabled:
             raise ValueError("rollout.mode = 'async' does not run speculative or tandem rollouts yet")
         return self

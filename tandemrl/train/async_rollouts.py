@@ -18,6 +18,7 @@ import traceback
 from typing import Callable
 
 from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.backends.server_backend import ServerBackend
 from tandemrl.models.load import resolve_device
 from tandemrl.rollout.setup import build_agent
 from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
@@ -27,6 +28,7 @@ from tandemrl.train.scored_groups import join_groups
 from tandemrl.train.setup import Run
 from tandemrl.train.weight_mirror import WeightMirror
 
+ANY_VERSION = 2**62  # a ServerBackend staleness bound that never refuses
 MAX_EXTRA_DROPS = 3  # stale batches in a row beyond max_staleness before the run stops: the weights are stuck
 Sampler = Callable[[RolloutJob, int], ScoredRollouts]  # (job, policy version) -> the scored batch
 
@@ -35,7 +37,7 @@ class RolloutWorker:
     """Runs jobs in order on its own thread: applies the newest published weights, samples, puts the result on
     ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises it)."""
 
-    def __init__(self, sample: Sampler, mirror: WeightMirror, out: RolloutQueue) -> None:
+    def __init__(self, sample: Sampler, mirror: WeightMirror | None, out: RolloutQueue) -> None:
         self._sample, self.mirror, self.out = sample, mirror, out
         self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
@@ -58,7 +60,8 @@ class RolloutWorker:
         job = None
         try:
             while (job := self._jobs.get()) is not None:
-                version = self.mirror.apply()  # between two batches: one batch, one version
+                # between two batches: one batch, one version (a server applies pushes itself, between two steps)
+                version = self.mirror.apply() if self.mirror is not None else -1
                 started = time.perf_counter()
                 scored = self._sample(job, version)
                 self.busy_s += time.perf_counter() - started
@@ -100,8 +103,10 @@ class AsyncRollouts:
 
     def publish(self, version: int) -> dict[str, float]:
         """After an update: stage the trainer's weights for the worker (applied before its next batch)."""
-        seconds = self.worker.mirror.publish(version)
-        return {"async/push_s": seconds, "async/push_mb": self.worker.mirror.bytes / 2**20}
+        mirror = self.worker.mirror
+        if mirror is None:  # a server: run.sync pushed the weights there already
+            return {}
+        return {"async/push_s": mirror.publish(version), "async/push_mb": mirror.bytes / 2**20}
 
     def close(self) -> None:
         self.worker.stop()
@@ -129,16 +134,24 @@ class AsyncRollouts:
 
 
 def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollouts:
-    """The worker over a copy of the trainer's current weights (``version``) on ``rollout.async_device``, with
-    an engine (and agent loop) of its own; its first job is step ``first_step``'s."""
+    """The worker; its first job is step ``first_step``'s. With the engine it samples a copy of the trainer's
+    current weights (``version``) on ``rollout.async_device`` with an engine (and agent loop) of its own; with
+    ``rollout.backend = "server"`` it sends the jobs to the server, which the trainer's ``sync.kind`` pushes to."""
     cfg = run.cfg
     if run.engine_model is not None:
         raise ValueError("rollout.mode = 'async' runs in one process; under torchrun use rollout.mode = 'sync'")
-    device = resolve_device(cfg.rollout.async_device) if cfg.rollout.async_device else run.device
-    mirror = WeightMirror.copy_of(run.model, device, version)
-    backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
-    agent = build_agent(cfg, backend, run.tokenizer)
-    sample = lambda job, policy_version: run_job(run, job, backend, agent, policy_version)
+    mirror, agent = None, None
+    if cfg.rollout.backend == "server":
+        r = cfg.rollout  # the queue judges staleness: the backend takes whatever version the server holds
+        backend = ServerBackend(r.server_url or "", max_staleness=ANY_VERSION, retries=r.server_retries,
+                                backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
+    else:
+        device = resolve_device(cfg.rollout.async_device) if cfg.rollout.async_device else run.device
+        mirror = WeightMirror.copy_of(run.model, device, version)
+        backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
+        agent = build_agent(cfg, backend, run.tokenizer)
+    # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
+    sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
     worker = RolloutWorker(sample, mirror, RolloutQueue(capacity_groups=(cfg.rollout.max_staleness + 2) *
                                                         cfg.rollout.prompts_per_step))
     return AsyncRollouts(lambda index: draw_job(run, index), worker, cfg.rollout.max_staleness,

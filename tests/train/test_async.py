@@ -173,7 +173,7 @@ def test_a_worker_that_dies_stops_the_run_with_its_error(tmp_path, monkeypatch):
 
 
 def test_async_needs_the_engine_and_says_so():
-    with pytest.raises(ConfigError, match="rollout.mode = 'async' runs its rollout worker on the engine"):
+    with pytest.raises(ConfigError, match="rollout.mode = 'async' samples with its own engine or from a `tandemrl serve`"):
         load_config(None, ["rollout.mode=async", "rollout.backend=hf"])
     with pytest.raises(ConfigError, match="rollout.async_device is set but has no effect"):
         load_config(None, ["rollout.async_device=cpu"])
