@@ -179,3 +179,14 @@ def test_async_needs_the_engine_and_says_so():
         load_config(None, ["rollout.async_device=cpu"])
     with pytest.raises(ConfigError, match="train.tis_mode is set but has no effect"):
         load_config(None, ["train.tis_mode=mask"])
+
+
+def test_the_async_example_runs(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "async-tiny.toml"
+    cfg = load_config(example, [f'model.tiny_dir="{tmp_path / "tiny"}"', "model.device=cpu", "train.max_steps=3",
+                                "rollout.prompts_per_step=4", "rollout.group_size=4", "eval.limit=8",
+                                "eval.pass_k=0", "log.tensorboard=false"])
+    summary = train(cfg, tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
+    assert summary["steps"] == 3 and sorted(rows) == [1, 2, 3]
+    assert all(rows[s]["async/version_lag_max"] <= 1 and "tis/clip_frac" in rows[s] for s in rows)
