@@ -130,6 +130,10 @@ class RolloutConfig(Section):
                                "behind the trainer's when it is used: the server backend refuses older ones, "
                                "`rollout.mode = \"async\"` drops them (and samples at most this many batches "
                                "ahead); 0 = on-policy")
+    env_port: int | None = Field(None, ge=0, le=65535, description="`rollout.mode = \"async\"` with "
+                                 "`rollout.backend = \"server\"`: take the groups from environment processes "
+                                 "(`python -m tandemrl.envs`) that push them to this port of 127.0.0.1 (0: a free "
+                                 "one, printed at the start) instead of sampling them itself")
     async_device: str | None = Field(None, description="`rollout.mode = \"async\"`: the device of the rollout "
                                      "worker's copy of the weights, e.g. `\"cuda:1\"`; unset: the trainer's")
     server_retries: int = Field(3, ge=0, description="attempts after the first when the server does not answer")
@@ -405,6 +409,9 @@ class Config(Section):
                              f"server: set rollout.backend = 'engine' or 'server' (got {rollout.backend!r})")
         if rollout.speculative.enabled or self.tandem.enabled:
             raise ValueError("rollout.mode = 'async' does not run speculative or tandem rollouts yet")
+        if rollout.env_port is not None and rollout.backend != "server":
+            raise ValueError("rollout.env_port takes groups from environments that sample from a server: set "
+                             "rollout.backend = 'server' and rollout.server_url (the trainer pushes its weights there)")
         return self
 
     @model_validator(mode="after")

@@ -70,6 +70,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(("rollout.async_device",), lambda c: c.rollout.mode == "async" and c.rollout.backend == "engine",
            lambda c: f"rollout.mode = {c.rollout.mode!r}" if c.rollout.mode != "async" else _backend(c),
            "rollout.mode = 'async' with rollout.backend = 'engine'"),
+    Switch(("rollout.env_port",), lambda c: c.rollout.mode == "async", lambda c: f"rollout.mode = {c.rollout.mode!r}",
+           "rollout.mode = 'async'"),
     Switch(("train.tis_mode",), lambda c: c.train.tis_cap > 0, lambda c: "train.tis_cap = 0",
            "train.tis_cap > 0 (e.g. 2.0)"),
     Switch(("rollout.server_url", "rollout.server_retries", "rollout.server_backoff_s", "rollout.server_timeout_s"),

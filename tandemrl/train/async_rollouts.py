@@ -15,12 +15,13 @@ import queue
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Protocol
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.server_backend import ServerBackend
 from tandemrl.models.load import resolve_device
 from tandemrl.rollout.setup import build_agent
+from tandemrl.train.group_receiver import GroupReceiver
 from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
 from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue
 from tandemrl.train.rollouts import ScoredRollouts
@@ -29,7 +30,7 @@ from tandemrl.train.setup import Run
 from tandemrl.train.weight_mirror import WeightMirror
 
 ANY_VERSION = 2**62  # a ServerBackend staleness bound that never refuses
-MAX_EXTRA_DROPS = 3  # stale batches in a row beyond max_staleness before the run stops: the weights are stuck
+MAX_EXTRA_DROPS = 3  # stale batches in one take beyond a full queue before the run stops: the weights are stuck
 Sampler = Callable[[RolloutJob, int], ScoredRollouts]  # (job, policy version) -> the scored batch
 
 
@@ -42,6 +43,7 @@ class RolloutWorker:
         self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
         self.busy_s = 0.0  # seconds spent sampling, since the start
+        self.trainer_version = 0
         self._thread.start()
 
     def submit(self, job: RolloutJob) -> None:
@@ -72,87 +74,120 @@ class RolloutWorker:
                           f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
 
 
-class AsyncRollouts:
-    """The trainer's side: keeps the worker supplied with jobs and takes each step's groups from the queue."""
+class Producer(Protocol):
+    """Where the groups come from: the rollout worker (jobs drawn by the trainer) or environments (their own)."""
 
-    def __init__(self, draw: Callable[[int], RolloutJob], worker: RolloutWorker, max_staleness: int,
+    out: RolloutQueue
+    mirror: WeightMirror | None  # None: the weights travel another way (a server's sync.kind)
+    trainer_version: int
+
+    def submit(self, job: RolloutJob) -> None: ...
+
+    def gone(self) -> str | None: ...
+
+    def stop(self) -> None: ...
+
+
+class AsyncRollouts:
+    """The trainer's side: keeps the worker supplied with jobs (``draw``; None: the producer draws its own) and
+    takes each step's groups from the queue."""
+
+    def __init__(self, draw: Callable[[int], RolloutJob] | None, producer: Producer, max_staleness: int,
                  groups_per_step: int, first_index: int, release: Callable[[], None] = lambda: None) -> None:
-        self._draw, self.worker, self.max_staleness, self._release = draw, worker, max_staleness, release
+        self._draw, self.producer, self.max_staleness, self._release = draw, producer, max_staleness, release
         self.groups_per_step = groups_per_step
         self._next_index = first_index  # the next job's step index
         self.dropped_total = 0
-        self._drops_in_a_row = 0
-        self._clock = (time.perf_counter(), worker.busy_s)
+        self._dropped_in_take = 0
+        self._clock = (time.perf_counter(), self._busy_s())
 
     def next(self, step: int, trainer_version: int) -> tuple[ScoredRollouts, dict[str, float]]:
         """Step ``step``'s groups (the trainer holds ``trainer_version``) and the metrics of the wait."""
-        while self._next_index <= step + self.max_staleness:  # at most max_staleness batches ahead
+        self.producer.trainer_version = trainer_version
+        while self._draw is not None and self._next_index <= step + self.max_staleness:  # <= max_staleness ahead
             self._submit()
-        self._drops_in_a_row = 0
-        taken = self.worker.out.take(self.groups_per_step, trainer_version, self.max_staleness,
-                                     on_drop=lambda item: self._replace(item, trainer_version), alive=self.worker.gone)
+        self._dropped_in_take = 0
+        taken = self.producer.out.take(self.groups_per_step, trainer_version, self.max_staleness,
+                                       on_drop=lambda item: self._replace(item, trainer_version),
+                                       alive=self.producer.gone)
         scored = join_groups([part.scored for part in taken.parts])
         self.dropped_total += taken.dropped_groups
         lags = [trainer_version - r.policy_version for r in scored.rollouts]
+        busy = self._worker_busy()
         return scored, {
             "async/version_lag_mean": sum(lags) / len(lags), "async/version_lag_max": max(lags),
             "async/dropped_groups": taken.dropped_groups, "async/dropped_groups_total": self.dropped_total,
-            "async/queue_groups": self.worker.out.depth_groups, "async/wait_s": taken.waited_s,
-            "async/worker_busy": self._worker_busy(),
+            "async/queue_groups": self.producer.out.depth_groups, "async/wait_s": taken.waited_s,
+            **({"async/worker_busy": busy} if busy is not None else {}),
         }
 
     def publish(self, version: int) -> dict[str, float]:
         """After an update: stage the trainer's weights for the worker (applied before its next batch)."""
-        mirror = self.worker.mirror
+        self.producer.trainer_version = version
+        mirror = self.producer.mirror
         if mirror is None:  # a server: run.sync pushed the weights there already
             return {}
         return {"async/push_s": mirror.publish(version), "async/push_mb": mirror.bytes / 2**20}
 
     def close(self) -> None:
-        self.worker.stop()
+        self.producer.stop()
         self._release()
 
     def _replace(self, dropped: QueuedGroups, trainer_version: int) -> None:
-        """A batch came back too stale: ask for another, unless the worker's weights plainly stopped following."""
-        self._drops_in_a_row += 1
-        if self._drops_in_a_row > self.max_staleness + MAX_EXTRA_DROPS:
+        """Groups came back too stale: ask for another batch, unless the producer's weights plainly stopped
+        following (more stale groups in one take than the queue holds, and a few batches more)."""
+        self._dropped_in_take += dropped.groups
+        limit = self.producer.out.capacity_groups + MAX_EXTRA_DROPS * self.groups_per_step
+        if self._dropped_in_take > limit:
             raise RolloutProducerError(
-                f"{self._drops_in_a_row} batches in a row were sampled more than rollout.max_staleness = "
+                f"{self._dropped_in_take} groups in a row were sampled more than rollout.max_staleness = "
                 f"{self.max_staleness} versions behind the trainer (the last by version {dropped.version}, the "
-                f"trainer holds {trainer_version}): the rollout worker's weights do not follow the trainer's")
-        self._submit()
+                f"trainer holds {trainer_version}): the rollouts' weights do not follow the trainer's")
+        if self._draw is not None:
+            self._submit()
 
     def _submit(self) -> None:
-        self.worker.submit(self._draw(self._next_index))
+        assert self._draw is not None
+        self.producer.submit(self._draw(self._next_index))
         self._next_index += 1
 
-    def _worker_busy(self) -> float:
-        """The share of the wall time since the last take that the worker spent sampling."""
-        now, busy = time.perf_counter(), self.worker.busy_s
+    def _busy_s(self) -> float | None:
+        return getattr(self.producer, "busy_s", None)
+
+    def _worker_busy(self) -> float | None:
+        """The share of the wall time since the last take that the worker spent sampling (None: not known)."""
+        now, busy = time.perf_counter(), self._busy_s()
         (then, busy_then), self._clock = self._clock, (now, busy)
+        if busy is None or busy_then is None:
+            return None
         return (busy - busy_then) / max(now - then, 1e-9)
 
 
 def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollouts:
-    """The worker; its first job is step ``first_step``'s. With the engine it samples a copy of the trainer's
-    current weights (``version``) on ``rollout.async_device`` with an engine (and agent loop) of its own; with
-    ``rollout.backend = "server"`` it sends the jobs to the server, which the trainer's ``sync.kind`` pushes to."""
+    """Where the run's groups come from; the first job is step ``first_step``'s. With the engine a worker thread
+    samples a copy of the trainer's current weights (``version``) on ``rollout.async_device`` with an engine (and
+    agent loop) of its own; with ``rollout.backend = "server"`` it sends the jobs to the server, which the trainer's
+    ``sync.kind`` pushes to; with ``rollout.env_port`` set, environment processes push the groups."""
     cfg = run.cfg
+    r = cfg.rollout
     if run.engine_model is not None:
         raise ValueError("rollout.mode = 'async' runs in one process; under torchrun use rollout.mode = 'sync'")
+    queue_ = RolloutQueue(capacity_groups=(r.max_staleness + 2) * r.prompts_per_step)
+    if r.env_port is not None:
+        receiver = GroupReceiver(queue_, r.max_staleness, port=r.env_port)
+        print(f"environments: push scored groups to {receiver.url}/groups (python -m tandemrl.envs --trainer "
+              f"{receiver.url})", flush=True)
+        return AsyncRollouts(None, receiver, r.max_staleness, r.prompts_per_step, first_step)
     mirror, agent = None, None
-    if cfg.rollout.backend == "server":
-        r = cfg.rollout  # the queue judges staleness: the backend takes whatever version the server holds
+    if r.backend == "server":  # the queue judges staleness: the backend takes whatever version the server holds
         backend = ServerBackend(r.server_url or "", max_staleness=ANY_VERSION, retries=r.server_retries,
                                 backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
     else:
-        device = resolve_device(cfg.rollout.async_device) if cfg.rollout.async_device else run.device
+        device = resolve_device(r.async_device) if r.async_device else run.device
         mirror = WeightMirror.copy_of(run.model, device, version)
         backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
         agent = build_agent(cfg, backend, run.tokenizer)
     # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
     sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
-    worker = RolloutWorker(sample, mirror, RolloutQueue(capacity_groups=(cfg.rollout.max_staleness + 2) *
-                                                        cfg.rollout.prompts_per_step))
-    return AsyncRollouts(lambda index: draw_job(run, index), worker, cfg.rollout.max_staleness,
-                         cfg.rollout.prompts_per_step, first_step, release=backend.close)
+    return AsyncRollouts(lambda index: draw_job(run, index), RolloutWorker(sample, mirror, queue_), r.max_staleness,
+                         r.prompts_per_step, first_step, release=backend.close)

@@ -30,14 +30,13 @@ def join_groups(parts: list[ScoredRollouts]) -> ScoredRollouts:
 
 
 def join_rewards(results: list[RewardResult]) -> RewardResult:
-    """Rewards of consecutive parts as one result: values concatenated, error and NaN counts summed."""
-    names = list(results[0].components)
-    if any(list(r.components) != names for r in results):
-        raise ValueError(f"groups scored by different reward functions cannot share a step: "
-                         f"{sorted({tuple(r.components) for r in results})}")
+    """Rewards of consecutive parts as one result: values concatenated (None where a part has no such component:
+    environments may score with different functions), error and NaN counts summed."""
+    names = list(dict.fromkeys(name for r in results for name in r.components))
     return RewardResult(
         total=[t for r in results for t in r.total],
-        components={name: [v for r in results for v in r.components[name]] for name in names},
+        components={name: [v for r in results for v in r.components.get(name, [None] * len(r.total))]
+                    for name in names},
         errors=_sum_counts([r.errors for r in results]),
         first_traceback=next((r.first_traceback for r in results if r.first_traceback), None),
         nonfinite=sum(r.nonfinite for r in results),

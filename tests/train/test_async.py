@@ -103,7 +103,7 @@ def test_stale_batches_are_dropped_counted_and_replaced_and_versions_are_recorde
     try:
         first, metrics = source.next(step=0, trainer_version=0)  # jobs 0 and 1 go out, both sampled by version 0
         assert [r.policy_version for r in first.rollouts] == [0, 0] and metrics["async/dropped_groups"] == 0
-        while source.worker.out.depth_groups < 1:  # job 1 done (version 0)
+        while source.producer.out.depth_groups < 1:  # job 1 done (version 0)
             pass
         update(trainer, source, 1)
         update(trainer, source, 2)  # two updates before the next take: job 1 is now 2 versions behind
