@@ -190,3 +190,14 @@ def test_the_async_example_runs(tmp_path):
     rows = read_rows(tmp_path / "run")
     assert summary["steps"] == 3 and sorted(rows) == [1, 2, 3]
     assert all(rows[s]["async/version_lag_max"] <= 1 and "tis/clip_frac" in rows[s] for s in rows)
+
+
+def test_the_tool_calling_agent_loop_runs_in_the_worker_as_it_runs_in_the_trainer(tmp_path):
+    base = ("data.task=synthetic:peek", "train.max_steps=3", "checkpoint.every_steps=0", "eval.pass_k=0")
+    train(small_config(tmp_path, *base), tmp_path / "sync")
+    train(small_config(tmp_path, *base, "rollout.mode=async"), tmp_path / "async")
+    sync_rows, async_rows = read_rows(tmp_path / "sync"), read_rows(tmp_path / "async")
+    for step in sync_rows:  # multi-turn trajectories, their tool calls and rewards: the same
+        mine = {k: v for k, v in comparable(async_rows[step]).items() if not k.startswith(ASYNC_ONLY)}
+        assert mine == comparable(sync_rows[step]), step
+        assert "tools/calls_per_traj" in mine
