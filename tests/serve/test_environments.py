@@ -13,7 +13,8 @@ from rich.console import Console
 
 pytest.importorskip("openai")
 
-from tandemrl.config import validate_config  # noqa: E402
+from tandemrl.config import config_to_toml, validate_config  # noqa: E402
+from tandemrl.envs.__main__ import main as envs_main  # noqa: E402
 from tandemrl.envs.runner import run_environment  # noqa: E402
 from tandemrl.train.group_receiver import GroupReceiver  # noqa: E402
 from tandemrl.train.rollout_queue import RolloutQueue  # noqa: E402
@@ -41,14 +42,19 @@ def test_two_environments_feed_the_trainer_through_the_server(tiny_dir, tmp_path
         def environment(name: str, seed: int) -> None:
             reports[name] = run_environment(cfg, f"http://127.0.0.1:{port}", name, seed, stop)
 
-        envs = [threading.Thread(target=environment, args=(f"env{i}", i)) for i in range(2)]
+        config_file = tmp_path / "run.toml"
+        config_file.write_text(config_to_toml(cfg))
+        command_line = ["--trainer", f"http://127.0.0.1:{port}", "--config", str(config_file), "--name", "env1",
+                        "--seed", "1"]  # the other one as `python -m tandemrl.envs` runs it
+        envs = [threading.Thread(target=environment, args=("env0", 0)),
+                threading.Thread(target=lambda: reports.setdefault("env1", envs_main(command_line)))]
         for thread in envs:
             thread.start()
         train(cfg, tmp_path / "run", console=Console(file=io.StringIO()))
         for thread in envs:
             thread.join(timeout=60)  # the trainer said it finished: they stop on their own
             assert not thread.is_alive()
-        assert sum(r.pushed for r in reports.values()) >= 3 * 2
+        assert reports["env1"] == 0 and "env0" in reports  # both ran to the end: the trainer took 3 x 2 groups
         rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in rows if "loss" in r]
         assert [r["policy_version"] for r in steps] == [1, 2, 3]
