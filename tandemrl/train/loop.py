@@ -178,7 +178,7 @@ def checkpoint(run: Run, state: TrainerState, started: float) -> Path:
 
 
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:
-    cfg, times = run.cfg, StepTimes()
+    cfg, times, started = run.cfg, StepTimes(), time.perf_counter()
     reset_peak_memory(run.device)
     with times.measure("rollout"):
         if run.rollouts is not None:  # async: the worker sampled it meanwhile (or is finishing it)
@@ -228,6 +228,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
         **synced.metrics(), **async_metrics, **times.metrics(), "time/step": sum(times.durations.values()),
+        "time/step_wall": time.perf_counter() - started,  # all of it: with async rollouts, what a step costs
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }
