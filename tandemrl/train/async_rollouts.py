@@ -66,8 +66,9 @@ class RolloutWorker:
                 version = self.mirror.apply() if self.mirror is not None else -1
                 started = time.perf_counter()
                 scored = self._sample(job, version)
-                self.busy_s += time.perf_counter() - started
-                self.out.put(QueuedGroups(scored, min(r.policy_version for r in scored.rollouts)))
+                seconds = time.perf_counter() - started
+                self.busy_s += seconds
+                self.out.put(QueuedGroups(scored, min(r.policy_version for r in scored.rollouts), sample_s=seconds))
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
             where = f"step {job.index}'s batch" if job is not None else "a batch"
             self.out.fail(f"the rollout worker failed while sampling {where} (rollout.mode = 'async'): "
@@ -118,6 +119,7 @@ class AsyncRollouts:
             "async/version_lag_mean": sum(lags) / len(lags), "async/version_lag_max": max(lags),
             "async/dropped_groups": taken.dropped_groups, "async/dropped_groups_total": self.dropped_total,
             "async/queue_groups": self.producer.out.depth_groups, "async/wait_s": taken.waited_s,
+            "async/sample_s": sum(part.sample_s for part in taken.parts),
             **({"async/worker_busy": busy} if busy is not None else {}),
         }
 

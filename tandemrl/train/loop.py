@@ -224,7 +224,9 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "rollouts_per_prompt/mean": len(scored.rollouts) / group_count(scored),
-        "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
+        # async: over the worker's sampling time (the trainer's wait for it says nothing of the engine's speed)
+        "tokens_per_s": sum(lengths) / max(async_metrics.get("async/sample_s") or times.durations["rollout"], 1e-9),
+        **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
         **synced.metrics(), **async_metrics, **times.metrics(), "time/step": sum(times.durations.values()),

@@ -26,6 +26,7 @@ class QueuedGroups:
     scored: ScoredRollouts
     version: int  # the oldest policy version among its rollouts
     source: str = "worker"  # who produced it (the worker, or an environment's name)
+    sample_s: float = 0.0  # how long sampling and scoring it took, where the producer knows (the worker)
     groups: int = field(init=False)
 
     def __post_init__(self) -> None:
