@@ -201,3 +201,27 @@ def test_the_tool_calling_agent_loop_runs_in_the_worker_as_it_runs_in_the_traine
         mine = {k: v for k, v in comparable(async_rows[step]).items() if not k.startswith(ASYNC_ONLY)}
         assert mine == comparable(sync_rows[step]), step
         assert "tools/calls_per_traj" in mine
+
+
+def test_an_interrupted_async_run_resumes_and_finishes(tmp_path, monkeypatch):
+    import signal
+
+    import tandemrl.train.loop as loop
+
+    cfg = small_config(tmp_path, "train.max_steps=5", "rollout.mode=async", "rollout.max_staleness=1")
+    real_step = loop.train_step
+
+    def interrupted_step(run, state, display):
+        if state.step == 2:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C during step 3: it finishes, saves, stops the worker
+        return real_step(run, state, display)
+
+    monkeypatch.setattr(loop, "train_step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "run")
+    monkeypatch.setattr(loop, "train_step", real_step)
+    summary = train(cfg, tmp_path / "run", resume=True)
+    rows = read_rows(tmp_path / "run")
+    assert summary["steps"] == 5 and sorted(rows) == [1, 2, 3, 4, 5]
+    assert [rows[s]["policy_version"] for s in rows] == [1, 2, 3, 4, 5]
+    assert all(rows[s]["async/version_lag_max"] <= 1 for s in rows)
