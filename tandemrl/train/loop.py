@@ -10,6 +10,7 @@ is asked for a policy version it does not hold yet (tandemrl/backends/vllm/).
 from __future__ import annotations
 
 import time
+from contextlib import closing, nullcontext
 from pathlib import Path
 
 import torch
@@ -87,13 +88,14 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
         if log is not None:
             log.truncate_after(state.step if state.initial_eval is not None else -1)
     run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
-    if cfg.rollout.mode == "async":  # the rollout worker starts from them too (tandemrl/train/async_rollouts.py)
-        run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
     if state.initial_eval is None:
         initial = run_evaluation(run, state)
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
-    with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
+    if cfg.rollout.mode == "async":  # the rollout worker, from the same weights (tandemrl/train/async_rollouts.py)
+        run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
+    with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt, \
+            closing(run.rollouts) if run.rollouts is not None else nullcontext():  # the worker stops with the steps
         # every rank stops after the same step (a signal or the time budget may reach them at different moments)
         while state.step < cfg.train.max_steps and not run.parallel.any(
                 interrupt.requested or state.stopped_early or _out_of_time(cfg, started)):
@@ -159,8 +161,6 @@ def close_logs(run: Run, writers: MultiWriter) -> None:
     if run.sample_log is not None:
         run.sample_log.close()
     run.sync.close()
-    if run.rollouts is not None:
-        run.rollouts.close()
 
 
 def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:
