@@ -6,7 +6,9 @@ own engine over its own copy of the weights (``WeightMirror``: published after e
 batches) and puts the scored groups, tagged with the version that sampled them, on the :class:`RolloutQueue`. The
 trainer takes a step's groups from the queue; groups more than ``max_staleness`` versions behind it are dropped,
 counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
-published: the same batch, with the same weights, as the synchronous loop.
+published: the same batch, with the same weights, as the synchronous loop. With rollout.backend = "server" the worker
+sends its jobs to the server instead (the trainer's sync.kind carries the weights); with rollout.env_port the groups
+come from environment processes through the :class:`GroupReceiver` (tandemrl/envs/).
 """
 
 from __future__ import annotations
