@@ -93,6 +93,9 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
     if cfg.rollout.mode == "async":  # the rollout worker, from the same weights (tandemrl/train/async_rollouts.py)
+        if cfg.rollout.max_staleness > 0 and cfg.train.tis_cap == 0:
+            console.print("rollout.max_staleness > 0 without train.tis_cap: stale rollouts are used uncorrected and "
+                          "learn less (docs/async.md); set train.tis_cap, e.g. 2.0", style="yellow", markup=False)
         run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt, \
             closing(run.rollouts) if run.rollouts is not None else nullcontext():  # the worker stops with the steps
