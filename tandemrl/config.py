@@ -122,8 +122,20 @@ class RolloutConfig(Section):
         "`tandemrl serve` process at `rollout.server_url`; `vllm`: vLLM (`rollout.vllm.*`)")
     server_url: str | None = Field(None, description="the server backend: base URL of `tandemrl serve`, e.g. "
                                    "`\"http://127.0.0.1:8000\"`")
-    max_staleness: int = Field(0, ge=0, description="the server backend: a rollout sampled by weights more than "
-                               "this many versions behind the trainer's is refused (0 = on-policy)")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="`sync`: each step samples its rollouts, then updates; `async`: a rollout worker "
+        "thread samples the next batches (at most `rollout.max_staleness` versions ahead) while the trainer "
+        "updates: see [asynchronous RL](async.md)")
+    max_staleness: int = Field(0, ge=0, description="the most versions the weights that sampled a rollout may be "
+                               "behind the trainer's when it is used: the server backend refuses older ones, "
+                               "`rollout.mode = \"async\"` drops them (and samples at most this many batches "
+                               "ahead); 0 = on-policy")
+    env_port: int | None = Field(None, ge=0, le=65535, description="`rollout.mode = \"async\"` with "
+                                 "`rollout.backend = \"server\"`: take the groups from environment processes "
+                                 "(`python -m tandemrl.envs`) that push them to this port of 127.0.0.1 (0: a free "
+                                 "one, printed at the start) instead of sampling them itself")
+    async_device: str | None = Field(None, description="`rollout.mode = \"async\"`: the device of the rollout "
+                                     "worker's copy of the weights, e.g. `\"cuda:1\"`; unset: the trainer's")
     server_retries: int = Field(3, ge=0, description="attempts after the first when the server does not answer")
     server_backoff_s: float = Field(2.0, ge=0.0, description="wait before the first retry; doubles each time")
     server_timeout_s: float = Field(600.0, gt=0.0, description="seconds one rollout request may take")
@@ -223,6 +235,10 @@ class TrainConfig(Section):
     kl_beta: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the frozen reference (the initial "
                            "model; with LoRA the base model); 0 = no KL and no reference model")
     tis_cap: float = Field(0.0, ge=0.0, description="truncated importance sampling cap on the rollout weight; 0 = off")
+    tis_mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="with `train.tis_cap`: `truncate` weighs each token by min(w, cap), w = "
+        "exp(logp_old - logp_rollout); `mask` keeps w where 1/cap <= w <= cap and leaves the other tokens out of "
+        "the loss (w = 0)")
     epochs_per_batch: int = Field(1, ge=1, description="passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch is split into this many "
                               "parts)")
@@ -382,6 +398,21 @@ class Config(Section):
                              "'tcp://127.0.0.1:29511'), where the trainer hosts the group's store")
         if rollout.speculative.enabled or self.tandem.enabled:
             raise ValueError("rollout.backend = 'server' does not run speculative or tandem rollouts yet")
+        return self
+
+    @model_validator(mode="after")
+    def _check_async(self) -> Config:
+        rollout = self.rollout
+        if rollout.mode != "async":
+            return self
+        if rollout.backend not in ("engine", "server"):
+            raise ValueError(f"rollout.mode = 'async' samples with its own engine or from a `tandemrl serve` "
+                             f"server: set rollout.backend = 'engine' or 'server' (got {rollout.backend!r})")
+        if rollout.speculative.enabled or self.tandem.enabled:
+            raise ValueError("rollout.mode = 'async' does not run speculative or tandem rollouts yet")
+        if rollout.env_port is not None and rollout.backend != "server":
+            raise ValueError("rollout.env_port takes groups from environments that sample from a server: set "
+                             "rollout.backend = 'server' and rollout.server_url (the trainer pushes its weights there)")
         return self
 
     @model_validator(mode="after")

@@ -67,6 +67,13 @@ SWITCHES: tuple[Switch, ...] = (
            lambda c: f"rollout.vllm.mode = {c.rollout.vllm.mode!r}" if c.rollout.backend == "vllm" else _backend(c),
            "rollout.backend = 'vllm' with rollout.vllm.mode = 'server'"),
     Switch(("rollout.vllm",), lambda c: c.rollout.backend == "vllm", _backend, "rollout.backend = 'vllm'"),
+    Switch(("rollout.async_device",), lambda c: c.rollout.mode == "async" and c.rollout.backend == "engine",
+           lambda c: f"rollout.mode = {c.rollout.mode!r}" if c.rollout.mode != "async" else _backend(c),
+           "rollout.mode = 'async' with rollout.backend = 'engine'"),
+    Switch(("rollout.env_port",), lambda c: c.rollout.mode == "async", lambda c: f"rollout.mode = {c.rollout.mode!r}",
+           "rollout.mode = 'async'"),
+    Switch(("train.tis_mode",), lambda c: c.train.tis_cap > 0, lambda c: "train.tis_cap = 0",
+           "train.tis_cap > 0 (e.g. 2.0)"),
     Switch(("rollout.server_url", "rollout.server_retries", "rollout.server_backoff_s", "rollout.server_timeout_s"),
            lambda c: c.rollout.backend == "server", _backend, "rollout.backend = 'server'"),
     # a `tandemrl serve` process reads engine.* from its own config, so rollout.backend = 'server' keeps them

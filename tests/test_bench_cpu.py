@@ -45,6 +45,17 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
 
 
+def test_async_step_bench_times_both_rollout_modes(tmp_path):
+    out = tmp_path / "async_step.json"
+    run_bench("bench.async_step", "--arch", "tiny", "--steps", "3", "--warmup", "1", "--new-tokens", "4",
+              "--prompts", "2", "--group", "4", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["sync"]["steps"] == result["async"]["steps"] == 3
+    assert result["sync"]["samples_per_s"] > 0 and result["async"]["samples_per_s"] > 0
+    assert 0 <= result["async"]["version_lag_mean"] <= 1 and result["async"]["dropped_groups"] == 0
+    assert result["async_over_sync"] > 0
+
+
 def test_tandem_step_bench_times_tandem_with_and_without_async_scheduling(tmp_path):
     out = tmp_path / "tandem_step.json"
     run_bench("bench.tandem_step", "--arch", "tiny-qwen3", "--prompts", "2", "--group", "2", "--prompt-len", "8",

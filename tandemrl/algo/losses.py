@@ -48,6 +48,7 @@ class LossConfig:
     aggregation: str = "token-mean"  # a name in AGGREGATIONS
     max_completion_length: int | None = None  # Dr.GRPO normaliser for "seq-mean-token-sum-norm"
     tis_cap: float = 0.0  # truncated importance sampling: weight min(exp(old - rollout), tis_cap); 0 = off
+    tis_mode: str = "truncate"  # "truncate": min(w, cap); "mask": w inside [1/cap, cap], 0 outside (a name in TIS_MODES)
 
     def validate(self) -> None:
         if not 0 <= self.eps_low < 1:
@@ -61,6 +62,8 @@ class LossConfig:
             raise ValueError(f"max_completion_length must be > 0, got {self.max_completion_length}")
         if self.tis_cap < 0:
             raise ValueError(f"tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        if self.tis_mode not in TIS_MODES:
+            raise ValueError(f"tis_mode must be one of {', '.join(TIS_MODES)}, got {self.tis_mode!r}")
 
 
 @dataclass
@@ -154,23 +157,38 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(d) - d - 1
 
 
-def tis_weights(rollout_gap: Tensor, cap: float) -> Tensor:
-    """Truncated importance sampling weight per token: min(exp(logp_old - logp_rollout), cap), detached.
+TIS_MODES = ("truncate", "mask")
 
-    Corrects for the rollout engine sampling from a slightly different distribution than the trainer computes
-    (kernels, precision, stale weights), as verl's ``tis_imp_ratio_cap`` and TRL's
-    ``vllm_importance_sampling_cap`` do. ``rollout_gap`` is logp_old - logp_rollout, already 0 where masked.
+
+def tis_weights(rollout_gap: Tensor, cap: float, mode: str = "truncate") -> Tensor:
+    """Importance sampling weight per token from w = exp(logp_old - logp_rollout), detached.
+
+    ``truncate``: min(w, cap), as verl's ``tis_imp_ratio_cap`` and TRL's ``vllm_importance_sampling_cap``.
+    ``mask``: w where 1/cap <= w <= cap, else 0 (the token leaves the loss; verl's ``rollout_is`` mask mode,
+    IcePop): a token the rollout weights (kernels, precision, or a stale policy version) sampled far from what the
+    trainer computes teaches nothing reliable either way. ``rollout_gap`` is logp_old - logp_rollout, already 0
+    where masked.
     """
-    return torch.exp(rollout_gap.detach()).clamp(max=cap)
+    w = torch.exp(rollout_gap.detach())
+    if mode == "mask":
+        return torch.where(_outside(w, cap), torch.zeros_like(w), w)
+    return w.clamp(max=cap)
 
 
-def rollout_metrics(rollout_gap: Tensor, mask: Tensor, norm: BatchNorm, tis_cap: float) -> dict[str, float]:
+def _outside(w: Tensor, cap: float) -> Tensor:
+    """Where the mask mode drops a token: w outside [1/cap, cap]."""
+    return (w > cap) | (w * cap < 1.0)
+
+
+def rollout_metrics(rollout_gap: Tensor, mask: Tensor, norm: BatchNorm, tis_cap: float,
+                    tis_mode: str = "truncate") -> dict[str, float]:
     """How far the trainer's log-probs are from the rollout engine's, and what TIS did about it.
 
       mismatch/logp_abs_mean  mask-weighted mean of |logp_old - logp_rollout| (a share: sum over micro-batches)
       mismatch/logp_abs_max   the largest |logp_old - logp_rollout| over tokens with weight > 0 (a maximum)
       tis/weight_mean         mask-weighted mean of the TIS weight (only when tis_cap > 0)
-      tis/clip_frac           mask-weighted fraction of tokens where the cap binds (only when tis_cap > 0)
+      tis/clip_frac           mask-weighted fraction of tokens where the cap binds (truncate) or that are masked
+                              out (mask) (only when tis_cap > 0)
     """
     tok = _nz(norm.total_tokens)
     gap = rollout_gap.detach().abs()  # 0 where masked, so the max is over tokens with weight > 0
@@ -179,8 +197,9 @@ def rollout_metrics(rollout_gap: Tensor, mask: Tensor, norm: BatchNorm, tis_cap:
         "mismatch/logp_abs_max": float(gap.max()),
     }
     if tis_cap > 0:
-        capped = torch.exp(rollout_gap.detach()) > tis_cap
-        metrics["tis/weight_mean"] = float((tis_weights(rollout_gap, tis_cap) * mask).sum()) / tok
+        w = torch.exp(rollout_gap.detach())
+        capped = _outside(w, tis_cap) if tis_mode == "mask" else w > tis_cap
+        metrics["tis/weight_mean"] = float((tis_weights(rollout_gap, tis_cap, tis_mode) * mask).sum()) / tok
         metrics["tis/clip_frac"] = float((capped.to(mask.dtype) * mask).sum()) / tok
     return metrics
 
@@ -200,8 +219,8 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
                  when kl_beta is 0)
       mismatch/*, tis/*  see :func:`rollout_metrics` (only when rollout_logprobs is given)
 
-    With tis_cap > 0 each token's surrogate is multiplied by its :func:`tis_weights` (rollout_logprobs is
-    then required); the KL term is not.
+    With tis_cap > 0 each token's surrogate is multiplied by its :func:`tis_weights` (cfg.tis_mode; rollout_logprobs
+    is then required); the KL term is not.
     """
     logp, mask = inputs.logprobs, inputs.mask
     if logp.dim() != 2 or logp.shape != mask.shape or logp.shape != inputs.old_logprobs.shape:
@@ -228,7 +247,7 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
     if cfg.tis_cap > 0:
         if rollout_gap is None:
             raise ValueError("tis_cap > 0 needs rollout_logprobs: the sampling log-prob of every completion token")
-        per_token_pg = per_token_pg * tis_weights(rollout_gap, cfg.tis_cap)
+        per_token_pg = per_token_pg * tis_weights(rollout_gap, cfg.tis_cap, cfg.tis_mode)
     pg_loss = agg(per_token_pg, mask, norm)
     loss = pg_loss
 
@@ -253,7 +272,7 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
             "kl": kl_metric,
         }
         if rollout_gap is not None:
-            metrics.update(rollout_metrics(rollout_gap, mask, norm, cfg.tis_cap))
+            metrics.update(rollout_metrics(rollout_gap, mask, norm, cfg.tis_cap, cfg.tis_mode))
     return LossOutput(loss=loss, metrics=metrics)
 
 

@@ -48,7 +48,10 @@ class Failed:
 
 
 Event = TokenDelta | Finished | Failed
-Sink = Callable[[Event], None]  # must be thread-safe (e.g. loop.call_soon_threadsafe(queue.put_nowait, ...))
+# Gets each engine step's events of its requests at once; must be thread-safe. A sink with an ``event_loop``
+# attribute (an asyncio loop) and a ``deliver(events)`` method gets them on that loop instead, every such sink of one
+# loop in one thread hop per step (state.AsyncSink): not one hop per request per token.
+Sink = Callable[[list[Event]], None]
 
 
 @dataclasses.dataclass
@@ -75,6 +78,8 @@ class EngineLoop:
         self._rate_window_s = rate_window_s
         self._rate_lock = threading.Lock()  # the engine thread appends, /metrics reads
         self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0}
+        self._outbox: dict[int, tuple[Sink, list[Event]]] = {}  # this step's events, by sink
+        self.version_lag = 0  # served version minus the oldest running request's entry version (pushes it outlived)
         self.last_error: str | None = None  # the traceback of the last step, if it failed
 
     # ------------------------------------------------------------------ called from any thread
@@ -156,6 +161,14 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
+            self._step_events()
+        finally:
+            self._flush()
+            oldest = min((t.policy_version for t in self._tracked.values()), default=self.policy_version)
+            self.version_lag = self.policy_version - oldest
+
+    def _step_events(self) -> None:
+        try:
             finished = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the server reports it to every request and keeps running
             self._fail_all(f"the engine failed: {exc}")
@@ -169,7 +182,7 @@ class EngineLoop:
                 continue  # aborted meanwhile
             self._count_tokens(len(rollout.completion_ids) - tracked.sent)
             self.counters["finished"] += 1
-            tracked.sink(Finished(rollout, self.policy_version))
+            self._post(tracked.sink, Finished(rollout, self.policy_version))
 
     def _send_progress(self) -> None:
         for request_id, ids, logprobs in self.engine.progress():
@@ -179,7 +192,7 @@ class EngineLoop:
             new_ids, new_lps = ids[tracked.sent:], logprobs[tracked.sent:]
             self._count_tokens(len(new_ids))
             tracked.sent = len(ids)
-            tracked.sink(TokenDelta(request_id, new_ids, new_lps, tracked.policy_version))
+            self._post(tracked.sink, TokenDelta(request_id, new_ids, new_lps, tracked.policy_version))
 
     def _count_tokens(self, n: int) -> None:
         if n <= 0:
@@ -195,5 +208,30 @@ class EngineLoop:
         for request_id, tracked in list(self._tracked.items()):
             self.engine.abort(request_id)
             self.counters["failed"] += 1
-            tracked.sink(Failed(request_id, message))
+            self._post(tracked.sink, Failed(request_id, message))
         self._tracked.clear()
+
+    def _post(self, sink: Sink, event: Event) -> None:
+        self._outbox.setdefault(id(sink), (sink, []))[1].append(event)
+
+    def _flush(self) -> None:
+        """Hand this step's events over: plain sinks one call each, asyncio sinks one hop per event loop."""
+        outbox, self._outbox = self._outbox, {}
+        by_loop: dict[Any, list[tuple[Any, list[Event]]]] = {}
+        for sink, events in outbox.values():
+            loop = getattr(sink, "event_loop", None)
+            if loop is None:
+                sink(events)
+            else:
+                by_loop.setdefault(loop, []).append((sink, events))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the event loop is closed: the server is shutting down
+                pass
+
+
+def _deliver(batch: list[tuple[Any, list[Event]]]) -> None:
+    """On an event loop: each asyncio sink's events of one step."""
+    for sink, events in batch:
+        sink.deliver(events)

@@ -23,6 +23,8 @@ def prometheus_text(state: ServerState) -> str:
         "kv_blocks_used": ("KV blocks in use", load["kv_blocks_used"]),
         "tokens_per_second": ("generated tokens per second over the last window", loop.tokens_per_second()),
         "policy_version": ("the weights version being served", loop.policy_version),
+        "running_version_lag": ("versions the oldest running request is behind the served weights (pushes that "
+                                "landed while it ran)", loop.version_lag),
         "gpu_memory_allocated_bytes": ("this process's allocated GPU memory (0 on CPU; with ipc sync the weights "
                                        "are the trainer's allocation)", _gpu_allocated(state)),
         "weight_bytes_owned": ("bytes of the served weights in this process's own memory (0 with ipc sync: they "

@@ -22,6 +22,25 @@ class BadRequest(ValueError):
         self.code = code
 
 
+class AsyncSink:
+    """A request's events on the asyncio loop that waits for them: the engine thread batches every such sink of one
+    loop into one ``call_soon_threadsafe`` per step (engine_loop.Sink)."""
+
+    def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
+        self.event_loop = event_loop
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    def __call__(self, events: list[Event]) -> None:  # from any thread
+        try:
+            self.event_loop.call_soon_threadsafe(self.deliver, events)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
+
+    def deliver(self, events: list[Event]) -> None:  # on the event loop
+        for event in events:
+            self.queue.put_nowait(event)
+
+
 @dataclasses.dataclass
 class ServerState:
     loop: EngineLoop
@@ -65,15 +84,8 @@ class ServerState:
                   is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[Event]:
         """Submit ``requests`` to the engine and yield their events until each has finished or failed. Leaving
         early (the client went away, the task was cancelled) aborts the rest, which frees their KV blocks."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def sink(event: Event) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the event loop is closed: the server is shutting down
-                pass
-
+        sink = AsyncSink(asyncio.get_running_loop())
+        events = sink.queue
         open_ids = {r.request_id for r in requests}
         self.loop.submit(requests, sink)
         checked = time.monotonic()

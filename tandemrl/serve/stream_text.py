@@ -13,13 +13,22 @@ from typing import Callable, Sequence
 REPLACEMENT = "\ufffd"
 
 
+WINDOW = 4  # tokens of context decoded in front of a new one: enough for tokenizers whose pieces depend on the left
+
+
 class ChoiceText:
+    """Decodes incrementally: each new token costs a decode of a few tokens (the last ``WINDOW`` plus itself), not of
+    the whole completion, and a stop string is looked for only where new text could complete one."""
+
     def __init__(self, decode: Callable[[Sequence[int]], str], stops: tuple[str, ...]) -> None:
         self._decode = decode
         self._holdback = max((len(s) for s in stops), default=1) - 1
         self._stops = stops
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.text = ""  # the decoded text of ids[:len(self._ends)] (never ends in half a character)
+        self._ends: list[int] = []  # len(self.text) after each decoded id
+        self._stopped = False
         self.sent_text = ""
         self.sent_ids = 0  # leading ids whose text has been sent
 
@@ -27,13 +36,13 @@ class ChoiceText:
         """Tokens arrived; returns (text, ids, log-probs) safe to send now."""
         self.ids += ids
         self.logprobs += logprobs
-        text = self._decode(self.ids)
-        if any(stop in text for stop in self._stops):
+        checked = len(self.text)
+        self._decode_new()
+        if self._stopped or self._has_stop(checked):
+            self._stopped = True
             return "", [], []  # the engine finishes this choice; finish() sends the cut text
-        safe = len(text) - self._holdback
-        while safe > len(self.sent_text) and text[safe - 1] == REPLACEMENT:
-            safe -= 1
-        return self._send(text[:safe] if safe > len(self.sent_text) else self.sent_text)
+        safe = len(self.text) - self._holdback
+        return self._send(self.text[:safe] if safe > len(self.sent_text) else self.sent_text)
 
     def finish(self, final_ids: list[int], final_logprobs: list[float], final_text: str) -> tuple[str, list[int],
                                                                                                     list[float]]:
@@ -46,11 +55,32 @@ class ChoiceText:
         self.sent_ids = len(self.ids)
         return delta, new_ids, new_lps
 
+    def _decode_new(self) -> None:
+        """Extend ``text`` by the ids not decoded yet; an id that ends in half a character waits for the next."""
+        done = len(self._ends)
+        for end in range(done + 1, len(self.ids) + 1):
+            start = max(0, done - WINDOW)
+            context = self._decode(self.ids[start:done]) if done > start else ""
+            piece = self._decode(self.ids[start:end])
+            if piece.endswith(REPLACEMENT):
+                continue  # half a character: decode it with the next id
+            if piece.startswith(context):
+                self.text += piece[len(context):]
+            else:  # the tokenizer rewrote text to the left (e.g. clean-up of spaces): decode it all, as it would
+                self.text = self._decode(self.ids[:end])
+            self._ends += [len(self.text)] * (end - done)  # ids decoded together end where their text ends
+            done = end
+
+    def _has_stop(self, checked: int) -> bool:
+        """Whether a stop string ends in the text added after ``checked`` characters."""
+        tail = self.text[max(0, checked - self._holdback):]
+        return any(stop in tail for stop in self._stops)
+
     def _send(self, text: str) -> tuple[str, list[int], list[float]]:
         delta = text[len(self.sent_text):]
         self.sent_text = text
         start = self.sent_ids
         # the ids whose decoded text fits in what has been sent
-        while self.sent_ids < len(self.ids) and len(self._decode(self.ids[:self.sent_ids + 1])) <= len(text):
+        while self.sent_ids < len(self._ends) and self._ends[self.sent_ids] <= len(text):
             self.sent_ids += 1
         return delta, self.ids[start:self.sent_ids], self.logprobs[start:self.sent_ids]

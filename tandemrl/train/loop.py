@@ -10,6 +10,7 @@ is asked for a policy version it does not hold yet (tandemrl/backends/vllm/).
 from __future__ import annotations
 
 import time
+from contextlib import closing, nullcontext
 from pathlib import Path
 
 import torch
@@ -36,7 +37,10 @@ from tandemrl.train.epochs import end_of_epoch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import batch_logprobs
-from tandemrl.train.rollouts import generate_and_score, group_advantages, rollout_params, weigh_frozen_tokens
+from tandemrl.train.async_rollouts import start_async_rollouts
+from tandemrl.train.rollout_jobs import draw_job, run_job
+from tandemrl.train.rollouts import group_advantages, weigh_frozen_tokens
+from tandemrl.train.scored_groups import group_count
 from tandemrl.train.sample_log import show_completions
 from tandemrl.train.inputs import RunInputs, write_inline_datasets
 from tandemrl.train.setup import Run, TrainerState, build_run
@@ -88,7 +92,13 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
         initial = run_evaluation(run, state)
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
-    with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt:
+    if cfg.rollout.mode == "async":  # the rollout worker, from the same weights (tandemrl/train/async_rollouts.py)
+        if cfg.rollout.max_staleness > 0 and cfg.train.tis_cap == 0:
+            console.print("rollout.max_staleness > 0 without train.tis_cap: stale rollouts are used uncorrected and "
+                          "learn less (docs/async.md); set train.tis_cap, e.g. 2.0", style="yellow", markup=False)
+        run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
+    with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt, \
+            closing(run.rollouts) if run.rollouts is not None else nullcontext():  # the worker stops with the steps
         # every rank stops after the same step (a signal or the time budget may reach them at different moments)
         while state.step < cfg.train.max_steps and not run.parallel.any(
                 interrupt.requested or state.stopped_early or _out_of_time(cfg, started)):
@@ -171,16 +181,14 @@ def checkpoint(run: Run, state: TrainerState, started: float) -> Path:
 
 
 def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str, float]:
-    cfg, times = run.cfg, StepTimes()
+    cfg, times, started = run.cfg, StepTimes(), time.perf_counter()
     reset_peak_memory(run.device)
-    prompts = run.parallel.local_share(run.train_prompts.next_batch())  # torchrun: this rank's whole groups
-    # the curriculum's bucket decides each prompt's group size; without it every prompt gets rollout.group_size
-    group_sizes = [run.curriculum.rollouts_for(s.index) for s in prompts] if run.curriculum else cfg.rollout.group_size
     with times.measure("rollout"):
-        params = rollout_params(cfg.rollout, seed=run.parallel.rollout_seed(cfg.train.seed * 1_000_003 + state.step))
-        scored = generate_and_score(run.backend, run.encoder, prompts, run.reward, params, group_sizes,
-                                    state.policy_version, f"step{state.step}", agent=run.agent,
-                                    inference=run.inference)
+        if run.rollouts is not None:  # async: the worker sampled it meanwhile (or is finishing it)
+            scored, async_metrics = run.rollouts.next(state.step, state.policy_version)
+        else:
+            job = draw_job(run, state.step)
+            scored, async_metrics = run_job(run, job, run.backend, run.agent, state.policy_version), {}
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     check_rewards(run, state, scored.reward, display)
     if run.curriculum is not None:
@@ -204,6 +212,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     state.policy_version += int(update.optimizer_steps > 0)
     with times.measure("sync"):
         synced = run.sync.push(run.model, state.policy_version)
+        if run.rollouts is not None:
+            async_metrics.update(run.rollouts.publish(state.policy_version))
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
     if run.sample_log is not None:
         run.sample_log.write(state.step, scored)
@@ -217,11 +227,14 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **({"accuracy": sum(scored.correct) / len(scored.correct)} if scored.correct is not None else {}),
         **update.metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
-        "rollouts_per_prompt/mean": len(scored.rollouts) / len(prompts),
-        "tokens_per_s": sum(lengths) / max(times.durations["rollout"], 1e-9), **request_metrics(scored.rollouts),
+        "rollouts_per_prompt/mean": len(scored.rollouts) / group_count(scored),
+        # async: over the worker's sampling time (the trainer's wait for it says nothing of the engine's speed)
+        "tokens_per_s": sum(lengths) / max(async_metrics.get("async/sample_s") or times.durations["rollout"], 1e-9),
+        **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
-        **synced.metrics(), **times.metrics(), "time/step": sum(times.durations.values()),
+        **synced.metrics(), **async_metrics, **times.metrics(), "time/step": sum(times.durations.values()),
+        "time/step_wall": time.perf_counter() - started,  # all of it: with async rollouts, what a step costs
         "memory/peak_gb": peak_memory_gb(run.device),
         "skipped_nonfinite": update.skipped_nonfinite,
     }

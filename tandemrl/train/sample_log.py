@@ -25,7 +25,7 @@ def completion_text(scored: ScoredRollouts, i: int) -> tuple[str, str | None]:
 
 def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
     """Per rollout: ``sample`` (the dataset index), ``group`` (its prompt's position in the step), ``tokens``,
-    ``finish_reason``, ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb``
+    ``finish_reason``, ``policy_version`` (the weights that sampled it), ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb``
     held at the peak, ``cache_reuse`` ratio, ``accept_rate``), ``reward`` (the total, None if a component failed)
     and ``reward/<component>`` (the task rewards and the weighted inference terms, unweighted). The first
     ``text_rows`` rows (whole groups first: rows are in group order) add ``prompt`` and ``completion`` (what the
@@ -35,7 +35,7 @@ def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
         stats = rollout.stats
         row: Row = {
             "sample": sample.index, "group": scored.group_ids[i], "tokens": len(rollout.completion_ids),
-            "finish_reason": rollout.finish_reason,
+            "finish_reason": rollout.finish_reason, "policy_version": rollout.policy_version,
             "correct": None if scored.correct is None else int(scored.correct[i]),  # None: no `answer` column
             "latency_ms": 1000.0 * stats.latency, "kv_mb": stats.peak_kv_mb,
             "cache_reuse": stats.cache_hit_ratio, "accept_rate": stats.acceptance_rate,

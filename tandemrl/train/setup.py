@@ -83,6 +83,7 @@ class Run:
     test_origin: str = ""  # where the test samples come from, in words (the run says so at its start)
     metric: str = "accuracy"  # eval.metric, resolved
     skipped_prompts: int = 0  # rows left out for a prompt over data.max_prompt_tokens (data.long_prompts = "skip")
+    rollouts: Any = None  # rollout.mode = "async": the trainer's side of the rollout worker (AsyncRollouts)
 
 
 def default_out_dir(cfg: Config) -> Path:

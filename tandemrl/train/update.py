@@ -66,6 +66,7 @@ def policy_update(
     loss_cfg = LossConfig(
         eps_low=cfg.eps_low, eps_high=cfg.eps_high, kl_beta=cfg.kl_beta,
         aggregation=cfg.aggregation, max_completion_length=max_completion_length, tis_cap=cfg.tis_cap,
+        tis_mode=cfg.tis_mode,
     )
     result, step_metrics = UpdateResult(metrics={}), _MeanOf()
     generator = torch.Generator().manual_seed(cfg.seed + int(scheduler.last_epoch))

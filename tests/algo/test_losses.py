@@ -197,6 +197,23 @@ def test_tis_scales_each_tokens_surrogate_and_gradient():
     assert out.metrics["pg_loss"] == pytest.approx(out.loss.item())
 
 
+def test_tis_mask_mode_keeps_weights_inside_the_band_and_drops_the_rest():
+    gap = TIS_OLD - TIS_ROLLOUT  # w = 1.6487, 1, 0.6065, 0.3679
+    raw = [math.exp(0.5), 1.0, math.exp(-0.5), math.exp(-1.0)]
+    # cap 1.5: band [0.667, 1.5] keeps only w = 1; cap 2.0: band [0.5, 2] drops only 0.3679
+    torch.testing.assert_close(tis_weights(gap, 1.5, "mask"), _t([[0.0, 1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(tis_weights(gap, 2.0, "mask"), _t([[raw[0], 1.0, raw[2], 0.0]]))
+    logp = TIS_OLD.clone().requires_grad_(True)
+    mask = _t([[1.0, 1.0, 0.2, 1.0]])
+    out = grpo_loss(LossInputs(logp, TIS_OLD, _t([1.0]), mask, rollout_logprobs=TIS_ROLLOUT),
+                    LossConfig(tis_cap=2.0, tis_mode="mask"), BatchNorm.from_masks([mask]))
+    out.loss.backward()
+    torch.testing.assert_close(logp.grad, _t([[raw[0], 1.0, raw[2] * 0.2, 0.0]]) * -1 / 3.2)  # the masked token: 0
+    assert out.metrics["tis/clip_frac"] == pytest.approx(1 / 3.2)  # the one masked token's weight share
+    with pytest.raises(ValueError, match="tis_mode"):
+        LossConfig(tis_cap=2.0, tis_mode="clip").validate()
+
+
 def test_tis_off_gives_exactly_the_loss_without_rollout_logprobs():
     g = torch.Generator().manual_seed(7)
     old = -torch.rand(3, 5, generator=g, dtype=D) * 3

@@ -22,7 +22,7 @@ def test_models_health_metrics(server, client):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.headers["x-policy-version"] == "0"
     metrics = httpx.get(server.url + "/metrics").text
-    for name in ("requests_waiting", "requests_running", "kv_cache_usage", "tokens_per_second"):
+    for name in ("requests_waiting", "requests_running", "kv_cache_usage", "tokens_per_second", "running_version_lag"):
         assert f"\ntandemrl_{name} " in "\n" + metrics, name
 
 

@@ -28,3 +28,16 @@ def test_a_stop_string_is_never_streamed():
     final_text, final_ids, _ = text.finish([1, 2, 3], [0.0] * 3, "ab")  # the engine cut at the stop string
     assert streamed + final_text == "ab"
     assert sum((o[1] for o in out), []) + final_ids == [1, 2, 3]  # every id of the rollout, once
+
+
+def test_long_completions_decode_a_few_tokens_per_new_token():
+    calls = []
+
+    def counting(ids) -> str:
+        calls.append(len(ids))
+        return decode(ids)
+
+    text = ChoiceText(counting, ())
+    streamed = "".join(text.add([1 + i % 3], [0.0])[0] for i in range(300))
+    assert streamed == decode([1 + i % 3 for i in range(300)])
+    assert max(calls) <= 5 and len(calls) <= 2 * 300  # not the whole completion again at every token

@@ -1,0 +1,197 @@
+"""rollout.mode = "async": a rollout worker samples the next batches while the trainer updates.
+
+The trainer draws each step's job (prompts, group sizes, seed) on its own thread and keeps the worker at most
+``rollout.max_staleness`` batches ahead of the step it is on; the worker thread samples and scores each job with its
+own engine over its own copy of the weights (``WeightMirror``: published after every update, applied between two
+batches) and puts the scored groups, tagged with the version that sampled them, on the :class:`RolloutQueue`. The
+trainer takes a step's groups from the queue; groups more than ``max_staleness`` versions behind it are dropped,
+counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
+published: the same batch, with the same weights, as the synchronous loop. With rollout.backend = "server" the worker
+sends its jobs to the server instead (the trainer's sync.kind carries the weights); with rollout.env_port the groups
+come from environment processes through the :class:`GroupReceiver` (tandemrl/envs/).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from typing import Callable, Protocol
+
+from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.backends.server_backend import ServerBackend
+from tandemrl.models.load import resolve_device
+from tandemrl.rollout.setup import build_agent
+from tandemrl.train.group_receiver import GroupReceiver
+from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
+from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue
+from tandemrl.train.rollouts import ScoredRollouts
+from tandemrl.train.scored_groups import join_groups
+from tandemrl.train.setup import Run
+from tandemrl.train.weight_mirror import WeightMirror
+
+ANY_VERSION = 2**62  # a ServerBackend staleness bound that never refuses
+MAX_EXTRA_DROPS = 3  # stale batches in one take beyond a full queue before the run stops: the weights are stuck
+Sampler = Callable[[RolloutJob, int], ScoredRollouts]  # (job, policy version) -> the scored batch
+
+
+class RolloutWorker:
+    """Runs jobs in order on its own thread: applies the newest published weights, samples, puts the result on
+    ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises it)."""
+
+    def __init__(self, sample: Sampler, mirror: WeightMirror | None, out: RolloutQueue) -> None:
+        self._sample, self.mirror, self.out = sample, mirror, out
+        self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
+        self.busy_s = 0.0  # seconds spent sampling, since the start
+        self.trainer_version = 0
+        self._thread.start()
+
+    def submit(self, job: RolloutJob) -> None:
+        self._jobs.put(job)
+
+    def gone(self) -> str | None:
+        """None while the thread runs; why it does not otherwise."""
+        return None if self._thread.is_alive() else "the rollout worker thread ended"
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self.out.close()  # a put waiting for room returns
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        job = None
+        try:
+            while (job := self._jobs.get()) is not None:
+                # between two batches: one batch, one version (a server applies pushes itself, between two steps)
+                version = self.mirror.apply() if self.mirror is not None else -1
+                started = time.perf_counter()
+                scored = self._sample(job, version)
+                seconds = time.perf_counter() - started
+                self.busy_s += seconds
+                self.out.put(QueuedGroups(scored, min(r.policy_version for r in scored.rollouts), sample_s=seconds))
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
+            where = f"step {job.index}'s batch" if job is not None else "a batch"
+            self.out.fail(f"the rollout worker failed while sampling {where} (rollout.mode = 'async'): "
+                          f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+
+
+class Producer(Protocol):
+    """Where the groups come from: the rollout worker (jobs drawn by the trainer) or environments (their own)."""
+
+    out: RolloutQueue
+    mirror: WeightMirror | None  # None: the weights travel another way (a server's sync.kind)
+    trainer_version: int
+
+    def submit(self, job: RolloutJob) -> None: ...
+
+    def gone(self) -> str | None: ...
+
+    def stop(self) -> None: ...
+
+
+class AsyncRollouts:
+    """The trainer's side: keeps the worker supplied with jobs (``draw``; None: the producer draws its own) and
+    takes each step's groups from the queue."""
+
+    def __init__(self, draw: Callable[[int], RolloutJob] | None, producer: Producer, max_staleness: int,
+                 groups_per_step: int, first_index: int, release: Callable[[], None] = lambda: None) -> None:
+        self._draw, self.producer, self.max_staleness, self._release = draw, producer, max_staleness, release
+        self.groups_per_step = groups_per_step
+        self._next_index = first_index  # the next job's step index
+        self.dropped_total = 0
+        self._dropped_in_take = 0
+        self._clock = (time.perf_counter(), self._busy_s())
+
+    def next(self, step: int, trainer_version: int) -> tuple[ScoredRollouts, dict[str, float]]:
+        """Step ``step``'s groups (the trainer holds ``trainer_version``) and the metrics of the wait."""
+        self.producer.trainer_version = trainer_version
+        while self._draw is not None and self._next_index <= step + self.max_staleness:  # <= max_staleness ahead
+            self._submit()
+        self._dropped_in_take = 0
+        taken = self.producer.out.take(self.groups_per_step, trainer_version, self.max_staleness,
+                                       on_drop=lambda item: self._replace(item, trainer_version),
+                                       alive=self.producer.gone)
+        scored = join_groups([part.scored for part in taken.parts])
+        self.dropped_total += taken.dropped_groups
+        lags = [trainer_version - r.policy_version for r in scored.rollouts]
+        busy = self._worker_busy()
+        return scored, {
+            "async/version_lag_mean": sum(lags) / len(lags), "async/version_lag_max": max(lags),
+            "async/dropped_groups": taken.dropped_groups, "async/dropped_groups_total": self.dropped_total,
+            "async/queue_groups": self.producer.out.depth_groups, "async/wait_s": taken.waited_s,
+            "async/sample_s": sum(part.sample_s for part in taken.parts),
+            **({"async/worker_busy": busy} if busy is not None else {}),
+        }
+
+    def publish(self, version: int) -> dict[str, float]:
+        """After an update: stage the trainer's weights for the worker (applied before its next batch)."""
+        self.producer.trainer_version = version
+        mirror = self.producer.mirror
+        if mirror is None:  # a server: run.sync pushed the weights there already
+            return {}
+        return {"async/push_s": mirror.publish(version), "async/push_mb": mirror.bytes / 2**20}
+
+    def close(self) -> None:
+        self.producer.stop()
+        self._release()
+
+    def _replace(self, dropped: QueuedGroups, trainer_version: int) -> None:
+        """Groups came back too stale: ask for another batch, unless the producer's weights plainly stopped
+        following (more stale groups in one take than the queue holds, and a few batches more)."""
+        self._dropped_in_take += dropped.groups
+        limit = self.producer.out.capacity_groups + MAX_EXTRA_DROPS * self.groups_per_step
+        if self._dropped_in_take > limit:
+            raise RolloutProducerError(
+                f"{self._dropped_in_take} groups in a row were sampled more than rollout.max_staleness = "
+                f"{self.max_staleness} versions behind the trainer (the last by version {dropped.version}, the "
+                f"trainer holds {trainer_version}): the rollouts' weights do not follow the trainer's")
+        if self._draw is not None:
+            self._submit()
+
+    def _submit(self) -> None:
+        assert self._draw is not None
+        self.producer.submit(self._draw(self._next_index))
+        self._next_index += 1
+
+    def _busy_s(self) -> float | None:
+        return getattr(self.producer, "busy_s", None)
+
+    def _worker_busy(self) -> float | None:
+        """The share of the wall time since the last take that the worker spent sampling (None: not known)."""
+        now, busy = time.perf_counter(), self._busy_s()
+        (then, busy_then), self._clock = self._clock, (now, busy)
+        if busy is None or busy_then is None:
+            return None
+        return (busy - busy_then) / max(now - then, 1e-9)
+
+
+def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollouts:
+    """Where the run's groups come from; the first job is step ``first_step``'s. With the engine a worker thread
+    samples a copy of the trainer's current weights (``version``) on ``rollout.async_device`` with an engine (and
+    agent loop) of its own; with ``rollout.backend = "server"`` it sends the jobs to the server, which the trainer's
+    ``sync.kind`` pushes to; with ``rollout.env_port`` set, environment processes push the groups."""
+    cfg = run.cfg
+    r = cfg.rollout
+    if run.engine_model is not None:
+        raise ValueError("rollout.mode = 'async' runs in one process; under torchrun use rollout.mode = 'sync'")
+    queue_ = RolloutQueue(capacity_groups=(r.max_staleness + 2) * r.prompts_per_step)
+    if r.env_port is not None:
+        receiver = GroupReceiver(queue_, r.max_staleness, port=r.env_port)
+        print(f"environments: push scored groups to {receiver.url}/groups (python -m tandemrl.envs --trainer "
+              f"{receiver.url})", flush=True)
+        return AsyncRollouts(None, receiver, r.max_staleness, r.prompts_per_step, first_step)
+    mirror, agent = None, None
+    if r.backend == "server":  # the queue judges staleness: the backend takes whatever version the server holds
+        backend = ServerBackend(r.server_url or "", max_staleness=ANY_VERSION, retries=r.server_retries,
+                                backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
+    else:
+        device = resolve_device(r.async_device) if r.async_device else run.device
+        mirror = WeightMirror.copy_of(run.model, device, version)
+        backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
+        agent = build_agent(cfg, backend, run.tokenizer)
+    # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
+    sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
+    return AsyncRollouts(lambda index: draw_job(run, index), RolloutWorker(sample, mirror, queue_), r.max_staleness,
+                         r.prompts_per_step, first_step, release=backend.close)

@@ -1,0 +1,70 @@
+"""The rollout worker's own copy of the policy, and how the trainer's new weights reach it.
+
+The trainer publishes after each update: its trainable tensors are copied into a staging copy on the worker's
+device (the push; another GPU's copy travels over NVLink/PCIe here). The worker applies the staged weights between
+two batches, so a batch is sampled by one version, and the trainer never waits for the worker to finish a batch:
+only a publish that meets an apply waits for it (one device-local copy).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import torch
+from torch import nn
+
+
+class WeightMirror:
+    """``target``: the worker's model, a copy of ``source`` (the trainer's) taken at ``version``."""
+
+    def __init__(self, source: nn.Module, target: nn.Module, version: int) -> None:
+        self.target = target
+        target_params = dict(target.named_parameters())
+        # frozen tensors (a LoRA base model) never change: only the trainable ones travel
+        names = [name for name, p in source.named_parameters() if p.requires_grad]
+        missing = [name for name in names if name not in target_params]
+        if missing:
+            raise ValueError(f"the rollout copy lacks {len(missing)} trained tensors, e.g. {missing[0]}")
+        sources = dict(source.named_parameters())
+        self._pairs = [(sources[n], target_params[n]) for n in names]
+        self._staging = [torch.empty_like(dst) for _, dst in self._pairs]
+        self._lock = threading.Lock()
+        self._staged: int | None = None
+        self.applied = version
+        self.bytes = sum(t.numel() * t.element_size() for t in self._staging)
+
+    @classmethod
+    def copy_of(cls, model: nn.Module, device: torch.device, version: int) -> WeightMirror:
+        """A frozen copy of ``model`` on ``device`` (the worker's) and its mirror."""
+        with torch.no_grad():
+            target = copy.deepcopy(model).to(device)
+        target.eval().requires_grad_(False)
+        return cls(model, target, version)
+
+    def publish(self, version: int) -> float:
+        """Trainer thread: stage the source's current weights as ``version``; the seconds it took."""
+        started = time.perf_counter()
+        with self._lock, torch.no_grad():
+            for (src, _), stage in zip(self._pairs, self._staging):
+                stage.copy_(src.detach(), non_blocking=True)
+            _synchronize(self._staging)
+            self._staged = version
+        return time.perf_counter() - started
+
+    def apply(self) -> int:
+        """Worker thread, between two batches: take the staged weights if newer; the version it now holds."""
+        with self._lock, torch.no_grad():
+            if self._staged is not None and self._staged > self.applied:
+                for (_, dst), stage in zip(self._pairs, self._staging):
+                    dst.copy_(stage)
+                _synchronize(self._staging)
+                self.applied = self._staged
+            return self.applied
+
+
+def _synchronize(tensors: list[torch.Tensor]) -> None:
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    for device in devices:
+        torch.cuda.synchronize(device)
