@@ -198,8 +198,9 @@ def empty_shard(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
     config.num_attention_heads, config.num_key_value_heads = sizes.heads, sizes.kv_heads
     config.intermediate_size, config.head_dim = sizes.intermediate, sizes.head_dim
     with torch.device("meta"):
-        shard = _model_class(lm)(config).to(source.dtype)
+        shard = _model_class(lm)(config)
         _swap_parallel_modules(shard, lm, sizes, tp)
+        shard = shard.to(source.dtype)  # after the swap: the parallel modules are built in the default dtype
     shard = shard.to_empty(device=source.device).eval().requires_grad_(False)
     if _tied(lm):  # to_empty gave each module a parameter of its own
         shard.lm_head.weight = shard.model.embed_tokens.weight
