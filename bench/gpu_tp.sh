@@ -11,12 +11,7 @@
 #   run(command="bash bench/gpu_tp.sh", kind="nvidia-h100-x2", carry=[".whl"])
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT_DIR=${OUT:-bench/out}
-mkdir -p "$OUT_DIR"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+source bench/gpu_multi_env.sh
 
 decode() {  # decode SECONDS NAME ARGS...: one torchrun launch of bench.tp_decode, cut at SECONDS
     local seconds=$1 name=$2

@@ -8,21 +8,9 @@
 #   run(command="bash bench/gpu_tp_7b.sh", kind="nvidia-h100-x2", carry=[".whl"])
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_env.sh
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT_DIR=${OUT:-bench/out}
-mkdir -p "$OUT_DIR"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+LAUNCH_TIMEOUT=240
+source bench/gpu_multi_env.sh
 SHAPE=(--arch qwen2.5-7b --gradient-checkpointing --prompts 4 --repeats 2 --strategies shard)
-
-piece() {  # piece SECONDS NAME ARGS...
-    local seconds=$1 name=$2
-    shift 2
-    echo "=== $name (at most $seconds s) $(date +%T)"
-    timeout --kill-after=15 "$seconds" python3 -m bench.multi_gpu --out "$OUT_DIR/multi_gpu_$name.json" \
-        --launch-timeout 240 "$@" 2>&1 | grep -v "OMP_NUM_THREADS\|^\*\*\*\*" \
-        || echo "=== $name: exit status ${PIPESTATUS[0]}"
-}
 
 piece 250 tp_7b "${SHAPE[@]}" --settings "2 gpu tp" --num-blocks 18432
 piece 250 tp_7b_dp "${SHAPE[@]}" --settings "2 gpu weak" --num-blocks 2048
