@@ -71,14 +71,14 @@ def symmetric_all_reduce(choice: str, group, device: torch.device, dtype: torch.
     import torch.distributed._symmetric_memory as symm_mem
 
     size = dist.get_world_size(group)
-    numel = PEER_READ_BYTES // (size - 1) // dtype.itemsize // 16 * 16  # 16-byte aligned views at any length
+    numel = PEER_READ_BYTES // (size - 1) // dtype.itemsize // 16 * 16  # whole 16-element units
     buffer = symm_mem.empty(numel, dtype=dtype, device=device)
-    with warnings.catch_warnings():  # deprecated (a no-op) in newer torch, needed in older
+    with warnings.catch_warnings():  # deprecated (not needed) in newer torch, needed in older
         warnings.simplefilter("ignore")
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is not None:
             enable(group.group_name)
-    symm_mem.rendezvous(buffer, group)
+    symm_mem.rendezvous(buffer, group.group_name)  # a name: older torch takes no group object
     return SymmetricAllReduce(buffer, group.group_name)
 
 
@@ -86,8 +86,9 @@ def _unavailable(group, device: torch.device) -> str:
     """Why symmetric memory cannot serve ``group`` ('' if it can); the same answer on every rank."""
     import torch.distributed as dist
 
-    if device.type != "cuda" or dist.get_backend(group) != "nccl":
-        return f"CUDA devices and an NCCL group (this one: {dist.get_backend(group)} on {device.type})"
+    backend = str(dist.get_backend(group))
+    if device.type != "cuda" or "nccl" not in backend:
+        return f"CUDA devices and an NCCL group (this one: {backend} on {device.type})"
     if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out"):
         return f"torch.ops.symm_mem.one_shot_all_reduce_out (not in torch {torch.__version__})"
     hosts: list = [None] * dist.get_world_size(group)
