@@ -13,22 +13,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_multi_env.sh
 
-decode() {  # decode SECONDS NAME ARGS...: one torchrun launch of bench.tp_decode, cut at SECONDS
-    local seconds=$1 name=$2
-    shift 2
-    echo "=== $name (at most $seconds s) $(date +%T)"
-    timeout --kill-after=15 "$seconds" python3 -m torch.distributed.run --standalone --nproc-per-node=2 \
-        -m bench.tp_decode --arch qwen2.5-7b --out "$OUT_DIR/$name.json" "$@" 2>&1 \
-        | grep -v "OMP_NUM_THREADS\|^\*\*\*\*"
-    local status=${PIPESTATUS[0]}
-    [ "$status" = 0 ] || echo "=== $name: exit status $status"
-    return "$status"
-}
-
-decode 270 tp_decode
+tp_decode 270 tp_decode --all-reduce auto
 status=$?
 if [ "$status" != 0 ] && [ "$status" != 124 ]; then  # failed (not cut short): are the captured all-reduces why?
-    decode 120 tp_decode_eager --eager --shapes 1:128:512 64:128:512
+    tp_decode 120 tp_decode_eager --eager --all-reduce auto --shapes 1:128:512 64:128:512
 fi
 
 echo "=== GRPO step, Qwen2.5-0.5B: TP engine vs data parallel (at most 140 s) $(date +%T)"
