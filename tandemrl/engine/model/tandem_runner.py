@@ -68,16 +68,19 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
     streams = _Streams.of(context, frozen)
-    for forward, index, far_index in zip(burst.forwards, indices, far):
+    ahead: dict[int, Tensor] = {}  # a frozen forward's reads, sent to its device before the hot forward before it
+    for f, (forward, index, far_index) in enumerate(zip(burst.forwards, indices, far)):
         with streams.beside(forward.beside):
             if not forward.hot:
-                drawn = _frozen_forward(frozen, forward_of[False], nth[False],
-                                        move(tokens[index["read"]], frozen.device), far_index,
+                read = ahead.pop(f) if f in ahead else move(tokens[index["read"]], frozen.device)
+                drawn = _frozen_forward(frozen, forward_of[False], nth[False], read, far_index,
                                         frozen_sample if forward.sample else None)
                 nth[False] += 1
                 if drawn is not None:
                     tokens[index["write"]] = move(drawn, hot.device)
                 continue
+            if frozen.device != hot.device and _frozen_reads_past(burst, f):
+                ahead[f + 1] = move(tokens[indices[f + 1]["read"]], frozen.device)
             hidden = forward_of[True](nth[True], tokens[index["read"]])
             nth[True] += 1
             logits = hot.logits(hidden)  # one lm_head to sample and score
@@ -86,6 +89,20 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
             _score(logits, tokens, logprobs, index, temperature[index["row"]], fused_scores)  # after the sample
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
     return tokens[out], logprobs[out]
+
+
+def _frozen_reads_past(burst: TandemBurst, f: int) -> bool:
+    """Whether forward f + 1 is the frozen model's and reads no token hot forward f writes (a paired tick's: it
+    serves other rows; a catch-up's: it reads no row's last token). On another device its reads are then gathered
+    and sent before f is launched: behind f on the hot GPU's stream, the frozen GPU would wait for f."""
+    forwards = burst.forwards
+    if f + 1 == len(forwards) or forwards[f + 1].hot:
+        return False
+    hot, frozen = forwards[f], forwards[f + 1]
+    if not hot.sample:
+        return True
+    written = burst.column(hot.rows, hot.token[hot.last] + 1)
+    return not np.isin(burst.column(frozen.row, frozen.token), written).any()
 
 
 def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
@@ -113,7 +130,7 @@ class _Streams:
 
     @classmethod
     def of(cls, context: LaunchContext, frozen: ModelSlot) -> _Streams:
-        if not context.pairs_tandem_forwards:
+        if not context.pairs_tandem_forwards or frozen.device != context.device:
             return cls(None, None)
         return cls(torch.cuda.current_stream(context.device), frozen.warmup_stream)
 
