@@ -3,8 +3,8 @@
 Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
 tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
 ``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
-writes it into the buffer. In paired ticks (one GPU) a tick's frozen forward runs on the frozen slot's stream beside
-the hot one (``_Streams``). A forward of the hot model also scores every token it reads the successor of: the hot
+writes it into the buffer. In paired ticks a tick's frozen forward runs beside the hot one: on the frozen slot's
+stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it reads the successor of: the hot
 model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
 planned on the host and copied to the device once per burst.
 
@@ -15,7 +15,11 @@ tokens (pending.py's ``link_pending`` / ``resolve_pending``), like the first ste
 
 The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
 stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
-indices and sampling columns are staged on its own device.
+indices and sampling columns are staged on its own device. Those reads are gathered and sent before the hot forward
+beside it is launched (``_frozen_reads_past``): the copies between two GPUs order the two devices' streams on each
+other (placement.py), so sent after it they would make the frozen GPU wait for the hot forward, and the two GPUs
+take turns. Sent before, the two forwards of a tick run at once and the devices meet once per tick, when the
+samples cross.
 """
 
 from __future__ import annotations
@@ -122,7 +126,8 @@ class _Streams:
     it (the hot model's, over other rows): it starts when everything before that forward is done, and the main
     stream waits for it before going on. Each slot's graphs hold their own cuBLAS workspace (runner.py), and what
     the side stream allocates is freed to it alone (PyTorch's caching allocator keys blocks by stream). Without
-    paired ticks (models on two devices, off CUDA) everything is issued in order."""
+    paired ticks (off CUDA), or with the models on two GPUs (each device runs its own forwards), everything is
+    issued in order."""
 
     def __init__(self, main: torch.cuda.Stream | None, side: torch.cuda.Stream | None) -> None:
         self.main, self.side = main, side
