@@ -5,8 +5,8 @@ Prints, per setting, the median step (rollout + update), its ratio to vanilla, r
 passes each model ran per kept token (batched passes over the step's rows / tokens per sequence); then, from one more
 step per setting watched with CUDA events (bench/device_busy.py), each model's device busy time in its forwards and
 lm_heads against the rollout's wall time (two GPUs at work together: each near the wall time; in turn: their sum),
-and the host's time launching and waiting. The seed
-(llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem 33.5 s per step (1.8x).
+and the host's time launching and waiting. The seed (llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem
+33.5 s per step (1.8x).
 
 GPU:  python -m bench.tandem_step
       python -m bench.tandem_step --sync-too              # each tandem setting also with async scheduling off (A/B)

@@ -4,9 +4,9 @@ Each row's tokens live in one flat buffer on the device (token -1, then the burs
 tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
 ``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
 writes it into the buffer. In paired ticks a tick's frozen forward runs beside the hot one: on the frozen slot's
-stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it reads the successor of: the hot
-model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
-planned on the host and copied to the device once per burst.
+stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it
+reads the successor of: the hot model's log-prob of each kept token, whoever wrote it, goes into a second buffer.
+Every index a forward uses is planned on the host and copied to the device once per burst.
 
 Asynchronous scheduling (engine.py): a burst may be launched before the previous launch's tokens are read back. A
 burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
