@@ -2,8 +2,11 @@
 model and its frozen copy, 8 prompts x 8 samples x 512 tokens, EOS ignored, one GRPO update per step.
 
 Prints, per setting, the median step (rollout + update), its ratio to vanilla, rollout tokens/s and the forward
-passes each model ran per kept token (batched passes over the step's rows / tokens per sequence). The seed
-(llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem 33.5 s per step (1.8x).
+passes each model ran per kept token (batched passes over the step's rows / tokens per sequence); then, from one more
+step per setting watched with CUDA events (bench/device_busy.py), each model's device busy time in its forwards and
+lm_heads against the rollout's wall time (two GPUs at work together: each near the wall time; in turn: their sum),
+and the host's time launching and waiting. The seed (llm-tandem-verl, 2x A100, Qwen3-0.6B): vanilla 18.6 s, tandem
+33.5 s per step (1.8x).
 
 GPU:  python -m bench.tandem_step
       python -m bench.tandem_step --sync-too              # each tandem setting also with async scheduling off (A/B)
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bench.collections_watch import FullCollections, release_garbage
+from bench.device_busy import DeviceBusy
 from bench.grpo_step import add_step_shape_args, build_model, one_step
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.config import TrainConfig
@@ -64,7 +68,7 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
         scheduler = backend.engine.scheduler
         scheduler.tandem = dataclasses.replace(scheduler.tandem, drawn_ahead=False)
         backend.engine._synchronous = True  # what a round keeps decides where the next starts
-    cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 2)
+    cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 3)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
     def timed_step(seed: int):  # each step's times as it ends: a slow setting shows where before any timeout
@@ -83,12 +87,27 @@ def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.devi
     before = {name: slot.stats.forwards for name, slot in slots.items()}
     runs = [timed_step(s) for s in range(args.repeats)]
     passes = {name: (slots[name].stats.forwards - before[name]) / (args.repeats * args.new_tokens) for name in slots}
+    busy = DeviceBusy()  # one more step, not among the timed ones: its events cost a little
+    with busy.watching():
+        watched = timed_step(args.repeats)
+    busy_report = busy.report(watched.rollout_s)
+    print(f"  busy: {busy_line(busy_report)}", flush=True)
     backend.close()
     release_garbage(device)  # what this setting left (engine, optimizer state) is gone before the next one is timed
     median = sorted(runs, key=lambda t: t.rollout_s + t.train_s)[len(runs) // 2]
     return {"step_s": median.rollout_s + median.train_s, "rollout_s": median.rollout_s, "train_s": median.train_s,
             "rollout_tok_s": median.tokens / median.rollout_s, "peak_gib": median.peak_gib,
-            "hot_passes_per_token": passes[TARGET], "frozen_passes_per_token": passes.get(FROZEN, 0.0)}
+            "hot_passes_per_token": passes[TARGET], "frozen_passes_per_token": passes.get(FROZEN, 0.0),
+            "busy": busy_report}
+
+
+def busy_line(busy: dict) -> str:
+    """A watched rollout in one line: per slot its device's busy seconds (share of the wall time, ms per call), and
+    the host's seconds launching and reading back."""
+    slots = [f"{name} {r['busy_s']:.2f} s ({r['busy_share']:.0%}, {1000 * r['busy_s'] / r['calls']:.2f} ms x "
+             f"{r['calls']})" for name, r in busy.items() if isinstance(r, dict)]
+    return (f"wall {busy['wall_s']:.2f} s; device busy in forwards + lm_heads: {', '.join(slots) or '-'}; host "
+            f"launching {busy['launch_s']:.2f} s, reading back (waiting) {busy['wait_s']:.2f} s")
 
 
 def main() -> None:
@@ -137,6 +156,8 @@ def main() -> None:
         print(f"| {name} | {r['step_s']:.2f} | {r['step_s'] / vanilla:.2f} | {r['rollout_s']:.2f} | {r['train_s']:.2f} "
               f"| {r['rollout_tok_s']:.0f} | {r['hot_passes_per_token']:.2f} | {r['frozen_passes_per_token']:.2f} |")
     print("| the seed (llm-tandem-verl, 2x A100): vanilla 18.6 s, tandem 33.5 s | 33.5 | 1.80 | - | - | - | 1 | 1 |")
+    for name, r in rows.items():  # one more rollout per setting, watched with CUDA events (bench/device_busy.py)
+        print(f"busy, {name}: {busy_line(r['busy'])}")
 
 
 if __name__ == "__main__":

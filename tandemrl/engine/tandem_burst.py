@@ -7,9 +7,10 @@ reads every token it has not read yet (the other model's run since its last turn
 samples the next token; a row thus moves one position per forward of the model that owns that position, and each
 model reads each token once. Which model runs next: the one owning more rows' next positions, each row weighted by
 1 + the forwards it has waited (about 1.6 forwards per position for 64 rows at p = 0.5, 1.5 at p = 0.8, against 2
-when both models run at every position; simulated). On one GPU the burst runs in *paired ticks* instead: each tick a
-forward of both models, over the rows each owns next, the two at once on two streams; 2 forwards per position, but
-a tick costs little more than one forward, as a decode forward's short kernels leave most of the GPU idle.
+when both models run at every position; simulated). With both models on GPUs the burst runs in *paired ticks*
+instead: each tick a forward of both models, over the rows each owns next, the two at once, on two streams of one
+GPU (a decode forward's short kernels leave most of it idle) or on two GPUs; 2 forwards per position, but a tick
+costs little more than one forward.
 
 A burst ends with a *catch-up* forward of each model over the tokens it has not read but the last, without
 sampling: the loss needs the hot model's log-prob of every kept token (its logit at the position before), and with

@@ -17,6 +17,7 @@ import tandemrl.engine.model.tandem_runner as tandem_runner_module
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.model.placement import CPU_KV_BUDGET_BYTES, canonical, move, on_device
+from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.tandem.config import TandemConfig, owner_stream
 from tandemrl.types import Request, Rollout
 from tests.engine.test_model_runner import build
@@ -29,7 +30,9 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="the hot model on a GPU, the fr
 
 def generate(hot, frozen, tandem: TandemConfig, reqs: list[Request], tokenizer=None) -> list[Rollout]:
     backend = EngineBackend(hot, tokenizer, engine_config(cuda_graphs=True), tandem=tandem, frozen_model=frozen)
-    assert backend.runner.slots["frozen"].device == canonical(next(frozen.parameters()).device)
+    frozen_device = backend.runner.slots["frozen"].device
+    assert frozen_device == canonical(next(frozen.parameters()).device)
+    assert backend.engine.scheduler.paired_tandem == (frozen_device.type == "cuda")  # another GPU too; not the CPU
     out = backend.generate(reqs)
     backend.close()
     return out
@@ -46,14 +49,7 @@ SELECTORS = [("bernoulli", 0.5), ("alternating", 0.5), ("word", 0.5), ("bernoull
 def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p, monkeypatch):
     """The frozen slot on "cpu:0": its own sampler, indices and prefill inputs, token ids moved to it and back; the
     greedy rollout equals the naive loop's (and so the single-device one's, tests/engine/test_tandem.py)."""
-    elsewhere = torch.device("cpu", 0)
-    place = ModelRunner._slot
-
-    def placed(self, name, model, config, attention_backend):
-        slot = place(self, name, model, config, attention_backend)
-        slot.device = elsewhere if name == "frozen" else slot.device
-        return slot
-
+    elsewhere = _frozen_slot_on_cpu0(monkeypatch)
     moved, burst_moved = [], []
 
     def counted(into):
@@ -62,7 +58,6 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
             return move(tensor, device)
         return counted_move
 
-    monkeypatch.setattr(ModelRunner, "_slot", placed)
     for module in (prefill_module, proposers_module):
         monkeypatch.setattr(module, "move", counted(moved))
     monkeypatch.setattr(tandem_runner_module, "move", counted(burst_moved))
@@ -86,6 +81,55 @@ def test_the_frozen_slot_takes_the_cross_device_branches_on_the_cpu(selector, p,
                                        req)
         assert r.completion_ids == ids and r.token_sources == writers, req.request_id
         assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8])
+def test_paired_ticks_across_devices_send_the_frozen_reads_before_the_hot_forward(p, monkeypatch):
+    """Paired ticks with the frozen slot on another device (as with "cuda:1"; forced here on the "cpu:0" stand-in):
+    the greedy rollout equals the naive loop's, and the tokens a frozen forward reads are sent to its device before
+    the hot forward it runs beside is launched (after it, on the hot GPU's stream, they would wait for it)."""
+    elsewhere = _frozen_slot_on_cpu0(monkeypatch)
+    events: list[str] = []
+    forwards = ModelSlot.decode_forwards
+
+    def logged_forwards(slot, plans):
+        run = forwards(slot, plans)
+        return lambda f, ids: (events.append(slot.name), run(f, ids))[1]
+
+    def logged_move(tensor, device):
+        events.append("send" if device == elsewhere else "back")
+        return move(tensor, device)
+
+    monkeypatch.setattr(ModelSlot, "decode_forwards", logged_forwards)
+    monkeypatch.setattr(tandem_runner_module, "move", logged_move)
+    hot, frozen = build("qwen2"), build("qwen2", seed=1)
+    tandem = TandemConfig(enabled=True, p=p)
+    reqs = requests(count=4, max_tokens=12)
+    backend = EngineBackend(hot, None, engine_config(decode_steps=4), tandem=tandem, frozen_model=frozen)
+    backend.engine.scheduler.paired_tandem = True  # the schedule of two GPUs (off a GPU: turns)
+    out = backend.generate(reqs)
+    backend.close()
+    for req, r in zip(reqs, out):
+        ids, writers, logprobs = naive(hot, frozen, owner_stream(tandem, req.request_id, req.params.seed, None), req)
+        assert r.completion_ids == ids and r.token_sources == writers, req.request_id
+        assert r.logprobs == pytest.approx(logprobs, abs=1e-4), req.request_id
+    trace = " ".join(events)
+    assert "send target frozen" in trace  # a tick: the frozen reads sent, then both forwards
+    assert "target send frozen" not in trace  # never behind the hot forward before it
+
+
+def _frozen_slot_on_cpu0(monkeypatch) -> torch.device:
+    """Runners made from now on place their frozen slot on "cpu:0" (another device, in name only)."""
+    elsewhere = torch.device("cpu", 0)
+    place = ModelRunner._slot
+
+    def placed(self, name, model, config, attention_backend):
+        slot = place(self, name, model, config, attention_backend)
+        slot.device = elsewhere if name == "frozen" else slot.device
+        return slot
+
+    monkeypatch.setattr(ModelRunner, "_slot", placed)
+    return elsewhere
 
 
 def _boundaries(tokenizer, selector: str):

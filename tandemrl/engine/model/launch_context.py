@@ -49,9 +49,10 @@ class LaunchContext:
 
     @property
     def pairs_tandem_forwards(self) -> bool:
-        """Whether a tandem burst runs in paired ticks (tandem_burst.py): the frozen model on the runner's GPU, its
-        forwards on its own stream beside the hot model's. Not for tensor-parallel shards: both models' all-reduces
-        share one communicator, whose operations must not run side by side."""
+        """Whether a tandem burst runs in paired ticks (tandem_burst.py): both models on GPUs, the frozen one's
+        forwards beside the hot one's, on its own stream of the runner's GPU or on its own GPU (``tandem.frozen_device
+        = "cuda:1"``: the two devices work at once). Not for tensor-parallel shards: both models' all-reduces share
+        one communicator, whose operations must not run side by side."""
         frozen = self.slots.get(FROZEN)
-        return (self.device.type == "cuda" and frozen is not None and frozen.device == self.device
+        return (self.device.type == "cuda" and frozen is not None and frozen.device.type == "cuda"
                 and not is_shard(frozen.model))

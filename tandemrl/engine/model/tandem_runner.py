@@ -3,10 +3,10 @@
 Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
 tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
 ``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
-writes it into the buffer. In paired ticks (one GPU) a tick's frozen forward runs on the frozen slot's stream beside
-the hot one (``_Streams``). A forward of the hot model also scores every token it reads the successor of: the hot
-model's log-prob of each kept token, whoever wrote it, goes into a second buffer. Every index a forward uses is
-planned on the host and copied to the device once per burst.
+writes it into the buffer. In paired ticks a tick's frozen forward runs beside the hot one: on the frozen slot's
+stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it
+reads the successor of: the hot model's log-prob of each kept token, whoever wrote it, goes into a second buffer.
+Every index a forward uses is planned on the host and copied to the device once per burst.
 
 Asynchronous scheduling (engine.py): a burst may be launched before the previous launch's tokens are read back. A
 burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
@@ -15,7 +15,11 @@ tokens (pending.py's ``link_pending`` / ``resolve_pending``), like the first ste
 
 The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
 stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
-indices and sampling columns are staged on its own device.
+indices and sampling columns are staged on its own device. Those reads are gathered and sent before the hot forward
+beside it is launched (``_frozen_reads_past``): the copies between two GPUs order the two devices' streams on each
+other (placement.py), so sent after it they would make the frozen GPU wait for the hot forward, and the two GPUs
+take turns. Sent before, the two forwards of a tick run at once and the devices meet once per tick, when the
+samples cross.
 """
 
 from __future__ import annotations
@@ -68,16 +72,19 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
                   for model, slot in ((True, hot), (False, frozen))}
     nth = {True: 0, False: 0}  # each model's forwards so far: the index of its next staged plan
     streams = _Streams.of(context, frozen)
-    for forward, index, far_index in zip(burst.forwards, indices, far):
+    ahead: dict[int, Tensor] = {}  # a frozen forward's reads, sent to its device before the hot forward before it
+    for f, (forward, index, far_index) in enumerate(zip(burst.forwards, indices, far)):
         with streams.beside(forward.beside):
             if not forward.hot:
-                drawn = _frozen_forward(frozen, forward_of[False], nth[False],
-                                        move(tokens[index["read"]], frozen.device), far_index,
+                read = ahead.pop(f) if f in ahead else move(tokens[index["read"]], frozen.device)
+                drawn = _frozen_forward(frozen, forward_of[False], nth[False], read, far_index,
                                         frozen_sample if forward.sample else None)
                 nth[False] += 1
                 if drawn is not None:
                     tokens[index["write"]] = move(drawn, hot.device)
                 continue
+            if frozen.device != hot.device and _frozen_reads_past(burst, f):
+                ahead[f + 1] = move(tokens[indices[f + 1]["read"]], frozen.device)
             hidden = forward_of[True](nth[True], tokens[index["read"]])
             nth[True] += 1
             logits = hot.logits(hidden)  # one lm_head to sample and score
@@ -86,6 +93,20 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
             _score(logits, tokens, logprobs, index, temperature[index["row"]], fused_scores)  # after the sample
     out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
     return tokens[out], logprobs[out]
+
+
+def _frozen_reads_past(burst: TandemBurst, f: int) -> bool:
+    """Whether forward f + 1 is the frozen model's and reads no token hot forward f writes (a paired tick's: it
+    serves other rows; a catch-up's: it reads no row's last token). On another device its reads are then gathered
+    and sent before f is launched: behind f on the hot GPU's stream, the frozen GPU would wait for f."""
+    forwards = burst.forwards
+    if f + 1 == len(forwards) or forwards[f + 1].hot:
+        return False
+    hot, frozen = forwards[f], forwards[f + 1]
+    if not hot.sample:
+        return True
+    written = burst.column(hot.rows, hot.token[hot.last] + 1)
+    return not np.isin(burst.column(frozen.row, frozen.token), written).any()
 
 
 def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
@@ -105,7 +126,8 @@ class _Streams:
     it (the hot model's, over other rows): it starts when everything before that forward is done, and the main
     stream waits for it before going on. Each slot's graphs hold their own cuBLAS workspace (runner.py), and what
     the side stream allocates is freed to it alone (PyTorch's caching allocator keys blocks by stream). Without
-    paired ticks (models on two devices, off CUDA) everything is issued in order."""
+    paired ticks (off CUDA), or with the models on two GPUs (each device runs its own forwards), everything is
+    issued in order."""
 
     def __init__(self, main: torch.cuda.Stream | None, side: torch.cuda.Stream | None) -> None:
         self.main, self.side = main, side
@@ -113,7 +135,7 @@ class _Streams:
 
     @classmethod
     def of(cls, context: LaunchContext, frozen: ModelSlot) -> _Streams:
-        if not context.pairs_tandem_forwards:
+        if not context.pairs_tandem_forwards or frozen.device != context.device:
             return cls(None, None)
         return cls(torch.cuda.current_stream(context.device), frozen.warmup_stream)
 
