@@ -13,10 +13,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_multi_env.sh
 
-tp_decode 270 tp_decode --all-reduce auto
+tp_decode 270 tp_decode
 status=$?
 if [ "$status" != 0 ] && [ "$status" != 124 ]; then  # failed (not cut short): are the captured all-reduces why?
-    tp_decode 120 tp_decode_eager --eager --all-reduce auto --shapes 1:128:512 64:128:512
+    tp_decode 120 tp_decode_eager --eager --shapes 1:128:512 64:128:512
 fi
 
 echo "=== GRPO step, Qwen2.5-0.5B: TP engine vs data parallel (at most 140 s) $(date +%T)"

@@ -1,18 +1,15 @@
 """Tensor-parallel decode: one engine over N ranks (engine.tensor_parallel_size = N) against one engine per GPU, in one
-torchrun launch: the decode step time at each (batch, prompt + new tokens) shape, and greedy parity, for each
-all-reduce kind asked (--all-reduce: engine.tp_all_reduce = nccl / symmetric / auto), each against the same
-one-GPU baseline.
+torchrun launch: the decode step time at each (batch, prompt + new tokens) shape, and greedy parity.
 
 Every rank builds the same random-weight model (one seed) on its GPU. Rank 0 first runs the whole model alone (the
-other ranks wait), then all ranks run the tensor-parallel engine over the same model's shards, once per all-reduce
-kind. A shape's decode step time is (time of prompt + new tokens - time of the prompt and one token) / (new - 1),
+other ranks wait), then all ranks run the tensor-parallel engine over the same model's shards. A shape's decode step time is (time of prompt + new tokens - time of the prompt and one token) / (new - 1),
 after a short warm-up at that batch (graphs captured, kernels compiled). Sampling is seeded (temperature 1, EOS
 ignored: fixed lengths).
 
 Greedy parity (bf16): the tokens of both engines on --parity-prompts prompts. The shard sums o_proj / down_proj
 over ranks in another order than one GPU does, so bf16 rounding may flip an argmax where the top two logits nearly
 tie; after that the continuations differ. How large that rounding is gets measured, teacher-forced: the whole model
-and the tensor-parallel shard (Hugging Face forwards, the shard's all-reduces of the kind under test) both read each
+and the tensor-parallel shard (Hugging Face forwards) both read each
 prompt + the whole engine's greedy tokens, and at every position the largest |logit difference| over the vocabulary
 is that position's noise. A first difference counts as a rounding tie when the whole model's logit gap there
 between the two engines' tokens (the top-2 gap when the shard's token is the runner-up) is within that position's
@@ -33,7 +30,7 @@ import torch
 
 from bench.engine_throughput import random_prompts, timed
 from tandemrl.backends.engine_backend import EngineBackend
-from tandemrl.engine.config import TP_ALL_REDUCES, EngineConfig
+from tandemrl.engine.config import EngineConfig
 from tandemrl.types import Request, SamplingParams
 
 
@@ -126,19 +123,15 @@ def main() -> None:
     parser.add_argument("--arch", default="qwen2.5-7b")
     parser.add_argument("--shapes", nargs="+", default=["1:128:512", "64:128:512", "1:1024:4096", "64:1024:4096"],
                         help="batch:prompt:new tokens")
-    parser.add_argument("--all-reduce", nargs="+", default=["nccl", "symmetric"], choices=TP_ALL_REDUCES,
-                        help="engine.tp_all_reduce kinds, each run against the same one-GPU baseline")
     parser.add_argument("--parity-prompts", type=int, default=16)
     parser.add_argument("--parity-tokens", type=int, default=64)
     parser.add_argument("--kv-gib", type=float, default=24.0, help="KV cache of the whole model (shards: 1/N each)")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (EngineConfig.cuda_graphs off)")
-    parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short shapes, CPU and gloo (all-reduce "
-                        "kinds nccl and auto: symmetric memory needs CUDA)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short shapes, CPU and gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/tp_decode.json"))
     args = parser.parse_args()
     if args.cpu_smoke:
         args.arch, args.shapes, args.parity_prompts, args.parity_tokens, args.kv_gib = "tiny", ["2:8:8"], 4, 8, 0.01
-        args.all_reduce = ["nccl", "auto"]
 
     from tandemrl.config import DistributedConfig
     from tandemrl.distributed.env import destroy_process_group, init_process_group
@@ -158,7 +151,7 @@ def main() -> None:
     max_seqs = max(b for b, _, _ in shapes + [(args.parity_prompts, 0, 0)])
     result = {"date": date.today().isoformat(), "torch": torch.__version__, "arch": args.arch, "ranks": world,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "cuda_graphs": not args.eager, "num_blocks_whole": num_blocks, "split": {}, "ratio": {}, "parity": {}}
+              "cuda_graphs": not args.eager, "num_blocks_whole": num_blocks}
     import torch.distributed as dist
 
     whole_tokens = None
@@ -172,43 +165,36 @@ def main() -> None:
         save(args.out, result)  # a run cut short keeps the one-GPU rows
     dist.barrier()
     group = tensor_parallel_group(info.rank, world, world)
-    for kind in args.all_reduce:
-        print(f"=== rank {info.rank}: tensor-parallel engine over {world} ranks, tp_all_reduce = {kind}", flush=True)
-        config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs, cuda_graphs=not args.eager,
-                              tensor_parallel_size=world, tp_all_reduce=kind)
-        split = EngineBackend(model, None, config, device=device, tensor_parallel=group)
-        shard = split.engine_model
-        rows = step_times(split, shapes, vocab, device)
-        split_tokens = run(split, parity_ids, args.parity_tokens, temperature=0.0)
-        split.close()
-        checked = parity(model, shard, parity_ids, whole_tokens, split_tokens, device, info.rank)
-        del split, shard
-        if info.rank == 0:
-            result["split"][kind], result["parity"][kind] = rows, checked
-            result["ratio"][kind] = [s["decode_step_ms"] / w["decode_step_ms"] for s, w in zip(rows, result["whole"])]
-            save(args.out, result)
+    print(f"=== rank {info.rank}: tensor-parallel engine over {world} ranks", flush=True)
+    config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs, cuda_graphs=not args.eager,
+                          tensor_parallel_size=world)
+    split = EngineBackend(model, None, config, device=device, tensor_parallel=group)
+    rows = step_times(split, shapes, vocab, device)
+    split_tokens = run(split, parity_ids, args.parity_tokens, temperature=0.0)
+    shard = split.engine_model
+    split.close()
+    checked = parity(model, shard, parity_ids, whole_tokens, split_tokens, device, info.rank)
     if device.type == "cuda":
         result["split_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     if info.rank == 0:
+        result["split"], result["parity"] = rows, checked
+        result["ratio"] = [s["decode_step_ms"] / w["decode_step_ms"] for s, w in zip(rows, result["whole"])]
         save(args.out, result)
-        report(result, args.all_reduce)
+        report(result)
     dist.barrier()
     destroy_process_group()
 
 
-def report(result: dict, kinds: list[str]) -> None:
-    print("| batch | prompt+new | 1 GPU step ms | " + " | ".join(f"TP {k} step ms | TP {k} / 1 GPU" for k in kinds)
-          + " |")
-    for i, w in enumerate(result["whole"]):
-        cells = [f"{result['split'][k][i]['decode_step_ms']:.2f} | {result['ratio'][k][i]:.2f}" for k in kinds]
-        print(f"| {w['batch']} | {w['prompt']}+{w['new']} | {w['decode_step_ms']:.2f} | " + " | ".join(cells) + " |")
-    for kind in kinds:
-        p = result["parity"][kind]
-        print(f"greedy parity ({kind}): {p['exact']}/{p['sequences']} sequences exact; teacher-forced logit noise "
-              f"over {p['positions']} positions: max {p['noise_max']:.4f}, median {p['noise_median']:.4f}; first "
-              f"differences: {p['ties']} rounding ties (gap within the position's noise), {p['mismatches']} "
-              f"mismatches; (position, gap, noise): "
-              f"{[(d['position'], round(d['gap'], 3), round(d['noise'], 3)) for d in p['differences']]}")
+def report(result: dict) -> None:
+    print("| batch | prompt+new | 1 GPU step ms | TP step ms | TP / 1 GPU |")
+    for w, s, ratio in zip(result["whole"], result["split"], result["ratio"]):
+        print(f"| {w['batch']} | {w['prompt']}+{w['new']} | {w['decode_step_ms']:.2f} | {s['decode_step_ms']:.2f} | "
+              f"{ratio:.2f} |")
+    p = result["parity"]
+    print(f"greedy parity: {p['exact']}/{p['sequences']} sequences exact; teacher-forced logit noise over "
+          f"{p['positions']} positions: max {p['noise_max']:.4f}, median {p['noise_median']:.4f}; first differences: "
+          f"{p['ties']} rounding ties (gap within the position's noise), {p['mismatches']} mismatches; "
+          f"(position, gap, noise): {[(d['position'], round(d['gap'], 3), round(d['noise'], 3)) for d in p['differences']]}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ class EngineBackend:
         tandem = tandem if tandem is not None and tandem.enabled else None
         if (tandem is None) != (frozen_model is None):
             raise ValueError("tandem rollouts need a frozen model, and a frozen model needs tandem.enabled")
-        model, frozen_model = _tensor_parallel_models(config, model, frozen_model, tensor_parallel, self.device)
+        model, frozen_model = _tensor_parallel_models(config.tensor_parallel_size, model, frozen_model,
+                                                      tensor_parallel)
         models = {TARGET: model, DRAFT: draft_model, FROZEN: frozen_model}
         self.runner = ModelRunner({name: m for name, m in models.items() if m is not None}, config, self.device)
         if tensor_parallel is not None and tensor_parallel.size > 1 and config.num_blocks is None:
@@ -117,15 +118,13 @@ class EngineBackend:
 
 
 
-def _tensor_parallel_models(config: EngineConfig, model: nn.Module, frozen: nn.Module | None,
-                            tp: TensorParallelGroup | None, device: torch.device) -> tuple[nn.Module, nn.Module | None]:
-    """``config.tensor_parallel_size`` must be the group's. Over a group of several ranks, this rank's shards of the
-    policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's frozen model (the whole one is
-    then dropped), their all-reduces as ``engine.tp_all_reduce`` asks; a draft model stays whole on every rank."""
-    from tandemrl.engine.model.symmetric_all_reduce import symmetric_all_reduce
-    from tandemrl.engine.model.tensor_parallel import shard_for_rank, with_all_reduce
+def _tensor_parallel_models(size: int, model: nn.Module, frozen: nn.Module | None, tp: TensorParallelGroup | None
+                            ) -> tuple[nn.Module, nn.Module | None]:
+    """``size``: engine.tensor_parallel_size, which must be the group's. Over a group of several ranks, this rank's
+    shards of the policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's frozen model (the
+    whole one is then dropped); a draft model stays whole on every rank."""
+    from tandemrl.engine.model.tensor_parallel import shard_for_rank
 
-    size = config.tensor_parallel_size
     if size != (tp.size if tp is not None else 1):
         where = f"a group of {tp.size}" if tp is not None else "one rank"
         raise ValueError(f"engine.tensor_parallel_size = {size} needs a torchrun job whose ranks run the engine "
@@ -137,9 +136,4 @@ def _tensor_parallel_models(config: EngineConfig, model: nn.Module, frozen: nn.M
         model = shard_for_rank(model, tp)
     if frozen is not None and not is_shard(frozen):
         frozen = shard_for_rank(frozen, tp)
-    symmetric = symmetric_all_reduce(config.tp_all_reduce, tp.group, device, next(model.parameters()).dtype)
-    grouped = dataclasses.replace(tp, symmetric=symmetric)
-    for shard in (model, frozen):
-        if shard is not None:
-            with_all_reduce(shard, grouped)
     return model, frozen

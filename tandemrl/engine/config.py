@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # engine.kv_cache_dtype: the model's dtype, or float8 e4m3 (scale 1.0)
-TP_ALL_REDUCES = ("auto", "nccl", "symmetric")  # engine.tp_all_reduce (engine/model/symmetric_all_reduce.py)
 
 
 @dataclass
@@ -65,12 +64,6 @@ class EngineConfig:
                        "heads, KV heads, MLP columns and vocabulary (its KV cache split by KV heads); must divide "
                        "the job's processes and the model's heads (docs/multi-gpu.md). 1: every rank runs its own "
                        "engine over the whole model"})
-    tp_all_reduce: str = field(default="auto", metadata={
-        "description": "how a tensor-parallel engine (`engine.tensor_parallel_size` > 1) sums its ranks' partial "
-                       "results: `symmetric` (PyTorch symmetric memory, a one-kernel all-reduce over NVLink for "
-                       "decode-size tensors, up to 8 MiB read from peers; larger ones, i.e. prefill, go through "
-                       "NCCL; needs CUDA, an NCCL group on one host; multicast not used), `nccl` "
-                       "(torch.distributed's all_reduce always), or `auto` (symmetric where it works, else NCCL)"})
 
     def validate(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -92,9 +85,6 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
-        if self.tp_all_reduce not in TP_ALL_REDUCES:
-            raise ValueError(f"EngineConfig.tp_all_reduce must be one of {list(TP_ALL_REDUCES)}, "
-                             f"got {self.tp_all_reduce!r}")
         for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")

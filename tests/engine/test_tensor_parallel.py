@@ -49,16 +49,6 @@ def test_tandem_speculative_and_sampled_decoding_over_two_ranks(two_ranks, case)
         assert any(writers) and not all(writers)
 
 
-def test_all_reduce_choice_nccl_decodes_alike_and_symmetric_is_refused_off_cuda(two_ranks):
-    """engine.tp_all_reduce: `auto` (the runs above) and `nccl` use torch.distributed's all-reduce over gloo;
-    `symmetric` needs CUDA and NCCL, and says so naming the key."""
-    choices = two_ranks["all_reduce_choices"]
-    assert choices["nccl"] == two_ranks["tiny"]["reference"]
-    assert "engine.tp_all_reduce = 'symmetric' needs CUDA devices and an NCCL group" in choices["symmetric_refused"]
-    with pytest.raises(ValueError, match="EngineConfig.tp_all_reduce must be one of"):
-        EngineConfig(tp_all_reduce="custom").validate()
-
-
 def test_each_rank_holds_its_share(two_ranks):
     tiny, qwen = two_ranks["tiny"], two_ranks["qwen2.5-0.5b"]
     assert tiny["local_kv_heads"] == 1 and qwen["local_kv_heads"] == 1

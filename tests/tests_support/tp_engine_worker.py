@@ -4,7 +4,6 @@ whole model (N = 1) and writes both outputs for the test to compare."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -82,23 +81,6 @@ def decode(backend: EngineBackend, reqs: list[Request]) -> list[list[int]]:
     return [r.completion_ids for r in out]
 
 
-def all_reduce_choices(tiny_dir: str, tp: TensorParallelGroup, config: EngineConfig) -> dict:
-    """engine.tp_all_reduce over gloo: `nccl` decodes (torch.distributed's all_reduce), `symmetric` is refused."""
-    model = build_model("tiny", tiny_dir)
-    reqs = requests(model.config.vocab_size)
-    backend = EngineBackend(model, None, dataclasses.replace(config, tp_all_reduce="nccl"), device="cpu",
-                            tensor_parallel=tp)
-    out = {"nccl": decode(backend, reqs)}
-    backend.close()
-    try:
-        EngineBackend(model, None, dataclasses.replace(config, tp_all_reduce="symmetric"), device="cpu",
-                      tensor_parallel=tp)
-        out["symmetric_refused"] = ""
-    except ValueError as error:
-        out["symmetric_refused"] = str(error)
-    return out
-
-
 def run_rank(rank: int, world: int, store_file: str, tiny_dir: str, result_file: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
@@ -126,7 +108,6 @@ def run_rank(rank: int, world: int, store_file: str, tiny_dir: str, result_file:
                 result["reference"] = decode(EngineBackend(model, None, whole, device="cpu"), reqs)
             results[name] = result
         results["partners"] = partner_runs(rank, world, tiny_dir, tp)
-        results["all_reduce_choices"] = all_reduce_choices(tiny_dir, tp, config)
         if rank == 0:
             with open(result_file, "w") as f:
                 json.dump(results, f)

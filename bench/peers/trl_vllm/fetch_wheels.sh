@@ -22,6 +22,7 @@ SPECS=(
   pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5
   fastapi==0.136.3 starlette==1.10.0                                    # vllm.entrypoints (vLLM: fastapi<0.137)
   openai==3.54.0 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 openai_harmony==0.0.8
+  httpx2==2.16.2 httpcore2==2.16.2                                      # openai 3.54 imports httpx2
   msgspec==0.22.0 pyzmq==27.3.0 cachetools==8.0.2 cbor2==6.3.0 blake3==1.0.11 setproctitle==1.3.8 ijson==3.6.0
   gguf==0.19.0 partial_json_parser==0.2.1.1.post7 pybase64==1.5.1
   llguidance==1.7.6 xgrammar==0.2.7 apache_tvm_ffi==0.1.10              # structured-output backends, imported eagerly

@@ -40,7 +40,7 @@ PY
 PYTHONPATH=$SITE:$PWD VLLM_NO_USAGE_STATS=1 python3 -c "
 import vllm, vllm.entrypoints.llm, vllm.v1.engine.core, vllm.v1.worker.gpu_model_runner, vllm.model_executor.models.qwen2
 from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
-import trl, trl.trainer.grpo_trainer, trl.generation.vllm_generation, bench.grpo_step
+import openai, trl, trl.trainer.grpo_trainer, trl.generation.vllm_generation, bench.grpo_step
 print('import ok: vllm', vllm.__version__, 'trl', trl.__version__, 'FA3', is_fa_version_supported(3))
 " || { echo "smoke import failed"; exit 7; }
 echo "$SHA" > "$SITE/.kit_sha256"

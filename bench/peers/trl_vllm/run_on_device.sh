@@ -9,6 +9,8 @@ shift $(( $# < 2 ? $# : 2 ))
 DEST=${OUT:-bench/out}
 mkdir -p "$DEST"
 # The kit (vLLM, TRL, pydantic and the rest) replaces bench/gpu_env.sh's .whl: the part calls leave no room to carry it.
+# vLLM 0.26's sampler imports FlashInfer (not in the kit) unless told not to; its own top-k/top-p sampler runs instead.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 export PYTHONPATH=/tmp/tvsite:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 python3 -m bench.peers.trl_vllm.trl_grpo_step --model "$MODEL" --micro-batch "$MICRO" \
   --out "$DEST/trl_vllm_$MODEL.json" "$@" > "$DEST/trl_vllm_$MODEL.log" 2>&1 || { tail -60 "$DEST/trl_vllm_$MODEL.log"; exit 1; }

@@ -14,8 +14,7 @@ local shapes and stay the one path), with four modules swapped:
 
 KV heads fewer than N (e.g. 1 KV head over 2 ranks) are replicated: each rank keeps the one KV head its query heads
 read (N must be a multiple of the KV heads). Norms, RoPE and biases of row-parallel layers are whole on every rank.
-The collectives are torch.distributed's in-place all_reduce and all-gather (NCCL captures them in CUDA graphs); a
-decode-size all-reduce may instead go through symmetric memory (symmetric_all_reduce.py, ``engine.tp_all_reduce``).
+The collectives are torch.distributed's in-place all_reduce and all-gather (NCCL captures them in CUDA graphs).
 
 Every rank of the group computes the same hidden states and logits bit for bit (the collectives hand every rank the
 same sums), so the same seeded sampler draws the same tokens on each: the ranks' schedulers stay in step without
@@ -44,18 +43,15 @@ VOCAB_PARALLEL = ("embed_tokens", "lm_head")  # weight rows split
 @dataclass(frozen=True)
 class TensorParallelGroup:
     """This rank's place in its tensor-parallel group, and the group's collectives (``group`` None: the default
-    process group; ``symmetric``: a SymmetricAllReduce for the tensors it fits, ``with_all_reduce`` sets it)."""
+    process group)."""
 
     rank: int
     size: int
     group: Any = None
-    symmetric: Any = None
 
     def all_reduce_(self, x: Tensor) -> Tensor:
         import torch.distributed as dist
 
-        if self.symmetric is not None and self.symmetric.fits(x):
-            return self.symmetric(x)
         dist.all_reduce(x, group=self.group)
         return x
 
@@ -237,13 +233,6 @@ def _swap_parallel_modules(shard: nn.Module, full: nn.Module, sizes: ShardSizes,
     shard.model.embed_tokens = embed
     head_weight = embed.weight if tied else nn.Parameter(torch.empty(sizes.vocab_rows, hidden), requires_grad=False)
     shard.lm_head = VocabParallelLMHead(head_weight, sizes.vocab, tp)
-
-
-def with_all_reduce(shard: nn.Module, tp: TensorParallelGroup) -> None:
-    """Make ``shard``'s parallel modules use ``tp`` (the same group, e.g. with a symmetric-memory all-reduce)."""
-    for module in shard.modules():
-        if isinstance(module, (RowParallelLinear, VocabParallelEmbedding, VocabParallelLMHead)):
-            module.tp = tp
 
 
 def _tied(lm: nn.Module) -> bool:
