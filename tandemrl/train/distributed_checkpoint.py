@@ -88,13 +88,15 @@ def save_distributed(root: Path, step: int, *, parallel: Distributed, model: nn.
 
 def _hf_source(model: nn.Module, replica: nn.Module) -> tuple[nn.Module, dict | None]:
     """Collective. What the Hugging Face files are written from: the engine's replica, or, when the engine holds
-    only a tensor-parallel shard (engine.tensor_parallel_size > 1), the trained model's whole weights gathered into
-    rank 0's host memory (never onto a GPU)."""
+    only a tensor-parallel shard (engine.tensor_parallel_size > 1) or there is no replica (a server samples: the
+    "replica" is the FSDP2-sharded model), the trained model's whole weights gathered into rank 0's host memory
+    (never onto a GPU)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
 
     from tandemrl.engine.model.tensor_parallel import is_shard
 
-    if not is_shard(replica):
+    if not is_shard(replica) and not any(isinstance(p, DTensor) for p in replica.parameters()):
         return replica, None
     return model, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
