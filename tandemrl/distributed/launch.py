@@ -67,9 +67,6 @@ def check_layout(cfg: Config, world_size: int) -> None:
     if cfg.model.lora.enabled and cfg.distributed.strategy == "shard":
         raise ValueError("distributed.strategy = 'shard' does not take model.lora.enabled: LoRA replicates (each "
                          "rank holds the base and the adapter); use 'auto' or 'replicate'")
-    if cfg.curriculum.enabled:
-        raise ValueError("curriculum.enabled is not supported under torchrun yet (each rank would see only its share "
-                         "of the rewards)")
     check_rollout_backend(cfg, tp)
 
 
