@@ -4,8 +4,6 @@ rank 0 pushes them (sync.kind = "nccl" over gloo). The served weights are then t
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
 
@@ -16,12 +14,7 @@ from tandemrl.telemetry.writers import read_metrics  # noqa: E402
 from tandemrl.train.checkpoint import checkpoint_info, find_latest  # noqa: E402
 from tests.distributed.test_torchrun import torchrun  # noqa: E402
 from tests.serve.conftest import serve_config, start_server  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.serve.test_nccl_sync_gloo import free_port  # noqa: E402
 
 
 def checksum_of(model_dir) -> str:
