@@ -67,12 +67,24 @@ def check_layout(cfg: Config, world_size: int) -> None:
     if cfg.model.lora.enabled and cfg.distributed.strategy == "shard":
         raise ValueError("distributed.strategy = 'shard' does not take model.lora.enabled: LoRA replicates (each "
                          "rank holds the base and the adapter); use 'auto' or 'replicate'")
-    if cfg.curriculum.enabled:
-        raise ValueError("curriculum.enabled is not supported under torchrun yet (each rank would see only its share "
-                         "of the rewards)")
-    if cfg.rollout.backend != "engine":
-        raise ValueError(f"rollout.backend = {cfg.rollout.backend!r} is not supported under torchrun yet: each rank "
-                         "runs its own engine")
+    check_rollout_backend(cfg, tp)
+
+
+def check_rollout_backend(cfg: Config, tp: int) -> None:
+    """Each rank samples with its own engine, or sends its share of the prompts to one `tandemrl serve` process."""
+    backend = cfg.rollout.backend
+    if backend not in ("engine", "server"):
+        raise ValueError(f"rollout.backend = {backend!r} is not supported under torchrun yet: use 'engine' (each "
+                         "rank runs its own engine) or 'server' (the ranks share a `tandemrl serve` process)")
+    if backend != "server":
+        return
+    if tp > 1:
+        raise ValueError(f"engine.tensor_parallel_size = {tp} splits the trainer's own engine; with rollout.backend "
+                         "= 'server' the server samples (set its engine.tensor_parallel_size in the server's config)")
+    if cfg.sync.kind == "ipc":
+        raise ValueError("sync.kind = 'ipc' is not supported under torchrun: the server maps one process's GPU "
+                         "memory, while a torchrun job's weights are spread over its ranks' GPUs (and sharded); use "
+                         "sync.kind = 'nccl'")
 
 
 def _world_size_from_env() -> int:

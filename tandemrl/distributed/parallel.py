@@ -24,6 +24,7 @@ class Parallel(Protocol):
     @property
     def is_main(self) -> bool: ...
     def local_share(self, items: Sequence[T]) -> list[T]: ...
+    def all_shares(self, items: Sequence[T]) -> list[T]: ...
     def rollout_seed(self, seed: int) -> int: ...
     def train_rows(self, rows: int) -> slice: ...
     def global_norm(self, norm: BatchNorm) -> BatchNorm: ...
@@ -42,6 +43,9 @@ class SingleProcess:
         return True
 
     def local_share(self, items: Sequence[T]) -> list[T]:
+        return list(items)
+
+    def all_shares(self, items: Sequence[T]) -> list[T]:
         return list(items)
 
     def rollout_seed(self, seed: int) -> int:
@@ -87,6 +91,15 @@ class Distributed:
                              "engine.tensor_parallel_size")
         per_engine = len(items) // self.engines
         return list(items[self.engine_index * per_engine:(self.engine_index + 1) * per_engine])
+
+    def all_shares(self, items: Sequence[T]) -> list[T]:
+        """Every engine's ``items`` (one per share of the prompts, e.g. its rewards), joined in rank order: what one
+        process would hold for the whole batch (an engine's tensor-parallel ranks hold the same: counted once)."""
+        import torch.distributed as dist
+
+        gathered: list[list[T] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, list(items))
+        return [item for share in gathered[::self.tp_size] for item in share or []]
 
     def rollout_seed(self, seed: int) -> int:
         return seed * self.engines + self.engine_index  # distinct streams per engine, still a function of the step

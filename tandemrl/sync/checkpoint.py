@@ -18,15 +18,27 @@ from torch import Tensor, nn
 from tandemrl.models.lora import unwrap_causal_lm
 from tandemrl.sync.base import SyncReport
 from tandemrl.sync.client import ServerClient
+from tandemrl.sync.ranks import is_sharded
+
+
+def full_state(model: nn.Module) -> dict[str, Tensor] | None:
+    """Collective for an FSDP2-sharded model (every rank asks): its whole weights in rank 0's host memory; None for a
+    plain model (``save_pretrained`` reads it directly)."""
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def save_checkpoint(model: nn.Module, directory: Path, version: int) -> Path:
     """``directory/version-XXXXXXXX``: config + safetensors, as ``save_pretrained`` writes them."""
+    weights = full_state(model)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"version-{version:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=directory))
     try:
-        unwrap_causal_lm(model).save_pretrained(str(tmp), safe_serialization=True)
+        unwrap_causal_lm(model).save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -68,6 +80,10 @@ class CheckpointSync:
                 shutil.rmtree(old, ignore_errors=True)
         nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
         return SyncReport(self.kind, version, time.perf_counter() - started, nbytes)
+
+    def take_part(self, model: nn.Module) -> None:
+        """Another rank of a torchrun job: gather the shards with rank 0 (a replicated model: nothing)."""
+        full_state(model)
 
     def close(self) -> None:
         self.client.close()

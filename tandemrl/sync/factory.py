@@ -8,10 +8,20 @@ from tandemrl.config import Config
 from tandemrl.sync.base import InProcessSync, WeightSync
 
 
-def make_weight_sync(cfg: Config, out_dir: Path) -> WeightSync:
-    kind = cfg.sync.kind
-    if kind == "inprocess":
+def make_weight_sync(cfg: Config, out_dir: Path, rank: int | None = None) -> WeightSync:
+    """``rank``: this process's rank in a torchrun job (rank 0 pushes, the others take part: sync/ranks.py)."""
+    if cfg.sync.kind == "inprocess":
         return InProcessSync()
+    sync = _server_sync(cfg, out_dir)
+    if rank is None:
+        return sync
+    from tandemrl.sync.ranks import RankSync
+
+    return RankSync(sync, rank)  # type: ignore[arg-type]  # ipc, which cannot take part, is refused under torchrun
+
+
+def _server_sync(cfg: Config, out_dir: Path) -> WeightSync:
+    kind = cfg.sync.kind
     from tandemrl.sync.client import ServerClient
 
     client = ServerClient(cfg.rollout.server_url or "", timeout_s=cfg.rollout.server_timeout_s)

@@ -46,5 +46,8 @@ class LoraSync:
         self.client.post("/v1/weights/lora", content=payload, params={"version": version})
         return SyncReport(self.kind, version, time.perf_counter() - started, len(payload))
 
+    def take_part(self, model: nn.Module) -> None:
+        """Another rank of a torchrun job: nothing (LoRA replicates: rank 0 holds the whole adapter)."""
+
     def close(self) -> None:
         self.client.close()

@@ -31,6 +31,7 @@ from tandemrl.models.lora import unwrap_causal_lm
 from tandemrl.sync.base import SyncReport
 from tandemrl.sync.buckets import filled_buckets, layout, received_tensors
 from tandemrl.sync.client import ServerClient
+from tandemrl.sync.ranks import is_sharded
 
 DEFAULT_BUCKET_MB = 256
 
@@ -150,6 +151,11 @@ class NcclSync:
             self.close_group()  # the server drops its side of a broken push: the next push joins anew
             raise
         return SyncReport(self.kind, version, time.perf_counter() - started, sent[0])
+
+    def take_part(self, model: nn.Module) -> None:
+        """Another rank of a torchrun job: gather the shards with rank 0, in its order (a replicated model: nothing)."""
+        if is_sharded(model):
+            send_parameters(model, None, self.bucket_bytes)
 
     def _join(self, model: nn.Module) -> SyncGroup:
         answers: list[dict] = []

@@ -87,16 +87,14 @@ def save_distributed(root: Path, step: int, *, parallel: Distributed, model: nn.
 
 
 def _hf_source(model: nn.Module, replica: nn.Module) -> tuple[nn.Module, dict | None]:
-    """Collective. What the Hugging Face files are written from: the engine's replica, or, when the engine holds
-    only a tensor-parallel shard (engine.tensor_parallel_size > 1), the trained model's whole weights gathered into
-    rank 0's host memory (never onto a GPU)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
+    """Collective. What the Hugging Face files are written from: the engine's replica, or the trained model when the
+    engine holds only a tensor-parallel shard (engine.tensor_parallel_size > 1); an FSDP2-sharded source (sharded
+    and no replica: a server samples) with its whole weights gathered into rank 0's host memory (never onto a GPU)."""
     from tandemrl.engine.model.tensor_parallel import is_shard
+    from tandemrl.sync.checkpoint import full_state
 
-    if not is_shard(replica):
-        return replica, None
-    return model, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    source = model if is_shard(replica) else replica
+    return source, full_state(source)
 
 
 def _write_main_files(tmp: Path, replica: nn.Module, tokenizer: Any, scheduler: Any, state_text: str,

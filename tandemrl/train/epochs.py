@@ -18,7 +18,8 @@ def end_of_epoch(run: Run, state: TrainerState, writers: MultiWriter, display: T
     epoch = run.train_prompts.epoch + 1  # epochs finished so far
     if run.curriculum is not None:
         report = run.curriculum.end_epoch(epoch)
-        write_report(run.out_dir, report)
+        if run.parallel.is_main:  # torchrun: every rank holds the same curriculum (loop.py); one writes it
+            write_report(run.out_dir, report)
         display.print(report_table(report))
         writers.write(state.step, report.metrics())
     every = run.cfg.eval.every_epochs

@@ -191,8 +191,9 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
             scored, async_metrics = run_job(run, job, run.backend, run.agent, state.policy_version), {}
     weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
     check_rewards(run, state, scored.reward, display)
-    if run.curriculum is not None:
-        run.curriculum.record([s.index for s in scored.samples], scored.reward.total)
+    if run.curriculum is not None:  # torchrun: every rank's rewards, so every rank keeps the same curriculum
+        records = run.parallel.all_shares(list(zip([s.index for s in scored.samples], scored.reward.total)))
+        run.curriculum.record([i for i, _ in records], [r for _, r in records])
     advantages, valid = group_advantages(scored, cfg.train.advantage)
     rows = run.parallel.train_rows(len(scored.rollouts))  # engine.tensor_parallel_size > 1: this rank's share
     batch = build_batch(scored.rollouts[rows], advantages[rows], run.tokenizer.pad_token_id, run.device)

@@ -181,7 +181,8 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
 
         placed = distribute_model(model, cfg.distributed.strategy, rank.world_size, device, cfg.model.lora.enabled,
                                   extra_copies=int(ref_model is not None),
-                                  tensor_parallel_size=cfg.engine.tensor_parallel_size)
+                                  tensor_parallel_size=cfg.engine.tensor_parallel_size,
+                                  engine_replica=cfg.rollout.backend != "server")
         engine_model, engine_weights, reduce_gradients = placed.engine_model, placed.engine_weights, \
             placed.reduce_gradients
         tensor_parallel = placed.tensor_parallel
@@ -200,8 +201,10 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     train_samples, skipped = fitting_prompts(encoder, data.train, cfg.data.long_prompts)
     test_samples, skipped_test = fitting_prompts(encoder, data.test, cfg.data.long_prompts)
     check_batch_fits(train_samples, cfg.rollout.prompts_per_step, "the prompts that fit data.max_prompt_tokens")
-    sync = make_weight_sync(cfg, out_dir)
-    if hasattr(backend, "resync"):  # a server that comes back at an old version gets the weights again
+    sync = make_weight_sync(cfg, out_dir, None if rank is None else rank.rank)
+    # a server that comes back at an old version gets the weights again (torchrun: no, a push takes every rank and
+    # only some would ask: the stale rollouts end the job, which resumes from its last checkpoint)
+    if hasattr(backend, "resync") and rank is None:
         backend.resync = lambda version: sync.push(model, version)
     return Run(
         cfg=cfg, out_dir=out_dir, device=device, model=model, tokenizer=tokenizer,

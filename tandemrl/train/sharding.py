@@ -24,7 +24,8 @@ from tandemrl.train.logprobs import FSDP_FORWARD, TokenLogprobs, logprobs_of
 @dataclass
 class RankModel:
     """What a rank trains and decodes with: ``engine_model`` is the trained model itself when replicated, a full
-    replica when sharded (``engine_weights.refresh()`` copies the new weights into it after each update)."""
+    replica when sharded (``engine_weights.refresh()`` copies the new weights into it after each update), or the
+    sharded model itself when no engine of this rank decodes (rollout.backend = "server")."""
 
     choice: Choice
     engine_model: nn.Module
@@ -34,10 +35,11 @@ class RankModel:
 
 
 def distribute_model(model: nn.Module, asked: str, world_size: int, device: torch.device, lora: bool,
-                     extra_copies: int = 0, tensor_parallel_size: int = 1) -> RankModel:
+                     extra_copies: int = 0, tensor_parallel_size: int = 1, engine_replica: bool = True) -> RankModel:
     """Collective: every rank calls it. Replicates or shards ``model`` in place (the ranks agree: one rank that
     cannot replicate makes all shard). ``tensor_parallel_size`` > 1: the engine decodes this rank's tensor-parallel
-    shard, refreshed slice by slice from the trained model (distributed/tp_weights.py)."""
+    shard, refreshed slice by slice from the trained model (distributed/tp_weights.py). ``engine_replica`` False: no
+    engine here (a separate server samples), so a sharded model gets no full replica."""
     choice = agreed(choose_strategy(asked, model, device, lora, extra_copies), device)
     if tensor_parallel_size > 1:
         return _tensor_parallel_engine(model, choice, world_size, tensor_parallel_size)
@@ -48,6 +50,11 @@ def distribute_model(model: nn.Module, asked: str, world_size: int, device: torc
         return RankModel(choice, model, NoGather(), GradientAllReduce.of(model, world_size))
     from tandemrl.distributed.fsdp import WeightGather, plain_replica
 
+    if not engine_replica:
+        from tandemrl.distributed.replicate import NoGather
+
+        shard_model(model)
+        return RankModel(choice, model, NoGather(), None)
     replica = plain_replica(model)  # before sharding: it starts with the full weights
     shard_model(model)
     return RankModel(choice, replica, WeightGather(model, replica), None)

@@ -95,6 +95,19 @@ def test_tensor_parallel_layouts_that_cannot_split_fail_before_any_work():
     check_layout(load_config(None, [*tp, "rollout.prompts_per_step=4", "train.mini_batches=1"]), 4)
 
 
+def test_the_server_backend_takes_the_sync_kinds_that_work_over_ranks():
+    server = ["rollout.backend=server", "rollout.server_url=http://127.0.0.1:1"]
+    check_layout(load_config(None, [*server, "sync.kind=nccl", "sync.nccl_init_method=tcp://127.0.0.1:2"]), 2)
+    check_layout(load_config(None, [*server, "sync.kind=checkpoint"]), 2)
+    check_layout(load_config(None, [*server, "sync.kind=lora", "model.lora.enabled=true"]), 2)
+    with pytest.raises(ValueError, match="sync.kind = 'ipc' is not supported under torchrun"):
+        check_layout(load_config(None, [*server, "sync.kind=ipc"]), 2)
+    with pytest.raises(ValueError, match="engine.tensor_parallel_size = 2 splits the trainer's own engine"):
+        check_layout(load_config(None, [*server, "sync.kind=checkpoint", "engine.tensor_parallel_size=2"]), 2)
+    with pytest.raises(ValueError, match="rollout.backend = 'hf' is not supported under torchrun"):
+        check_layout(load_config(None, ["rollout.backend=hf"]), 2)
+
+
 def test_checkpoints_resume_only_in_their_own_mode(tmp_path):
     import json
 
