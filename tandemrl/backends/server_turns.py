@@ -50,10 +50,5 @@ class ServerTurns:
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
         return self.server.generate(requests, policy_version)
 
-    def close(self) -> None:
-        for request_id in list(self._turns):
-            self.abort(request_id)
-        self._pool.shutdown(wait=False)
-
     def _one(self, request: Request, policy_version: int) -> Rollout:
         return self.server.generate([request], policy_version)[0]

@@ -5,7 +5,8 @@ has finished), draw the next prompt of the environment's own pass over the task'
 ``rollout.group_size`` completions from the server at ``rollout.server_url`` (token ids, log-probs and the policy
 version that sampled them) — with tools, ``rollout.group_size`` multi-turn trajectories through the agent loop,
 each turn a request to the server —, score them with the config's rewards, and push the group (``POST /groups``,
-tool output out of the loss). The trainer pushes its weights to the same server after each update (``sync.kind``) and drops groups that are too stale.
+tool output out of the loss). The trainer pushes its weights to the same server after each update (``sync.kind``)
+and drops groups that are too stale.
 """
 
 from __future__ import annotations
