@@ -1,7 +1,8 @@
 """Multi-turn tool-calling rollouts: the asynchronous agent loop vs the batch-synchronous turn loop.
 
 N trajectories; each makes a seeded random number of tool calls (1..--max-calls), each call sleeps a seeded random
---tool-min-ms..--tool-max-ms, and each turn (the calls' turns and the final one) decodes a seeded random
+--tool-min-ms..--tool-max-ms (uniform, or long-tailed with --tool-dist lognormal), and each turn (the calls' turns
+and the final one) decodes a seeded random
 --turn-tokens-min..--turn-tokens-max tokens (EOS ignored). The same script, prompts and sampling seed serve both
 loops, on the same engine. The model's text is not parsed: every turn is scripted to be a call (``ScriptedCalls``)
 until the trajectory's own call budget ends it. The synchronous baseline runs a turn's tools concurrently (a thread
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import platform
 import random
 import statistics
@@ -58,10 +60,20 @@ def make_scripts(args: argparse.Namespace) -> list[Script]:
     scripts = []
     for _ in range(args.trajectories):
         calls = rng.randint(1, args.max_calls)
-        delays = tuple(rng.uniform(args.tool_min_ms, args.tool_max_ms) / 1e3 for _ in range(calls))
+        delays = tuple(tool_delay(rng, args) for _ in range(calls))
         tokens = tuple(rng.randint(args.turn_tokens_min, args.turn_tokens_max) for _ in range(calls + 1))
         scripts.append(Script(delays, tokens))
     return scripts
+
+
+def tool_delay(rng: random.Random, args: argparse.Namespace) -> float:
+    """One call's delay (s): uniform in --tool-min-ms..--tool-max-ms, or long-tailed (lognormal: the geometric
+    mean of the two as its median, the two as its 1st and 99th percentiles, clipped to them)."""
+    low, high = args.tool_min_ms / 1e3, args.tool_max_ms / 1e3
+    if args.tool_dist == "uniform":
+        return rng.uniform(low, high)
+    sigma = math.log(high / low) / (2 * 2.326)
+    return min(high, max(low, rng.lognormvariate(math.log(math.sqrt(low * high)), sigma)))
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-calls", type=int, default=4, help="tool calls per trajectory: random in 1..this")
     parser.add_argument("--tool-min-ms", type=float, default=50.0)
     parser.add_argument("--tool-max-ms", type=float, default=500.0)
+    parser.add_argument("--tool-dist", choices=("uniform", "lognormal"), default="uniform",
+                        help="tool delays: uniform, or long-tailed (lognormal) between --tool-min-ms and --tool-max-ms")
     parser.add_argument("--turn-tokens-min", type=int, default=4, help="tokens a turn decodes: random in min..max")
     parser.add_argument("--turn-tokens-max", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)

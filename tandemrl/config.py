@@ -367,9 +367,9 @@ class Config(Section):
         if not self.tools.names:
             raise ValueError(f"tools.enabled = true but tools.names is empty (built-in tools: "
                              f"{', '.join(BUILTIN_TOOLS)})")
-        if self.rollout.backend != "engine":
-            raise ValueError("tools (multi-turn rollouts) need rollout.backend = 'engine': the agent loop drives the "
-                             "engine request by request")
+        if self.rollout.backend not in ("engine", "server"):
+            raise ValueError("tools (multi-turn rollouts) need rollout.backend = 'engine' or 'server': the agent loop "
+                             "drives the engine, or the server, request by request")
         if self.tandem.enabled or self.rollout.speculative.enabled:
             raise ValueError("tools cannot be combined with tandem.enabled or rollout.speculative yet")
         return self

@@ -213,3 +213,17 @@ def test_nccl_sync_bench_pushes_over_gloo_and_checks_the_served_weights(tmp_path
     row = json.loads(out.read_text())["rows"]["tiny"]
     assert row["checksum_equal"] and row["checksum_differed_before"]
     assert row["mb_sent"] > 10 * row["bucket_mib"] and 0 < row["push_s"] <= row["max_s"]
+
+
+def test_agent_loop_lognormal_tool_delays_are_long_tailed_within_the_bounds():
+    import argparse
+    import random
+
+    from bench.agent_loop import tool_delay
+
+    args = argparse.Namespace(tool_dist="lognormal", tool_min_ms=50.0, tool_max_ms=5000.0)
+    rng = random.Random(0)
+    delays = sorted(tool_delay(rng, args) for _ in range(4000))
+    assert 0.05 <= delays[0] and delays[-1] <= 5.0
+    assert 0.4 < delays[len(delays) // 2] < 0.6  # the median: the bounds' geometric mean, 0.5 s
+    assert sum(delays) / len(delays) > 1.3 * delays[len(delays) // 2]  # the mean well above it: a long tail

@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 import operator
 import time
-from typing import Any, Callable, Hashable, Protocol, Sequence as Seq
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence as Seq
 
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
@@ -159,13 +159,17 @@ class LLMEngine:
             found = True
         return found
 
-    def progress(self) -> list[tuple[str, list[int], list[float]]]:
+    def progress(self, sent: Mapping[str, int] | None = None) -> list[tuple[str, list[int], list[float]]]:
         """(request_id, completion ids, their log-probs) read back so far, for every unfinished sequence: what a
-        streaming server sends before the rollout finishes (pending placeholders are left out)."""
+        streaming server sends before the rollout finishes (pending placeholders are left out). ``sent``: how many
+        of a request's completion tokens the caller has already; only those after them come back (a streaming
+        server's step then copies its new tokens, not every sequence's whole completion)."""
         out = []
         for seq in self._live.values():
             known = seq.num_known_tokens - seq.num_prompt_tokens
-            out.append((seq.request_id, seq.completion_ids[:known], seq.logprobs[:known]))
+            start = min(sent.get(seq.request_id, 0), known) if sent is not None else 0
+            first = seq.num_prompt_tokens + start
+            out.append((seq.request_id, seq.token_ids[first:first + known - start], seq.logprobs[start:known]))
         return out
 
     def load(self) -> dict[str, int]:

@@ -3,8 +3,10 @@
 The loop, per group: ask the trainer where it stands (``GET /status``: wait while its queue is full, stop once it
 has finished), draw the next prompt of the environment's own pass over the task's train split, sample
 ``rollout.group_size`` completions from the server at ``rollout.server_url`` (token ids, log-probs and the policy
-version that sampled them), score them with the config's rewards, and push the group (``POST /groups``). The trainer
-pushes its weights to the same server after each update (``sync.kind``) and drops groups that are too stale.
+version that sampled them) — with tools, ``rollout.group_size`` multi-turn trajectories through the agent loop,
+each turn a request to the server —, score them with the config's rewards, and push the group (``POST /groups``,
+tool output out of the loss). The trainer pushes its weights to the same server after each update (``sync.kind``)
+and drops groups that are too stale.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from dataclasses import dataclass
 
 import httpx
 
+from tandemrl.backends.hf_backend import eos_token_ids
 from tandemrl.backends.server_backend import ServerBackend
 from tandemrl.config import Config
 from tandemrl.data.iterator import PromptIterator
 from tandemrl.models.load import load_tokenizer, resolve_name_or_path
 from tandemrl.rewards.composite import build_reward
+from tandemrl.train.agent_setup import run_agent_loop
 from tandemrl.train.async_rollouts import ANY_VERSION
 from tandemrl.train.group_wire import group_to_json
 from tandemrl.train.inputs import RunInputs, reward_spec, run_data
@@ -44,12 +48,13 @@ def run_environment(cfg: Config, trainer_url: str, name: str = "env", seed: int 
     stop = stop or threading.Event()
     path = resolve_name_or_path(cfg.model.name_or_path, tiny_dir=cfg.model.tiny_dir, tiny_seed=cfg.model.tiny_seed)
     tokenizer = load_tokenizer(path, trust_remote_code=cfg.model.trust_remote_code)
-    encoder = prompt_encoder(cfg, tokenizer, None)
-    reward = build_reward(reward_spec(cfg, RunInputs()))
-    prompts = PromptIterator(run_data(cfg, RunInputs()).train, 1, seed=seed)
     r = cfg.rollout
     server = ServerBackend(r.server_url or "", max_staleness=ANY_VERSION, retries=r.server_retries,
                            backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
+    agent = run_agent_loop(cfg, server, tokenizer, eos_token_ids(None, tokenizer))  # tools: multi-turn, turn by turn
+    encoder = prompt_encoder(cfg, tokenizer, agent)
+    reward = build_reward(reward_spec(cfg, RunInputs()))
+    prompts = PromptIterator(run_data(cfg, RunInputs()).train, 1, seed=seed)
     report = EnvironmentReport()
     with httpx.Client(base_url=trainer_url.rstrip("/"), timeout=30.0) as trainer:
         _wait_for(trainer, connect_timeout_s, stop)
@@ -61,9 +66,10 @@ def run_environment(cfg: Config, trainer_url: str, name: str = "env", seed: int 
                 time.sleep(POLL_S)  # the trainer has enough; a group sampled now would only age
                 continue
             samples = prompts.next_batch()
-            params = rollout_params(r, seed=seed * 1_000_003 + prompts.batches_served)
-            scored = generate_and_score(server, encoder, samples, reward, params, r.group_size, ANY_VERSION,
-                                        f"{name}-{prompts.batches_served}")
+            # a group's trajectories send their turns one request each: a shared seed could make them alike
+            turn_seed = None if agent is not None else seed * 1_000_003 + prompts.batches_served
+            scored = generate_and_score(server, encoder, samples, reward, rollout_params(r, turn_seed), r.group_size,
+                                        ANY_VERSION, f"{name}-{prompts.batches_served}", agent=agent)
             if not _push(trainer, scored, name, report, stop):
                 break
     return report

@@ -16,13 +16,30 @@ from __future__ import annotations
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.rollout.tool_format import ToolFormat
 from tandemrl.rollout.tools import ToolContext, ToolRegistry, ToolResult
 from tandemrl.rollout.trajectory import AgentLimits, Phase, TrajectorySpec, TrajectoryState, run_calls
-from tandemrl.types import Rollout, Trajectory
+from tandemrl.types import Request, Rollout, Trajectory
+
+
+class TurnEngine(Protocol):
+    """What the loop drives: an ``LLMEngine``, or the same surface over a server (backends/server_turns.py), which
+    also names the model's end-of-turn tokens."""
+
+    eos_ids: frozenset[int]
+
+    def add_request(self, request: Request, policy_version: int = 0) -> Any: ...
+
+    def step(self) -> list[Rollout]: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def abort(self, request_id: str) -> bool: ...
+
+    def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]: ...
 
 
 @dataclass
@@ -42,7 +59,7 @@ class AgentLoop:
     """Runs trajectories over one engine: ``run`` (each at its own pace) or ``run_turn_synchronous`` (the
     baseline). ``call_tool`` replaces the registry's dispatch (tests, benchmarks)."""
 
-    def __init__(self, engine: LLMEngine, tokenizer: Any, fmt: ToolFormat, tools: ToolRegistry,
+    def __init__(self, engine: LLMEngine | TurnEngine, tokenizer: Any, fmt: ToolFormat, tools: ToolRegistry,
                  limits: AgentLimits | None = None, max_concurrent_tools: int = 64,
                  call_tool: Callable[[str, Any, ToolContext], ToolResult] | None = None) -> None:
         self.engine = engine
@@ -53,7 +70,8 @@ class AgentLoop:
         self.limits.validate()
         self.max_concurrent_tools = max_concurrent_tools
         self.call_tool = call_tool or tools.call
-        self.eos_ids = frozenset(engine.scheduler.eos_ids)
+        # LLMEngine's scheduler holds its end-of-turn ids; another TurnEngine has them itself
+        self.eos_ids = frozenset(engine.scheduler.eos_ids if isinstance(engine, LLMEngine) else engine.eos_ids)
         self.times = LoopTimes()
 
     # ------------------------------------------------------------------ the asynchronous loop

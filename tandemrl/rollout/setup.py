@@ -12,7 +12,8 @@ from tandemrl.rollout.trajectory import AgentLimits
 
 if TYPE_CHECKING:
     from tandemrl.config import Config, ToolsConfig
-    from tandemrl.rollout.agent_loop import AgentLoop
+    from tandemrl.engine.engine import LLMEngine
+    from tandemrl.rollout.agent_loop import AgentLoop, TurnEngine
 
 
 def completion_budget(cfg: Config) -> int:
@@ -38,12 +39,17 @@ def build_agent(cfg: Config, backend: Any, tokenizer: Any) -> AgentLoop | None:
     """The agent loop over the engine backend's engine, or None when tools are off."""
     if not cfg.tools.active:
         return None
-    from tandemrl.rollout.agent_loop import AgentLoop
-
     engine = getattr(backend, "engine", None)
     if engine is None:
         raise ValueError(f"tools need the engine backend; {type(backend).__name__} has no request-level API "
                          "(the model's architecture is not supported by the engine, or rollout.backend = 'hf')")
+    return agent_over(cfg, engine, tokenizer)
+
+
+def agent_over(cfg: Config, engine: LLMEngine | TurnEngine, tokenizer: Any) -> AgentLoop:
+    """The config's agent loop over ``engine``: an ``LLMEngine``, or a server's turns (backends/server_turns.py)."""
+    from tandemrl.rollout.agent_loop import AgentLoop
+
     registry = ToolRegistry(build_tools(cfg.tools.names, sandbox_limits(cfg.tools)))
     limits = AgentLimits(cfg.tools.max_turns, cfg.tools.max_tool_calls, cfg.tools.max_total_tokens)
     return AgentLoop(engine, tokenizer, build_format(cfg.tools, registry), registry, limits,

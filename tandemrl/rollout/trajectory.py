@@ -50,7 +50,8 @@ class TrajectoryState:
     spec: TrajectorySpec
     fmt: ToolFormat
     limits: AgentLimits
-    policy_version: int = 0
+    policy_version: int = 0  # what each turn is asked for
+    sampled_version: int | None = None  # the version that sampled the first turn (None: none sampled)
     phase: Phase = Phase.GENERATING
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -86,6 +87,8 @@ class TrajectoryState:
         assert self.phase is Phase.GENERATING, self.phase
         self.turns += 1
         self.turn_stats.append(rollout.stats)
+        if self.turns == 1 and rollout.error is None:  # the oldest weights of its turns (a server's may be newer)
+            self.sampled_version = rollout.policy_version
         if rollout.error is not None:
             return self._finish("error", error=rollout.error)
         if self.turns > 1:  # history the cache did not serve, beyond the tokens inserted since the last turn
@@ -129,7 +132,8 @@ class TrajectoryState:
         assert self.phase is Phase.DONE
         rollout = Rollout(self.spec.traj_id, list(self.spec.prompt_ids), list(self.completion_ids),
                           list(self.logprobs), self.finish_reason or "stop", text=decode(self.completion_ids),
-                          policy_version=self.policy_version, error=self.error, loss_weights=list(self.loss_weights),
+                          policy_version=self.policy_version if self.sampled_version is None else self.sampled_version,
+                          error=self.error, loss_weights=list(self.loss_weights),
                           stats=merge_stats(self.turn_stats, len(self.spec.prompt_ids)))
         return Trajectory(rollout, self.final_text, self.turns, list(self.records), self.inserted_tokens,
                           self.reprefill_tokens)

@@ -185,13 +185,13 @@ class EngineLoop:
             self._post(tracked.sink, Finished(rollout, self.policy_version))
 
     def _send_progress(self) -> None:
-        for request_id, ids, logprobs in self.engine.progress():
+        sent = {request_id: tracked.sent for request_id, tracked in self._tracked.items()}
+        for request_id, new_ids, new_lps in self.engine.progress(sent):  # only the tokens not sent yet
             tracked = self._tracked.get(request_id)
-            if tracked is None or len(ids) <= tracked.sent:
+            if tracked is None or not new_ids:
                 continue
-            new_ids, new_lps = ids[tracked.sent:], logprobs[tracked.sent:]
             self._count_tokens(len(new_ids))
-            tracked.sent = len(ids)
+            tracked.sent += len(new_ids)
             self._post(tracked.sink, TokenDelta(request_id, new_ids, new_lps, tracked.policy_version))
 
     def _count_tokens(self, n: int) -> None:

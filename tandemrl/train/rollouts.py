@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,7 +141,8 @@ def run_agent(backend: RolloutBackend, agent: AgentLoop, samples: list[Sample], 
     """Multi-turn rollouts: ``counts[i]`` trajectories of sample i's prompt, through the agent loop."""
     specs = [TrajectorySpec(f"{tag}-{i}-{j}", ids, params, ToolContext({"answer": s.answer, **s.columns}))
              for i, (s, (_, ids)) in enumerate(zip(samples, encoded)) for j in range(counts[i])]
-    with backend.generating():  # type: ignore[attr-defined]  # build_agent checked it is the engine backend
+    generating = getattr(backend, "generating", None)  # the engine backend's; a server keeps its own mode
+    with generating() if generating is not None else contextlib.nullcontext():
         return agent.run(specs, policy_version)
 
 
@@ -171,7 +173,7 @@ def group_advantages(scored: ScoredRollouts, estimator: str) -> tuple[Tensor, Te
     return ADVANTAGES.get(estimator)(rewards, valid, group_ids=group_ids), valid
 
 
-def rollout_params(cfg: RolloutConfig, seed: int) -> SamplingParams:
+def rollout_params(cfg: RolloutConfig, seed: int | None) -> SamplingParams:
     return SamplingParams(
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
         stop=tuple(cfg.stop), ignore_eos=cfg.ignore_eos, seed=seed,

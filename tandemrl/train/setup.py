@@ -13,6 +13,7 @@ from torch import nn
 
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.backends.factory import make_backend
+from tandemrl.backends.hf_backend import eos_token_ids
 from tandemrl.config import Config, ModelConfig
 from tandemrl.curriculum import Curriculum
 from tandemrl.data.iterator import PromptIterator
@@ -25,9 +26,9 @@ from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
 from tandemrl.rewards.inference import InferenceReward, InferenceWeights
 from tandemrl.rollout.agent_loop import AgentLoop
-from tandemrl.rollout.setup import build_agent
 from tandemrl.sync.base import InProcessSync, WeightSync
 from tandemrl.sync.factory import make_weight_sync
+from tandemrl.train.agent_setup import run_agent_loop
 from tandemrl.train.metric import resolve_metric
 from tandemrl.train.inputs import RunInputs, fitting_prompts, has_answer, reward_spec, run_data
 from tandemrl.train.optim import build_optimizer, build_scheduler
@@ -196,7 +197,7 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     optimizer = build_optimizer(model, cfg.train)  # over the shards when sharded
     backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device), tensor_parallel=tensor_parallel)
-    agent = build_agent(cfg, backend, tokenizer)
+    agent = run_agent_loop(cfg, backend, tokenizer, eos_token_ids(model, tokenizer))
     encoder = prompt_encoder(cfg, tokenizer, agent, context=model_context(model))
     train_samples, skipped = fitting_prompts(encoder, data.train, cfg.data.long_prompts)
     test_samples, skipped_test = fitting_prompts(encoder, data.test, cfg.data.long_prompts)

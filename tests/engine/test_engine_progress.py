@@ -31,3 +31,26 @@ def test_progress_is_a_prefix_of_the_final_completion(async_scheduling):
         assert [len(s) for s in snapshots] == sorted(len(s) for s in snapshots)  # it only grows
         assert any(0 < len(s) < len(final) for s in snapshots)  # tokens were visible before the end
     assert engine.progress() == [] and engine.load()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_progress_since_what_was_sent_returns_only_the_new_tokens(async_scheduling):
+    engine, _ = make_engine(async_scheduling=async_scheduling, decode_steps=2)
+    requests = [req(f"p{i}", prompt(5, base=i), max_tokens=9, seed=i) for i in range(3)]
+    for q in requests:
+        engine.add_request(q)
+    streamed: dict[str, tuple[list[int], list[float]]] = {q.request_id: ([], []) for q in requests}
+    done = {}
+    while engine.has_unfinished():
+        for r in engine.step():
+            done[r.request_id] = r
+        whole = {request_id: (ids, lps) for request_id, ids, lps in engine.progress()}
+        sent = {request_id: len(ids) for request_id, (ids, _) in streamed.items()}
+        for request_id, new_ids, new_lps in engine.progress(sent):
+            ids, lps = whole[request_id]  # the same tokens as the whole list's tail
+            assert (new_ids, new_lps) == (ids[sent[request_id]:], lps[sent[request_id]:])
+            streamed[request_id][0].extend(new_ids)
+            streamed[request_id][1].extend(new_lps)
+    for request_id, (ids, lps) in streamed.items():
+        final = done[request_id]
+        assert 0 < len(ids) and ids == final.completion_ids[:len(ids)] and lps == final.logprobs[:len(lps)]

@@ -86,3 +86,42 @@ def test_a_malformed_group_is_refused_naming_the_field_and_a_full_queue_says_so(
                           "groups_received": 1, "finished": False}
     finally:
         receiver.stop()
+
+
+def test_an_environment_runs_the_tool_calling_agent_loop_against_the_server(tiny_dir, tmp_path, monkeypatch):
+    """synthetic:peek through an environment: each turn a request to the server, the tool's result inserted and
+    kept out of the loss, the group scored and pushed; the trainer takes it as it takes single-turn groups."""
+    import tandemrl.envs.runner as runner
+
+    running = start_server(serve_config(tiny_dir))
+    port = free_port()
+    try:
+        raw = trainer_config(tiny_dir, running.url, "checkpoint")
+        raw["data"] = {"task": "synthetic:peek"}
+        raw["rollout"].update(mode="async", max_staleness=1, env_port=port, temperature=0.0, max_tokens=1)
+        raw["tools"] = {"call_open": ":"}  # the tiny model repeats the prompt's last character: "peek:" calls at once
+        raw["train"]["max_steps"] = 2
+        cfg = validate_config(raw)
+        pushed, real_push = [], runner._push
+        monkeypatch.setattr(runner, "_push", lambda trainer, scored, *rest: pushed.append(scored)
+                            or real_push(trainer, scored, *rest))
+        trainer = threading.Thread(target=train, args=(cfg, tmp_path / "run"),
+                                   kwargs={"console": Console(file=io.StringIO())}, daemon=True)
+        trainer.start()
+        run_environment(cfg, f"http://127.0.0.1:{port}", "env0", 0)  # until the trainer finishes
+        trainer.join(timeout=60)
+        assert not trainer.is_alive() and pushed
+        for scored in pushed:
+            for trajectory, rollout in zip(scored.trajectories, scored.rollouts):
+                assert [c.name for c in trajectory.tool_calls] == ["peek"] and trajectory.turns == 2
+                inserted = trajectory.inserted_tokens
+                assert rollout.loss_weights == [1.0] + [0.0] * inserted + [1.0]  # the call, "=d", the answer
+                assert len(rollout.logprobs) == len(rollout.completion_ids) == inserted + 2
+                assert 0 <= rollout.policy_version <= running.state.policy_version
+        rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["policy_version"] for r in rows if "loss" in r] == [1, 2]
+        samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+        assert len(samples) == 2 * 2 * 4 and all(row["reward/tool_use"] > 0 for row in samples)
+        assert all(row["correct"] == 1 for row in samples)  # the tool's digit, repeated: the answer
+    finally:
+        running.stop()

@@ -1,0 +1,18 @@
+"""The run's agent loop (tools): over the engine backend's engine, or turn by turn over a server."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from tandemrl.backends.server_backend import ServerBackend
+from tandemrl.backends.server_turns import ServerTurns
+from tandemrl.config import Config
+from tandemrl.rollout.agent_loop import AgentLoop
+from tandemrl.rollout.setup import agent_over, build_agent
+
+
+def run_agent_loop(cfg: Config, backend: Any, tokenizer: Any, eos_ids: Sequence[int]) -> AgentLoop | None:
+    """None when tools are off. ``eos_ids``: the model's end-of-turn tokens (a server's turns need them)."""
+    if cfg.tools.active and isinstance(backend, ServerBackend):
+        return agent_over(cfg, ServerTurns(backend, eos_ids, backend.max_concurrency), tokenizer)
+    return build_agent(cfg, backend, tokenizer)
