@@ -7,12 +7,18 @@ import pytest
 from tests.engine.test_engine_core import make_engine, prompt, req
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_progress_is_a_prefix_of_the_final_completion(async_scheduling):
+def started(async_scheduling: bool, n: int) -> tuple:
+    """An engine with ``n`` seeded requests added, and the requests."""
     engine, _ = make_engine(async_scheduling=async_scheduling, decode_steps=2)
-    requests = [req(f"p{i}", prompt(5, base=i), max_tokens=9, seed=i) for i in range(2)]
+    requests = [req(f"p{i}", prompt(5, base=i), max_tokens=9, seed=i) for i in range(n)]
     for q in requests:
         engine.add_request(q)
+    return engine, requests
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_progress_is_a_prefix_of_the_final_completion(async_scheduling):
+    engine, requests = started(async_scheduling, 2)
     load = engine.load()
     assert load["waiting"] == 2 and load["running"] == 0 and load["kv_blocks_used"] == 0
     seen: dict[str, list[list[int]]] = {q.request_id: [] for q in requests}
@@ -35,10 +41,7 @@ def test_progress_is_a_prefix_of_the_final_completion(async_scheduling):
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_progress_since_what_was_sent_returns_only_the_new_tokens(async_scheduling):
-    engine, _ = make_engine(async_scheduling=async_scheduling, decode_steps=2)
-    requests = [req(f"p{i}", prompt(5, base=i), max_tokens=9, seed=i) for i in range(3)]
-    for q in requests:
-        engine.add_request(q)
+    engine, requests = started(async_scheduling, 3)
     streamed: dict[str, tuple[list[int], list[float]]] = {q.request_id: ([], []) for q in requests}
     done = {}
     while engine.has_unfinished():
