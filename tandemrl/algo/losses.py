@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -99,7 +100,9 @@ class BatchNorm:
 @dataclass
 class LossOutput:
     loss: Tensor  # scalar, differentiable; this micro-batch's share of the mini-batch loss
-    metrics: dict[str, float] = field(default_factory=dict)  # shares too: SUM them over micro-batches (*_max: MAX)
+    # Shares too: SUM them over micro-batches (*_max: MAX). Detached 0-dim tensors, so a micro-batch costs no
+    # host sync: the update reads them once per optimizer step.
+    metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
 def is_maximum(key: str) -> bool:
@@ -107,13 +110,17 @@ def is_maximum(key: str) -> bool:
     return key.endswith("_max")
 
 
-def accumulate_metrics(total: dict[str, float], part: dict[str, float]) -> None:
-    """Fold one micro-batch's metrics into its mini-batch's, in place: shares add up, maxima take the max."""
+def accumulate_metrics(total: dict[str, Any], part: dict[str, Any]) -> None:
+    """Fold one micro-batch's metrics into its mini-batch's, in place: shares add up, maxima take the max.
+    Values are floats or 0-dim tensors (tensors stay on their device: no host sync)."""
     for key, value in part.items():
         if key not in total:
             total[key] = value
+        elif is_maximum(key):
+            both_tensors = isinstance(total[key], Tensor) and isinstance(value, Tensor)
+            total[key] = torch.maximum(total[key], value) if both_tensors else max(total[key], value)
         else:
-            total[key] = max(total[key], value) if is_maximum(key) else total[key] + value
+            total[key] = total[key] + value
 
 
 # ---------------------------------------------------------------------------------------- aggregation
@@ -181,7 +188,7 @@ def _outside(w: Tensor, cap: float) -> Tensor:
 
 
 def rollout_metrics(rollout_gap: Tensor, mask: Tensor, norm: BatchNorm, tis_cap: float,
-                    tis_mode: str = "truncate") -> dict[str, float]:
+                    tis_mode: str = "truncate") -> dict[str, Tensor]:
     """How far the trainer's log-probs are from the rollout engine's, and what TIS did about it.
 
       mismatch/logp_abs_mean  mask-weighted mean of |logp_old - logp_rollout| (a share: sum over micro-batches)
@@ -193,14 +200,14 @@ def rollout_metrics(rollout_gap: Tensor, mask: Tensor, norm: BatchNorm, tis_cap:
     tok = _nz(norm.total_tokens)
     gap = rollout_gap.detach().abs()  # 0 where masked, so the max is over tokens with weight > 0
     metrics = {
-        "mismatch/logp_abs_mean": float((gap * mask).sum()) / tok,
-        "mismatch/logp_abs_max": float(gap.max()),
+        "mismatch/logp_abs_mean": (gap * mask).sum() / tok,
+        "mismatch/logp_abs_max": gap.max(),
     }
     if tis_cap > 0:
         w = torch.exp(rollout_gap.detach())
         capped = _outside(w, tis_cap) if tis_mode == "mask" else w > tis_cap
-        metrics["tis/weight_mean"] = float((tis_weights(rollout_gap, tis_cap, tis_mode) * mask).sum()) / tok
-        metrics["tis/clip_frac"] = float((capped.to(mask.dtype) * mask).sum()) / tok
+        metrics["tis/weight_mean"] = (tis_weights(rollout_gap, tis_cap, tis_mode) * mask).sum() / tok
+        metrics["tis/clip_frac"] = (capped.to(mask.dtype) * mask).sum() / tok
     return metrics
 
 
@@ -251,24 +258,24 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig, norm: BatchNorm) -> LossOutpu
     pg_loss = agg(per_token_pg, mask, norm)
     loss = pg_loss
 
-    kl_metric = 0.0
+    kl_metric = zero.detach()
     tok = _nz(norm.total_tokens)
     if inputs.ref_logprobs is not None:
         d = torch.where(active, inputs.ref_logprobs.detach().to(logp.dtype) - logp, zero)
         per_token_kl = torch.exp(d) - d - 1  # k3_kl, written on the sanitised difference
         if cfg.kl_beta > 0:
             loss = loss + cfg.kl_beta * agg(per_token_kl, mask, norm)
-        kl_metric = float((per_token_kl.detach() * mask).sum()) / tok
+        kl_metric = (per_token_kl.detach() * mask).sum() / tok
 
     with torch.no_grad():
         low = (ratio < 1.0 - cfg.eps_low) & (adv < 0)
         high = (ratio > 1.0 + cfg.eps_high) & (adv > 0)
         metrics = {
-            "pg_loss": float(pg_loss.detach()),
-            "clip_frac": float(((low | high).to(mask.dtype) * mask).sum()) / tok,
-            "clip_ratio/low_mean": float((low.to(mask.dtype) * mask).sum()) / tok,
-            "clip_ratio/high_mean": float((high.to(mask.dtype) * mask).sum()) / tok,
-            "ratio_mean": float((ratio * mask).sum()) / tok,
+            "pg_loss": pg_loss.detach(),
+            "clip_frac": ((low | high).to(mask.dtype) * mask).sum() / tok,
+            "clip_ratio/low_mean": (low.to(mask.dtype) * mask).sum() / tok,
+            "clip_ratio/high_mean": (high.to(mask.dtype) * mask).sum() / tok,
+            "ratio_mean": (ratio * mask).sum() / tok,
             "kl": kl_metric,
         }
         if rollout_gap is not None:

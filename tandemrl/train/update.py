@@ -115,9 +115,10 @@ def _accumulate_gradients(
     norm = BatchNorm.from_masks([mini_batch.loss_mask], loss_cfg.max_completion_length)
     if global_norm is not None:
         norm = global_norm(norm)
-    finite = True
-    # Each micro-batch's loss and metrics are its share of the mini-batch's: they add up.
-    totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+    finite: torch.Tensor | bool = True
+    # Each micro-batch's loss and metrics are its share of the mini-batch's: they add up. They stay on the device
+    # (0-dim tensors) and are read once below, so the micro-batch loop never waits on the GPU for a metric.
+    totals: dict[str, torch.Tensor] = {}
     for part in micro_batches(mini_batch, micro_batch_limits(cfg), any_rank):
         micro = part.batch
         out = completion_logprobs(model, micro, temperature, cfg.logprob_chunk_size)
@@ -127,8 +128,15 @@ def _accumulate_gradients(
         inputs = LossInputs(out.logprobs, old, micro.advantages, micro.loss_mask, micro.ref_logprobs,
                             micro.rollout_logprobs)
         loss_out = loss_fn(inputs, loss_cfg, norm)
-        finite = finite and bool(torch.isfinite(loss_out.loss))
+        loss = loss_out.loss.detach()
+        finite = torch.isfinite(loss) & finite
         loss_out.loss.backward()
-        entropy = float((out.entropy * micro.loss_mask).sum()) / max(norm.total_tokens, 1e-9)
-        accumulate_metrics(totals, {**loss_out.metrics, "loss": float(loss_out.loss.detach()), "entropy": entropy})
-    return totals if finite else None
+        entropy = (out.entropy * micro.loss_mask).sum() / max(norm.total_tokens, 1e-9)
+        accumulate_metrics(totals, {**loss_out.metrics, "loss": loss, "entropy": entropy})
+    return _read_once(totals) if bool(finite) else None
+
+
+def _read_once(totals: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The mini-batch's metrics as floats: one device-to-host copy for all of them."""
+    values = torch.stack([v.detach().to(torch.float64) for v in totals.values()]).tolist()
+    return dict(zip(totals, values))

@@ -254,10 +254,10 @@ def test_mismatch_metrics_by_hand_and_over_micro_batches():
     whole = metrics(slice(0, 2))
     assert whole["mismatch/logp_abs_mean"] == pytest.approx((0.5 * 1 + 0 * 0.5 + 0 * 1 + 1.0 * 1) / 3.5)
     assert whole["mismatch/logp_abs_max"] == pytest.approx(1.0)
-    split: dict[str, float] = {}
+    split: dict[str, torch.Tensor] = {}
     for row in (slice(1, 2), slice(0, 1)):  # shares add up; the maximum is the max, not the sum (1.0 + 0.5)
         accumulate_metrics(split, metrics(row))
-    assert split == pytest.approx(whole)
+    assert {k: float(v) for k, v in split.items()} == pytest.approx({k: float(v) for k, v in whole.items()})
 
 
 # ----------------------------------------------------------- THE INVARIANT: accumulation is exact
@@ -308,7 +308,7 @@ def _run(micro_batches, aggregation, tis_cap=0.0):
         slices.append((idx, w))
     norm = BatchNorm.from_masks([mask[idx, :w] for idx, w in slices], cfg.max_completion_length)
     opt.zero_grad()
-    metrics: dict[str, float] = {}
+    metrics: dict[str, torch.Tensor] = {}
     for idx, w in slices:
         lp = _logprobs(model, feats[idx, :w], tokens[idx, :w])
         inp = LossInputs(lp, old[idx, :w], adv[idx], mask[idx, :w], ref[idx, :w], rollout[idx, :w])
@@ -317,7 +317,7 @@ def _run(micro_batches, aggregation, tis_cap=0.0):
         accumulate_metrics(metrics, out.metrics)
     grads = [p.grad.clone() for p in model.parameters()]
     opt.step()
-    return grads, [p.detach().clone() for p in model.parameters()], metrics
+    return grads, [p.detach().clone() for p in model.parameters()], {k: float(v) for k, v in metrics.items()}
 
 
 @pytest.mark.parametrize("tis_cap", [0.0, 1.2])

@@ -162,3 +162,22 @@ def test_fillers_for_other_ranks_leave_the_update_unchanged():
     # 3 fillers, then every rank is done (4 rounds); then the ranks agree that no step is skipped (1 round)
     assert sum(not f for f in rounds) == 5
     _assert_same_deltas(plain, {n: p.detach() - before[n] for n, p in model.named_parameters()})
+
+
+def test_metrics_kept_on_the_device_add_up_to_the_one_micro_batch_values():
+    """Metrics accumulate as device tensors over micro-batches and are read once per step: twelve micro-batches
+    report what one micro-batch of everything does (shares summed, the maximum a max), as plain floats."""
+    batch = _batch(seed=6, rows=12)
+    batch.ref_logprobs = batch.rollout_logprobs - 0.1
+    runs = []
+    for budget in (10_000, 1):
+        cfg = TrainConfig(lr=1.0, max_grad_norm=1e9, tis_cap=2.0, kl_beta=0.1, max_tokens_per_micro_batch=budget)
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        runs.append(policy_update(model, batch, optimizer, scheduler, cfg, 1.0, MAX_COMPLETION).metrics)
+    one, twelve = runs
+    assert all(type(v) is float for v in twelve.values())
+    assert {"loss", "entropy", "pg_loss", "kl", "mismatch/logp_abs_max", "tis/clip_frac"} <= one.keys()
+    assert one["mismatch/logp_abs_max"] > one["mismatch/logp_abs_mean"] > 0
+    assert twelve == pytest.approx(one, rel=1e-5, abs=1e-7)
