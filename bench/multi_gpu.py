@@ -16,6 +16,7 @@ Settings (each one launch, run one after another; the multi-GPU ones once per --
   2 gpu tp          2 gpu weak's global batch through one tensor-parallel engine over both ranks
                     (engine.tensor_parallel_size = 2: each rank holds half the engine's weights and KV cache,
                     refreshed slice by slice from the trained model; each rank trains on half the rollouts)
+  4 gpu tp          the same with one engine over 4 ranks (engine.tensor_parallel_size = 4)
 
 GPU (2 GPUs):   python -m bench.multi_gpu --strategies replicate shard
 GPU (4 GPUs):   python -m bench.multi_gpu --settings "1 gpu plain" "4 gpu weak" "4 gpu strong"
@@ -53,8 +54,9 @@ SETTINGS = {  # name: (processes, prompts multiplier per rank vs the 1-gpu batch
     "4 gpu strong": (4, 0.25, True, False),
     "4 gpu weak": (4, 1.0, True, False),
     "2 gpu tp": (2, 1.0, True, False),
+    "4 gpu tp": (4, 1.0, True, False),
 }
-TENSOR_PARALLEL = {"2 gpu tp": 2}  # engine.tensor_parallel_size of a setting (1 when absent)
+TENSOR_PARALLEL = {"2 gpu tp": 2, "4 gpu tp": 4}  # engine.tensor_parallel_size of a setting (1 when absent)
 FIXED_STRATEGY = {"1 gpu plain": "none", "1 gpu fsdp": "shard"}
 UPDATE_SPAN = "grpo_update"  # the profiled step's annotation around the update (bench/comm_overlap.py)
 
@@ -63,6 +65,9 @@ LARGE_ARCHITECTURES = {
     "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "qwen2.5-14b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=32768,
+                        rope_theta=1_000_000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
 }
 
 
