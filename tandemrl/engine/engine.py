@@ -119,6 +119,8 @@ class LLMEngine:
         self._block_bytes = runner.bytes_per_block()
         self._runner_weights = runner.weights_version()  # as of the last prefill schedule
         self.policy_version: int | None = None  # the weights' version (set_policy_version); None: each request's
+        # called at the start of every step, before it schedules: where a rollout worker applies a weight push
+        self.between_steps: Callable[[], None] | None = None
         self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
                         "errors": 0}
 
@@ -195,6 +197,8 @@ class LLMEngine:
     def _step(self) -> list[tuple[int, Rollout]]:
         if self._asleep:
             raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
+        if self.between_steps is not None:
+            self.between_steps()
         out, self._ready = self._ready, []
         try:
             if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights

@@ -3,9 +3,10 @@
 The trainer draws each step's job (prompts, group sizes, seed) on its own thread and keeps the worker at most
 ``rollout.max_staleness`` batches ahead of the step it is on; the worker thread samples and scores each job with its
 own engine over its own copy of the weights (``WeightMirror``: published after every update, applied between two
-batches) and puts the scored groups, tagged with the version that sampled them, on the :class:`RolloutQueue`. The
-trainer takes a step's groups from the queue; groups more than ``max_staleness`` versions behind it are dropped,
-counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
+engine steps, so running sequences continue under the new weights and every token records the version that sampled
+it: ``Rollout.version_runs``) and puts the scored groups, tagged with their oldest token's version, on the
+:class:`RolloutQueue`. The trainer takes a step's groups from the queue; groups whose oldest token is more than
+``max_staleness`` versions behind it are dropped, counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
 published: the same batch, with the same weights, as the synchronous loop. With rollout.backend = "server" the worker
 sends its jobs to the server instead (the trainer's sync.kind carries the weights); with rollout.env_port the groups
 come from environment processes through the :class:`GroupReceiver` (tandemrl/envs/).
@@ -21,11 +22,12 @@ from typing import Callable, Protocol
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.server_backend import ServerBackend
+from tandemrl.engine.engine import LLMEngine
 from tandemrl.models.load import resolve_device
 from tandemrl.rollout.setup import build_agent
 from tandemrl.train.group_receiver import GroupReceiver
 from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
-from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue
+from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue, oldest_version
 from tandemrl.train.rollouts import ScoredRollouts
 from tandemrl.train.scored_groups import join_groups
 from tandemrl.train.setup import Run
@@ -64,13 +66,13 @@ class RolloutWorker:
         job = None
         try:
             while (job := self._jobs.get()) is not None:
-                # between two batches: one batch, one version (a server applies pushes itself, between two steps)
+                # the engine applies later pushes between two of its steps (start_async_rollouts); a server its own
                 version = self.mirror.apply() if self.mirror is not None else -1
                 started = time.perf_counter()
                 scored = self._sample(job, version)
                 seconds = time.perf_counter() - started
                 self.busy_s += seconds
-                self.out.put(QueuedGroups(scored, min(r.policy_version for r in scored.rollouts), sample_s=seconds))
+                self.out.put(QueuedGroups(scored, oldest_version(scored), sample_s=seconds))
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
             where = f"step {job.index}'s batch" if job is not None else "a batch"
             self.out.fail(f"the rollout worker failed while sampling {where} (rollout.mode = 'async'): "
@@ -167,6 +169,13 @@ class AsyncRollouts:
         return (busy - busy_then) / max(now - then, 1e-9)
 
 
+def follow_pushes(engine: LLMEngine, mirror: WeightMirror) -> None:
+    """Between two of ``engine``'s steps, apply the weights the trainer published last (if newer) and name their
+    version: a batch in progress continues under them, its sequences' K/V so far stays (as a server's does)."""
+    engine.set_policy_version(mirror.applied)
+    engine.between_steps = lambda: engine.set_policy_version(mirror.apply())
+
+
 def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollouts:
     """Where the run's groups come from; the first job is step ``first_step``'s. With the engine a worker thread
     samples a copy of the trainer's current weights (``version``) on ``rollout.async_device`` with an engine (and
@@ -190,6 +199,7 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         device = resolve_device(r.async_device) if r.async_device else run.device
         mirror = WeightMirror.copy_of(run.model, device, version)
         backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
+        follow_pushes(backend.engine, mirror)
         agent = build_agent(cfg, backend, run.tokenizer)
     # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
     sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)

@@ -225,3 +225,69 @@ def test_an_interrupted_async_run_resumes_and_finishes(tmp_path, monkeypatch):
     assert summary["steps"] == 5 and sorted(rows) == [1, 2, 3, 4, 5]
     assert [rows[s]["policy_version"] for s in rows] == [1, 2, 3, 4, 5]
     assert all(rows[s]["async/version_lag_max"] <= 1 for s in rows)
+
+
+# ------------------------------------------------------------------ pushes between engine steps, per-token versions
+
+
+def test_a_push_reaches_the_running_engine_between_two_steps_and_splits_its_rollouts():
+    from tandemrl.backends.engine_backend import EngineBackend
+    from tandemrl.engine.config import EngineConfig
+    from tandemrl.train.async_rollouts import follow_pushes
+    from tandemrl.types import Request
+    from tests.engine.test_model_runner import build
+
+    def run(push: bool) -> tuple[list[Rollout], dict[str, int]]:
+        trainer = build("qwen2", seed=0)
+        mirror = weight_mirror.WeightMirror.copy_of(trainer, torch.device("cpu"), version=0)
+        engine = EngineBackend(mirror.target, None, EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False,
+                                                              decode_steps=2)).engine
+        follow_pushes(engine, mirror)
+        params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+        for i in range(2):
+            engine.add_request(Request(f"r{i}", [5 + i, 9, 13, 2, 7], params))
+        with torch.no_grad():
+            done = engine.step() + engine.step() + engine.step()  # a prefill and decode steps under version 0
+            launched = {s.request_id: s.num_completion_tokens for s in engine.scheduler.running}  # pending too
+            if push:  # the trainer's update: other weights, published while the batch runs
+                trainer.load_state_dict(build("qwen2", seed=1).state_dict())
+                mirror.publish(1)
+            while engine.has_unfinished():
+                done += engine.step()
+        if push:
+            assert all(torch.equal(p, q) for p, q in zip(trainer.parameters(), mirror.target.parameters()))
+        return sorted(done, key=lambda r: r.request_id), launched
+
+    pushed, launched = run(push=True)
+    unpushed, _ = run(push=False)
+    for r, ref in zip(pushed, unpushed):
+        k = launched[r.request_id]
+        assert 0 < k < 10
+        assert r.token_versions() == [0] * k + [1] * (10 - k) and r.policy_version == 0
+        assert ref.version_runs == [] and ref.token_versions() == [0] * 10
+        assert r.completion_ids[:k] == ref.completion_ids[:k]  # sampled before the push: the same tokens
+    assert any(r.completion_ids != ref.completion_ids for r, ref in zip(pushed, unpushed))  # the push took effect
+
+
+def test_a_group_is_as_stale_as_its_oldest_token_on_the_queue_and_on_the_wire():
+    from tandemrl.train.group_wire import GroupFormatError, group_from_json, group_to_json
+    from tandemrl.train.rollout_queue import oldest_version
+
+    spanning = scored_group(0, 1, size=2)
+    for r in spanning.rollouts:
+        r.completion_ids, r.logprobs = [3, 4, 5], [-0.5] * 3
+    spanning.rollouts[1].version_runs = [(0, 1), (2, 2)]  # tokens 0-1 by version 1, token 2 by version 2
+    fresh = scored_group(1, 2)
+    assert oldest_version(spanning) == 1 and oldest_version(fresh) == 2
+    wired = group_from_json(group_to_json(spanning, "env"))  # the runs travel with the group
+    assert [r.token_versions() for r in wired.rollouts] == [[1, 1, 1], [1, 1, 2]]
+    assert oldest_version(wired) == 1
+    body = group_to_json(spanning, "env")
+    body["completions"][1]["version_runs"] = [[1, 2]]
+    with pytest.raises(GroupFormatError, match="version_runs"):
+        group_from_json(body)
+    q = RolloutQueue(capacity_groups=4)
+    for scored in (wired, fresh):
+        q.put(QueuedGroups(scored, oldest_version(scored)))
+    taken = q.take(1, trainer_version=3, max_staleness=1)  # the spanning group's newest token is 1 behind: dropped
+    assert taken.dropped_groups == 1 and [p.version for p in taken.parts] == [2]
