@@ -1,12 +1,14 @@
 """rollout.mode = "async": a rollout worker samples the next batches while the trainer updates.
 
 The trainer draws each step's job (prompts, group sizes, seed) on its own thread and keeps the worker at most
-``rollout.max_staleness`` batches ahead of the step it is on; the worker thread samples and scores each job with its
-own engine over its own copy of the weights (``WeightMirror``: published after every update, applied between two
-engine steps, so running sequences continue under the new weights and every token records the version that sampled
-it: ``Rollout.version_runs``) and puts the scored groups, tagged with their oldest token's version, on the
-:class:`RolloutQueue`. The trainer takes a step's groups from the queue; groups whose oldest token is more than
-``max_staleness`` versions behind it are dropped, counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
+``rollout.max_staleness`` batches ahead of the step it is on. The worker thread samples and scores each job with its
+own engine (``SteppingWorker``: a job's requests join the running engine at once, beside the batches before it; with
+the tool-calling agent loop, ``RolloutWorker``: a batch at a time) over its own copy of the weights
+(``WeightMirror``: published after every update, applied between two engine steps, so running sequences continue
+under the new weights and every token records the version that sampled it: ``Rollout.version_runs``), and puts the
+scored groups, tagged with their oldest token's version, on the :class:`RolloutQueue`. The trainer takes a step's
+groups from the queue; groups whose oldest token is more than ``max_staleness`` versions behind it are dropped,
+counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
 published: the same batch, with the same weights, as the synchronous loop. With rollout.backend = "server" the worker
 sends its jobs to the server instead (the trainer's sync.kind carries the weights); with rollout.env_port the groups
 come from environment processes through the :class:`GroupReceiver` (tandemrl/envs/).
@@ -26,11 +28,12 @@ from tandemrl.engine.engine import LLMEngine
 from tandemrl.models.load import resolve_device
 from tandemrl.rollout.setup import build_agent
 from tandemrl.train.group_receiver import GroupReceiver
-from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
+from tandemrl.train.rollout_jobs import RolloutJob, draw_job, prepare_job, run_job
 from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue, oldest_version
 from tandemrl.train.rollouts import ScoredRollouts
 from tandemrl.train.scored_groups import join_groups
 from tandemrl.train.setup import Run
+from tandemrl.train.stepping_worker import SteppingWorker
 from tandemrl.train.weight_mirror import WeightMirror
 
 ANY_VERSION = 2**62  # a ServerBackend staleness bound that never refuses
@@ -201,7 +204,13 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
         follow_pushes(backend.engine, mirror)
         agent = build_agent(cfg, backend, run.tokenizer)
-    # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
-    sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
-    return AsyncRollouts(lambda index: draw_job(run, index), RolloutWorker(sample, mirror, queue_), r.max_staleness,
-                         r.prompts_per_step, first_step, release=backend.close)
+    worker: Producer
+    if mirror is not None and agent is None:  # batches join the running engine as they come
+        assert isinstance(backend, EngineBackend)
+        worker = SteppingWorker(lambda job: prepare_job(run, job), backend.generating, mirror, queue_)
+    else:  # the agent loop drives the engine itself, a batch at a time; a server takes whole batches
+        # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
+        sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
+        worker = RolloutWorker(sample, mirror, queue_)
+    return AsyncRollouts(lambda index: draw_job(run, index), worker, r.max_staleness, r.prompts_per_step, first_step,
+                         release=backend.close)

@@ -159,14 +159,14 @@ def test_async_with_staleness_one_samples_ahead_and_records_every_version(tmp_pa
 def test_a_worker_that_dies_stops_the_run_with_its_error(tmp_path, monkeypatch):
     import tandemrl.train.async_rollouts as async_rollouts
 
-    real = async_rollouts.run_job
+    real = async_rollouts.prepare_job
 
-    def failing(run, job, backend, agent, version):
+    def failing(run, job):
         if job.index == 2:
             raise RuntimeError("the rollout GPU fell off the bus")
-        return real(run, job, backend, agent, version)
+        return real(run, job)
 
-    monkeypatch.setattr(async_rollouts, "run_job", failing)
+    monkeypatch.setattr(async_rollouts, "prepare_job", failing)
     with pytest.raises(RolloutProducerError, match="while sampling step 2's batch.*fell off the bus"):
         train(small_config(tmp_path, "rollout.mode=async"), tmp_path / "run")
     assert read_rows(tmp_path / "run").keys() == {1, 2}
@@ -291,3 +291,62 @@ def test_a_group_is_as_stale_as_its_oldest_token_on_the_queue_and_on_the_wire():
         q.put(QueuedGroups(scored, oldest_version(scored)))
     taken = q.take(1, trainer_version=3, max_staleness=1)  # the spanning group's newest token is 1 behind: dropped
     assert taken.dropped_groups == 1 and [p.version for p in taken.parts] == [2]
+
+
+def test_the_stepping_worker_runs_the_next_batch_beside_the_last_and_a_push_splits_its_rollouts():
+    """Job 1 joins the engine while job 0 runs; the trainer's update lands when job 0 is scored, so job 1's
+    rollouts continue under the new weights: their tokens span two versions and the group is as old as the first."""
+    import threading
+
+    from tandemrl.backends.engine_backend import EngineBackend
+    from tandemrl.engine.config import EngineConfig
+    from tandemrl.train.async_rollouts import follow_pushes
+    from tandemrl.train.stepping_worker import SteppingWorker
+    from tandemrl.types import Request
+    from tests.engine.test_model_runner import build
+
+    trainer = build("qwen2", seed=0)
+    mirror = weight_mirror.WeightMirror.copy_of(trainer, torch.device("cpu"), version=0)
+    backend = EngineBackend(mirror.target, None, EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False,
+                                                              decode_steps=2))
+    follow_pushes(backend.engine, mirror)
+    both_submitted, admitted = threading.Event(), []
+
+    def prepare(job: RolloutJob):
+        if job.index == 0:
+            assert both_submitted.wait(10)
+        admitted.append((job.index, [j.job.index for j in worker._open]))  # the jobs already running
+        params = SamplingParams(max_tokens=4 if job.index == 0 else 16, temperature=0.0, ignore_eos=True)
+        requests = [Request(f"step{job.index}-{i}", [5 + i, 9, 13, 2], params) for i in range(2)]
+
+        def score(rollouts: list[Rollout]) -> ScoredRollouts:
+            if job.index == 0:  # the trainer's update, published while job 1 runs
+                trainer.load_state_dict(build("qwen2", seed=1).state_dict())
+                mirror.publish(1)
+            group = scored_group(job.index, 0)
+            group.rollouts = rollouts
+            return group
+
+        return requests, score
+
+    worker = SteppingWorker(prepare, backend.generating, mirror, RolloutQueue(capacity_groups=8))
+    try:
+        worker.submit(RolloutJob(0, [], 2, SamplingParams()))
+        worker.submit(RolloutJob(1, [], 2, SamplingParams()))
+        both_submitted.set()
+        taken = worker.out.take(2, trainer_version=1, max_staleness=1, timeout=120)
+    finally:
+        worker.stop()
+    assert admitted == [(0, []), (1, [0])]  # job 1 joined while job 0 ran
+    first, second = taken.parts
+    assert (first.version, second.version) == (0, 0)  # job 1 is as old as its oldest token
+    assert all(r.token_versions() == [0] * 4 for r in first.scored.rollouts)
+    for r in second.scored.rollouts:
+        versions = r.token_versions()
+        assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions), versions
+        assert r.policy_version == 0
+    q = RolloutQueue(capacity_groups=8)
+    q.put(second)
+    q.put(QueuedGroups(scored_group(2, 1), 1))
+    kept = q.take(1, trainer_version=1, max_staleness=0)  # its newest tokens are current, its oldest are not
+    assert kept.dropped_groups == 1 and [p.version for p in kept.parts] == [1]
