@@ -25,7 +25,8 @@ def completion_text(scored: ScoredRollouts, i: int) -> tuple[str, str | None]:
 
 def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
     """Per rollout: ``sample`` (the dataset index), ``group`` (its prompt's position in the step), ``tokens``,
-    ``finish_reason``, ``policy_version`` (the weights that sampled it), ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb``
+    ``finish_reason``, ``policy_version`` (the weights that sampled its oldest token; ``version_runs`` where they
+    changed while it ran), ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb``
     held at the peak, ``cache_reuse`` ratio, ``accept_rate``), ``reward`` (the total, None if a component failed)
     and ``reward/<component>`` (the task rewards and the weighted inference terms, unweighted). The first
     ``text_rows`` rows (whole groups first: rows are in group order) add ``prompt`` and ``completion`` (what the
@@ -41,6 +42,8 @@ def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
             "cache_reuse": stats.cache_hit_ratio, "accept_rate": stats.acceptance_rate,
             "reward": scored.reward.total[i],
         }
+        if rollout.version_runs:
+            row["version_runs"] = [list(run) for run in rollout.version_runs]
         row.update({f"reward/{name}": values[i] for name, values in scored.reward.components.items()})
         if i < text_rows:
             completion, transcript = completion_text(scored, i)
