@@ -16,8 +16,6 @@ come from environment processes through the :class:`GroupReceiver` (tandemrl/env
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import traceback
 from typing import Callable, Protocol
@@ -28,6 +26,7 @@ from tandemrl.engine.engine import LLMEngine
 from tandemrl.models.load import resolve_device
 from tandemrl.rollout.setup import build_agent
 from tandemrl.train.group_receiver import GroupReceiver
+from tandemrl.train.job_thread import JobThread
 from tandemrl.train.rollout_jobs import RolloutJob, draw_job, prepare_job, run_job
 from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue, oldest_version
 from tandemrl.train.rollouts import ScoredRollouts
@@ -41,29 +40,14 @@ MAX_EXTRA_DROPS = 3  # stale batches in one take beyond a full queue before the 
 Sampler = Callable[[RolloutJob, int], ScoredRollouts]  # (job, policy version) -> the scored batch
 
 
-class RolloutWorker:
-    """Runs jobs in order on its own thread: applies the newest published weights, samples, puts the result on
-    ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises it)."""
+class RolloutWorker(JobThread):
+    """Runs jobs in order on its own thread, a whole batch at a time: applies the newest published weights, samples,
+    puts the result on ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises
+    it)."""
 
     def __init__(self, sample: Sampler, mirror: WeightMirror | None, out: RolloutQueue) -> None:
-        self._sample, self.mirror, self.out = sample, mirror, out
-        self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
-        self.busy_s = 0.0  # seconds spent sampling, since the start
-        self.trainer_version = 0
-        self._thread.start()
-
-    def submit(self, job: RolloutJob) -> None:
-        self._jobs.put(job)
-
-    def gone(self) -> str | None:
-        """None while the thread runs; why it does not otherwise."""
-        return None if self._thread.is_alive() else "the rollout worker thread ended"
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self.out.close()  # a put waiting for room returns
-        self._thread.join(timeout=60)
+        self._sample = sample
+        super().__init__(mirror, out)
 
     def _run(self) -> None:
         job = None

@@ -9,19 +9,18 @@ Batches are scored and queued in job order as their last rollout finishes. With 
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
 from tandemrl.engine.engine import LLMEngine
+from tandemrl.train.job_thread import JobThread
 from tandemrl.train.rollout_jobs import RolloutJob
 from tandemrl.train.rollout_queue import QueuedGroups, RolloutQueue, oldest_version
 from tandemrl.train.rollouts import ScoredRollouts
-from tandemrl.types import Request, Rollout
 from tandemrl.train.weight_mirror import WeightMirror
+from tandemrl.types import Request, Rollout
 
 # a job -> its requests, and the function that scores their rollouts (in request order)
 Prepare = Callable[[RolloutJob], tuple[list[Request], Callable[[list[Rollout]], ScoredRollouts]]]
@@ -39,33 +38,19 @@ class _OpenJob:
         self.missing = len(self.rollouts)
 
 
-class SteppingWorker:
+class SteppingWorker(JobThread):
     """The Producer of ``AsyncRollouts`` for an in-process engine without the agent loop. ``generating``: the
-    engine, ready to decode (``EngineBackend.generating``), entered whenever it starts from idle."""
+    engine, ready to decode (``EngineBackend.generating``), entered whenever it starts from idle. ``busy_s``: the
+    seconds the engine had work (not waiting for a job or for room in the queue)."""
 
     def __init__(self, prepare: Prepare, generating: Callable[[], ContextManager[LLMEngine]], mirror: WeightMirror,
                  out: RolloutQueue) -> None:
-        self._prepare, self._generating, self.mirror, self.out = prepare, generating, mirror, out
-        self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
+        self._prepare, self._generating = prepare, generating
         self._open: list[_OpenJob] = []  # in job order
         self._where: dict[str, tuple[_OpenJob, int]] = {}  # request id -> its job, its position there
         self._stopping = False
         self._admitting: RolloutJob | None = None  # the job whose requests are being prepared (for an error)
-        self.busy_s = 0.0  # seconds the engine had work, since the start
-        self.trainer_version = 0
-        self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: RolloutJob) -> None:
-        self._jobs.put(job)
-
-    def gone(self) -> str | None:
-        return None if self._thread.is_alive() else "the rollout worker thread ended"
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self.out.close()
-        self._thread.join(timeout=60)
+        super().__init__(mirror, out)
 
     def _run(self) -> None:
         try:

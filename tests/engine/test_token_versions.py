@@ -8,7 +8,8 @@ import pytest
 
 from tandemrl.types import Rollout
 
-from tests.engine.test_engine_core import assert_matches_reference, async_scheduling, make_engine, prompt, req
+from tests.engine.test_engine_core import (assert_matches_reference, async_scheduling, break_reads, make_engine,
+                                           prompt, req)
 
 __all__ = ["async_scheduling"]  # the fixture, imported for the tests below
 
@@ -79,14 +80,7 @@ def test_without_a_version_set_tokens_carry_the_request_version_and_abandoned_st
     for q in requests:
         engine.add_request(q, policy_version=7)
     done = engine.step() + engine.step()  # a prefill read back, a decode burst in flight
-    launch = runner.launch
-
-    def broken_read(*args):
-        pending = launch(*args)
-        pending.result = lambda: (_ for _ in ()).throw(RuntimeError("device lost"))
-        return pending
-
-    runner.launch = broken_read
+    launch = break_reads(runner)
     done += engine.step()
     with pytest.raises(RuntimeError, match="device lost"):
         engine.step()  # both steps in flight are abandoned: their placeholders (and version runs) go
