@@ -112,6 +112,7 @@ class AsyncRollouts:
             "async/queue_groups": self.producer.out.depth_groups, "async/wait_s": taken.waited_s,
             "async/sample_s": sum(part.sample_s for part in taken.parts),
             **({"async/worker_busy": busy} if busy is not None else {}),
+            **({"async/worker_pause_s": self.producer.mirror.pause_s} if self.producer.mirror is not None else {}),
         }
 
     def publish(self, version: int) -> dict[str, float]:

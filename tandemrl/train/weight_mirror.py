@@ -33,6 +33,7 @@ class WeightMirror:
         self._lock = threading.Lock()
         self._staged: int | None = None
         self.applied = version
+        self.pause_s = 0.0  # how long the last apply held the worker (its copy of the staged weights)
         self.bytes = sum(t.numel() * t.element_size() for t in self._staging)
 
     @classmethod
@@ -57,10 +58,12 @@ class WeightMirror:
         """Worker thread, between two engine steps: take the staged weights if newer; the version it now holds."""
         with self._lock, torch.no_grad():
             if self._staged is not None and self._staged > self.applied:
+                started = time.perf_counter()
                 for (_, dst), stage in zip(self._pairs, self._staging):
                     dst.copy_(stage)
                 _synchronize(self._staging)
                 self.applied = self._staged
+                self.pause_s = time.perf_counter() - started
             return self.applied
 
 

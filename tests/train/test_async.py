@@ -150,10 +150,10 @@ def test_async_with_staleness_one_samples_ahead_and_records_every_version(tmp_pa
     rows = read_rows(tmp_path / "run")
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     assert all(rows[s]["async/version_lag_max"] <= 1 and rows[s]["async/dropped_groups"] == 0 for s in rows)
-    assert all("tis/weight_mean" in rows[s] for s in rows)
+    assert all("tis/weight_mean" in rows[s] and rows[s]["async/worker_pause_s"] >= 0 for s in rows)
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     for row in samples:  # each rollout names the weights that sampled it: at most one update behind its step
-        assert row["step"] - 2 <= row["policy_version"] <= row["step"] - 1
+        assert row["step"] - 2 <= row["policy_version"] <= row["policy_version_last"] <= row["step"] - 1
 
 
 def test_a_worker_that_dies_stops_the_run_with_its_error(tmp_path, monkeypatch):
