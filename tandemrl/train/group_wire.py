@@ -12,8 +12,8 @@
 write (tool output); ``policy_version``: the weights that sampled the completion (the server's ``policy_version``);
 ``version_runs`` (optional): where the weights changed while the completion ran, ``[[first token index, version],
 ...]`` from index 0 in order (``policy_version`` is then the first run's); the trainer drops a group by its oldest
-token's version. ``rewards``: the total per completion (null: no reward, left out of the update); ``components`` (optional): each
-reward function's values; ``correct`` (optional): the task's accuracy per completion.
+token's version. ``rewards``: the total per completion (null: no reward, left out of the update); ``components``
+(optional): each reward function's values; ``correct`` (optional): the task's accuracy per completion.
 """
 
 from __future__ import annotations
