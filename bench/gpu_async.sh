@@ -30,7 +30,8 @@ fi
 status=0
 timeout -k 10 300 "$PYTHON" -m bench.async_step "${step_args[@]}" --out "$OUT/async_step.json" \
     > "$OUT/async_step.log" 2>&1 || { echo "async_step failed (exit $?):"; tail -n 30 "$OUT/async_step.log"; status=1; }
-grep -E '"(samples_per_s|async_over_sync|rollout_share|worker_busy|worker_pause_s|push_s|step_s)"' "$OUT/async_step.json" 2>/dev/null
+grep -E '"(samples_per_s|async_over_sync|rollout_share|worker_busy|worker_pause_s|push_s|step_s)"' \
+    "$OUT/async_step.json" 2>/dev/null
 timeout -k 10 240 "$PYTHON" -m bench.serve "${serve_args[@]}" --modes inprocess --out "$OUT/serve.json" \
     > "$OUT/serve.log" 2>&1 || { echo "bench.serve failed (exit $?):"; tail -n 30 "$OUT/serve.log"; status=1; }
 grep -E "streaming clients|in-process engine|server / in-process" "$OUT/serve.log"

@@ -45,7 +45,8 @@ class GroupReceiver:
             scored = group_from_json(body)
         except GroupFormatError as exc:
             return 400, {"error": str(exc)}
-        if not self.out.put(QueuedGroups(scored, oldest_version(scored), source=scored.samples[0].source), timeout=PUT_WAIT_S):
+        queued = QueuedGroups(scored, oldest_version(scored), source=scored.samples[0].source)
+        if not self.out.put(queued, timeout=PUT_WAIT_S):
             return 503, {"error": "the trainer's queue is full: push again later", **self.status()}
         self.pushed += 1
         return 200, {"accepted": True, **self.status()}

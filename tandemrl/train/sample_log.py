@@ -26,8 +26,9 @@ def completion_text(scored: ScoredRollouts, i: int) -> tuple[str, str | None]:
 def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
     """Per rollout: ``sample`` (the dataset index), ``group`` (its prompt's position in the step), ``tokens``,
     ``finish_reason``, ``policy_version`` and ``policy_version_last`` (the weights that sampled its first and its last
-    token: they differ where a push landed while it ran), ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb``
-    held at the peak, ``cache_reuse`` ratio, ``accept_rate``), ``reward`` (the total, None if a component failed)
+    token: they differ where a push landed while it ran), ``correct``, what serving it cost whatever
+    reward.inference weighs (``latency_ms``, ``kv_mb`` held at the peak, ``cache_reuse`` ratio, ``accept_rate``),
+    ``reward`` (the total, None if a component failed)
     and ``reward/<component>`` (the task rewards and the weighted inference terms, unweighted). The first
     ``text_rows`` rows (whole groups first: rows are in group order) add ``prompt`` and ``completion`` (what the
     reward saw) and, for multi-turn rollouts, ``transcript`` (every turn and tool result)."""
