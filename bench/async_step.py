@@ -62,7 +62,8 @@ def measure(args: argparse.Namespace, model_dir: Path, mode: str, workdir: Path)
         result.update(worker_busy=steady(rows, args.warmup, "async/worker_busy"),
                       version_lag_mean=steady(rows, args.warmup, "async/version_lag_mean"),
                       dropped_groups=sum(r.get("async/dropped_groups", 0) for r in rows),
-                      push_s=steady(rows, args.warmup, "async/push_s"))
+                      push_s=steady(rows, args.warmup, "async/push_s"),
+                      worker_pause_s=steady(rows, args.warmup, "async/worker_pause_s"))
     if result["rollout_wait_s"] is not None and step_s:
         result["rollout_share"] = result["rollout_wait_s"] / step_s  # sync: sampling; async: the trainer waiting
     return result

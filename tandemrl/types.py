@@ -126,7 +126,9 @@ class Rollout:
     ``logprobs[i]`` is the log-prob of ``completion_ids[i]`` under the distribution it was sampled from (after
     temperature; top-k/top-p renormalised). ``loss_weights[i]`` is that token's weight in the loss: 1.0 for tokens
     the trained policy wrote; tandem rollouts give frozen-written tokens less, tool output gets 0. Empty means all
-    1.0. ``policy_version`` names the weights that sampled it.
+    1.0. ``policy_version`` names the weights that sampled it: its oldest token's where the weights changed while it
+    ran. ``version_runs``: (first completion index, version) at each change of version, in order (empty: every
+    token was sampled by ``policy_version``); ``token_versions()`` expands them to one version per token.
     """
 
     request_id: str
@@ -140,6 +142,18 @@ class Rollout:
     loss_weights: list[float] = field(default_factory=list)  # per completion token; empty = all 1.0
     stats: RequestStats = field(default_factory=RequestStats)
     token_sources: list[bool] = field(default_factory=list)  # tandem: True where the trained model wrote the token
+    version_runs: list[tuple[int, int]] = field(default_factory=list)  # (first completion index, version)
+
+    def token_versions(self) -> list[int]:
+        """The policy version that sampled each completion token."""
+        n = len(self.completion_ids)
+        if not self.version_runs:
+            return [self.policy_version] * n
+        versions: list[int] = []
+        ends = [start for start, _ in self.version_runs[1:]] + [n]
+        for (start, version), end in zip(self.version_runs, ends):
+            versions += [version] * (min(end, n) - start)
+        return versions
 
     def token_weights(self) -> list[float]:
         """The loss weight of every completion token (1.0 where none was set)."""

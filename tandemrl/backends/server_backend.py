@@ -155,7 +155,8 @@ def _rollout(request: Request, choice: dict, elapsed: float) -> Rollout:
     logprobs = list(choice["logprobs"]["token_logprobs"]) if choice.get("logprobs") else []
     stats = _stats(choice.get("stats") or {}, len(request.prompt_ids), len(ids), elapsed)
     return Rollout(request.request_id, list(request.prompt_ids), ids, logprobs, choice["finish_reason"],
-                   text=choice["text"], policy_version=int(choice["policy_version"]), stats=stats)
+                   text=choice["text"], policy_version=int(choice["policy_version"]), stats=stats,
+                   version_runs=[(int(start), int(v)) for start, v in choice.get("version_runs") or []])
 
 
 def _stats(server: dict, prompt_tokens: int, generated: int, elapsed: float) -> RequestStats:

@@ -9,6 +9,11 @@ those tokens are dropped. Off: each step reads its own tokens back before return
 drawn ahead (bernoulli, chunk, alternating) are scheduled so too; speculative steps and tandem segments (sentence,
 word selectors), whose rows keep a number of tokens known only once they are read, stay synchronous.
 
+Policy versions: ``set_policy_version`` names the weights the runner holds from the next launched step on (call it
+between two steps, after the weights changed in place); each step records the version it was launched under for the
+tokens it samples, so running sequences continue under new weights with every token's version known
+(``Rollout.version_runs``). Until it is called, a request's tokens carry the version it was added with.
+
 Invalid requests never raise: each becomes a finished Rollout with ``finish_reason="error"`` and ``error``
 set, returned by the next ``step()`` (or in place by ``generate``), so one bad request cannot stop a batch.
 """
@@ -113,6 +118,9 @@ class LLMEngine:
         self._clock = clock
         self._block_bytes = runner.bytes_per_block()
         self._runner_weights = runner.weights_version()  # as of the last prefill schedule
+        self.policy_version: int | None = None  # the weights' version (set_policy_version); None: each request's
+        # called at the start of every step, before it schedules: where a rollout worker applies a weight push
+        self.between_steps: Callable[[], None] | None = None
         self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
                         "errors": 0}
 
@@ -189,6 +197,8 @@ class LLMEngine:
     def _step(self) -> list[tuple[int, Rollout]]:
         if self._asleep:
             raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
+        if self.between_steps is not None:
+            self.between_steps()
         out, self._ready = self._ready, []
         try:
             if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
@@ -215,8 +225,9 @@ class LLMEngine:
                 self.block_manager.forget_cached_blocks()
                 self.scheduler.requeue(plan.seqs)
             raise  # a failed decode launch leaves its sequences as they were: the same step can run again
+        version = self.policy_version
         for seq, n in zip(plan.seqs, plan.num_tokens):
-            seq.add_pending(n)
+            seq.add_pending(n, seq.policy_version if version is None else version)
         if plan.is_prefill:
             _note_first_prefill(plan.seqs, self._clock())
         self._count_step(plan)
@@ -298,6 +309,14 @@ class LLMEngine:
             self._runner_weights = current
             self.invalidate_prefix_cache()
 
+    def set_policy_version(self, version: int) -> None:
+        """The weights changed in place (between two steps) and are now ``version``: steps launched from now on
+        sample under it, a step in flight keeps the version it was launched with; new prompts reuse no block cached
+        under the old weights (running sequences keep theirs)."""
+        if version != self.policy_version:
+            self.policy_version = version
+            self.invalidate_prefix_cache()
+
     def invalidate_prefix_cache(self) -> None:
         """New prompts reuse no cached block computed so far (call it after a weight change the runner cannot see,
         e.g. a write through ``param.data``)."""
@@ -358,9 +377,12 @@ class LLMEngine:
         text = ""
         if self.tokenizer is not None:
             text, _ = truncate_at_stop(self._decode(completion), seq.params.stop)
+        runs = [run for run in seq.version_runs if run[0] < len(completion)]  # a stop may cut the last ones
         return Rollout(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], completion, list(seq.logprobs),
-                       seq.finish_reason or "stop", text=text, policy_version=seq.policy_version, stats=seq.stats,
-                       token_sources=self.scheduler.tandem_rows.sources(seq))
+                       seq.finish_reason or "stop", text=text,
+                       policy_version=runs[0][1] if runs else seq.policy_version, stats=seq.stats,
+                       token_sources=self.scheduler.tandem_rows.sources(seq),
+                       version_runs=runs if len(runs) > 1 else [])
 
 
 def _note_first_prefill(seqs: list[Sequence], now: float) -> None:

@@ -6,6 +6,10 @@ KV slot of token t: ``block_table[t // block_size] * block_size + t % block_size
 With asynchronous scheduling the engine launches a step before the previous one's tokens reach the host: the last
 ``num_pending`` entries of ``token_ids`` (and of ``logprobs``) are then placeholders for tokens already sampled on
 the device. Positions, block needs and ``max_tokens`` count them; nothing reads their values on the host.
+
+``version_runs``: which policy version sampled each completion token, as (first completion index, version) pairs, one
+per change of version: a step reserves its placeholders under the version it was launched with (the engine's at
+launch), so tokens read back after a weight swap still count for the weights that computed them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Sequence:
     # hot model alone, stops it where that began: the prefix cache registers no block past it.
     kv_complete_tokens: int | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    version_runs: list[tuple[int, int]] = field(default_factory=list)  # (first completion index, version)
 
     @property
     def num_tokens(self) -> int:
@@ -70,11 +75,22 @@ class Sequence:
         """Tokens whose ids the host has (all but the pending placeholders)."""
         return len(self.token_ids) - self.num_pending
 
-    def add_pending(self, n: int) -> None:
-        """Reserve n placeholder tokens for a launched step whose sampled tokens have not been read back."""
+    def add_pending(self, n: int, version: int | None = None) -> None:
+        """Reserve n placeholder tokens for a launched step whose sampled tokens have not been read back;
+        ``version``: the policy version the step was launched under (None: placeholders put back behind a step)."""
+        if version is not None:
+            self._note_version(version)
         self.token_ids.extend([PENDING_TOKEN] * n)
         self.logprobs.extend([math.nan] * n)
         self.num_pending += n
+
+    def _note_version(self, version: int) -> None:
+        """The tokens from the next completion index on are sampled by ``version``."""
+        start, runs = self.num_completion_tokens, self.version_runs
+        while runs and runs[-1][0] >= start:  # a step launched again where an abandoned one started
+            del runs[-1]
+        if not runs or runs[-1][1] != version:
+            runs.append((start, version))
 
     def fill_pending(self, planned: int, token_ids: list[int], logprobs: list[float]) -> None:
         """Put a step's tokens in place of the ``planned`` oldest placeholders it reserved; it may have returned

@@ -109,11 +109,13 @@ async def respond(state: ServerState, job: Job, is_disconnected: Callable[[], Aw
 
 
 def _choice(state: ServerState, job: Job, index: int, rollout: Rollout, version_last: int) -> dict:
-    """``policy_version``: the weights when the request entered the engine; ``policy_version_last``: when it
-    finished (they differ when a push landed while it ran)."""
+    """``policy_version``: the weights that sampled its first token; ``policy_version_last``: the server's when it
+    finished (they differ when a push landed while it ran; ``version_runs`` then says from which token on)."""
     finish = "length" if rollout.finish_reason == "length" else "stop"
     choice: dict[str, Any] = {"index": index, "finish_reason": finish, "policy_version": rollout.policy_version,
                               "policy_version_last": version_last}
+    if rollout.version_runs:  # a push landed while it ran: [[first token index, version], ...]
+        choice["version_runs"] = [list(run) for run in rollout.version_runs]
     logprobs = _logprobs(state, job, rollout.completion_ids, rollout.logprobs) if job.want_logprobs else None
     if job.chat:
         choice["message"] = {"role": "assistant", "content": rollout.text}
@@ -193,6 +195,8 @@ async def stream(state: ServerState, job: Job) -> AsyncIterator[str]:
             chunk = _delta_chunk(state, job, i, text, ids, lps, finish, versions[i])
             if finish:
                 chunk["choices"][0]["policy_version_last"] = event.policy_version_last
+                if event.rollout.version_runs:
+                    chunk["choices"][0]["version_runs"] = [list(run) for run in event.rollout.version_runs]
             yield _sse(chunk)
     if (job.body.stream_options or {}).get("include_usage"):
         yield _sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,

@@ -25,8 +25,10 @@ from tandemrl.models.lora import unwrap_causal_lm
 Scope = Literal["full", "adapter"]
 
 
-class PrefixCache(Protocol):
-    def invalidate_prefix_cache(self) -> None: ...
+class VersionedEngine(Protocol):
+    def set_policy_version(self, version: int) -> None:
+        """The weights changed in place: name their version, drop the prefix cache (engine/engine.py)."""
+        ...
 
 
 class ServingLoop(Protocol):
@@ -37,7 +39,7 @@ class ServingLoop(Protocol):
     policy_version: int
 
     @property
-    def engine(self) -> PrefixCache: ...
+    def engine(self) -> VersionedEngine: ...
 
     def between_steps(self, fn: Callable[[], Any]) -> Future: ...
 
@@ -110,7 +112,7 @@ class WeightReceiver:
         def bump() -> None:
             if change is not None:
                 change()
-            self.loop.engine.invalidate_prefix_cache()
+            self.loop.engine.set_policy_version(version)
             self.loop.policy_version = version
 
         return self._recorded(kind, version, lambda: self.loop.between_steps(bump).result() or 0)
@@ -138,7 +140,7 @@ class WeightReceiver:
                 targets[name].copy_(tensor, non_blocking=True)
         if any(t.is_cuda for t in targets.values()):
             torch.cuda.synchronize()
-        self.loop.engine.invalidate_prefix_cache()
+        self.loop.engine.set_policy_version(version)  # later tokens record it; no cached prefix survives
         self.loop.policy_version = version
 
 

@@ -1,10 +1,13 @@
 """rollout.mode = "async": a rollout worker samples the next batches while the trainer updates.
 
 The trainer draws each step's job (prompts, group sizes, seed) on its own thread and keeps the worker at most
-``rollout.max_staleness`` batches ahead of the step it is on; the worker thread samples and scores each job with its
-own engine over its own copy of the weights (``WeightMirror``: published after every update, applied between two
-batches) and puts the scored groups, tagged with the version that sampled them, on the :class:`RolloutQueue`. The
-trainer takes a step's groups from the queue; groups more than ``max_staleness`` versions behind it are dropped,
+``rollout.max_staleness`` batches ahead of the step it is on. The worker thread samples and scores each job with its
+own engine (``SteppingWorker``: a job's requests join the running engine at once, beside the batches before it; with
+the tool-calling agent loop, ``RolloutWorker``: a batch at a time) over its own copy of the weights
+(``WeightMirror``: published after every update, applied between two engine steps, so running sequences continue
+under the new weights and every token records the version that sampled it: ``Rollout.version_runs``), and puts the
+scored groups, tagged with their oldest token's version, on the :class:`RolloutQueue`. The trainer takes a step's
+groups from the queue; groups whose oldest token is more than ``max_staleness`` versions behind it are dropped,
 counted and replaced. With ``max_staleness = 0`` the worker samples step s's batch only after update s - 1 was
 published: the same batch, with the same weights, as the synchronous loop. With rollout.backend = "server" the worker
 sends its jobs to the server instead (the trainer's sync.kind carries the weights); with rollout.env_port the groups
@@ -13,22 +16,23 @@ come from environment processes through the :class:`GroupReceiver` (tandemrl/env
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import traceback
 from typing import Callable, Protocol
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.server_backend import ServerBackend
+from tandemrl.engine.engine import LLMEngine
 from tandemrl.models.load import resolve_device
 from tandemrl.rollout.setup import build_agent
 from tandemrl.train.group_receiver import GroupReceiver
-from tandemrl.train.rollout_jobs import RolloutJob, draw_job, run_job
-from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue
+from tandemrl.train.job_thread import JobThread
+from tandemrl.train.rollout_jobs import RolloutJob, draw_job, prepare_job, run_job
+from tandemrl.train.rollout_queue import QueuedGroups, RolloutProducerError, RolloutQueue, oldest_version
 from tandemrl.train.rollouts import ScoredRollouts
 from tandemrl.train.scored_groups import join_groups
 from tandemrl.train.setup import Run
+from tandemrl.train.stepping_worker import SteppingWorker
 from tandemrl.train.weight_mirror import WeightMirror
 
 ANY_VERSION = 2**62  # a ServerBackend staleness bound that never refuses
@@ -36,41 +40,26 @@ MAX_EXTRA_DROPS = 3  # stale batches in one take beyond a full queue before the 
 Sampler = Callable[[RolloutJob, int], ScoredRollouts]  # (job, policy version) -> the scored batch
 
 
-class RolloutWorker:
-    """Runs jobs in order on its own thread: applies the newest published weights, samples, puts the result on
-    ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises it)."""
+class RolloutWorker(JobThread):
+    """Runs jobs in order on its own thread, a whole batch at a time: applies the newest published weights, samples,
+    puts the result on ``out``. An exception ends the worker and is put on ``out`` (the trainer's next take raises
+    it)."""
 
     def __init__(self, sample: Sampler, mirror: WeightMirror | None, out: RolloutQueue) -> None:
-        self._sample, self.mirror, self.out = sample, mirror, out
-        self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
-        self.busy_s = 0.0  # seconds spent sampling, since the start
-        self.trainer_version = 0
-        self._thread.start()
-
-    def submit(self, job: RolloutJob) -> None:
-        self._jobs.put(job)
-
-    def gone(self) -> str | None:
-        """None while the thread runs; why it does not otherwise."""
-        return None if self._thread.is_alive() else "the rollout worker thread ended"
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self.out.close()  # a put waiting for room returns
-        self._thread.join(timeout=60)
+        self._sample = sample
+        super().__init__(mirror, out)
 
     def _run(self) -> None:
         job = None
         try:
             while (job := self._jobs.get()) is not None:
-                # between two batches: one batch, one version (a server applies pushes itself, between two steps)
+                # the engine applies later pushes between two of its steps (start_async_rollouts); a server its own
                 version = self.mirror.apply() if self.mirror is not None else -1
                 started = time.perf_counter()
                 scored = self._sample(job, version)
                 seconds = time.perf_counter() - started
                 self.busy_s += seconds
-                self.out.put(QueuedGroups(scored, min(r.policy_version for r in scored.rollouts), sample_s=seconds))
+                self.out.put(QueuedGroups(scored, oldest_version(scored), sample_s=seconds))
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
             where = f"step {job.index}'s batch" if job is not None else "a batch"
             self.out.fail(f"the rollout worker failed while sampling {where} (rollout.mode = 'async'): "
@@ -123,6 +112,7 @@ class AsyncRollouts:
             "async/queue_groups": self.producer.out.depth_groups, "async/wait_s": taken.waited_s,
             "async/sample_s": sum(part.sample_s for part in taken.parts),
             **({"async/worker_busy": busy} if busy is not None else {}),
+            **({"async/worker_pause_s": self.producer.mirror.pause_s} if self.producer.mirror is not None else {}),
         }
 
     def publish(self, version: int) -> dict[str, float]:
@@ -167,6 +157,13 @@ class AsyncRollouts:
         return (busy - busy_then) / max(now - then, 1e-9)
 
 
+def follow_pushes(engine: LLMEngine, mirror: WeightMirror) -> None:
+    """Between two of ``engine``'s steps, apply the weights the trainer published last (if newer) and name their
+    version: a batch in progress continues under them, its sequences' K/V so far stays (as a server's does)."""
+    engine.set_policy_version(mirror.applied)
+    engine.between_steps = lambda: engine.set_policy_version(mirror.apply())
+
+
 def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollouts:
     """Where the run's groups come from; the first job is step ``first_step``'s. With the engine a worker thread
     samples a copy of the trainer's current weights (``version``) on ``rollout.async_device`` with an engine (and
@@ -190,8 +187,15 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         device = resolve_device(r.async_device) if r.async_device else run.device
         mirror = WeightMirror.copy_of(run.model, device, version)
         backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
+        follow_pushes(backend.engine, mirror)
         agent = build_agent(cfg, backend, run.tokenizer)
-    # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
-    sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
-    return AsyncRollouts(lambda index: draw_job(run, index), RolloutWorker(sample, mirror, queue_), r.max_staleness,
-                         r.prompts_per_step, first_step, release=backend.close)
+    worker: Producer
+    if mirror is not None and agent is None:  # batches join the running engine as they come
+        assert isinstance(backend, EngineBackend)
+        worker = SteppingWorker(lambda job: prepare_job(run, job), backend.generating, mirror, queue_)
+    else:  # the agent loop drives the engine itself, a batch at a time; a server takes whole batches
+        # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
+        sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
+        worker = RolloutWorker(sample, mirror, queue_)
+    return AsyncRollouts(lambda index: draw_job(run, index), worker, r.max_staleness, r.prompts_per_step, first_step,
+                         release=backend.close)

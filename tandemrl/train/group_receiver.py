@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tandemrl.train.group_wire import GroupFormatError, group_from_json
-from tandemrl.train.rollout_queue import QueuedGroups, RolloutQueue
+from tandemrl.train.rollout_queue import QueuedGroups, RolloutQueue, oldest_version
 
 PUT_WAIT_S = 1.0  # how long a push waits for room before it is answered 503
 
@@ -45,8 +45,8 @@ class GroupReceiver:
             scored = group_from_json(body)
         except GroupFormatError as exc:
             return 400, {"error": str(exc)}
-        version = min(r.policy_version for r in scored.rollouts)
-        if not self.out.put(QueuedGroups(scored, version, source=scored.samples[0].source), timeout=PUT_WAIT_S):
+        queued = QueuedGroups(scored, oldest_version(scored), source=scored.samples[0].source)
+        if not self.out.put(queued, timeout=PUT_WAIT_S):
             return 503, {"error": "the trainer's queue is full: push again later", **self.status()}
         self.pushed += 1
         return 200, {"accepted": True, **self.status()}

@@ -10,8 +10,10 @@
 ``logprobs``: the sampling log-prob of each completion token (the off-policy correction needs them);
 ``loss_weights`` (optional, 1.0 each when absent): the token's weight in the loss, 0 for tokens the model did not
 write (tool output); ``policy_version``: the weights that sampled the completion (the server's ``policy_version``);
-``rewards``: the total per completion (null: no reward, left out of the update); ``components`` (optional): each
-reward function's values; ``correct`` (optional): the task's accuracy per completion.
+``version_runs`` (optional): where the weights changed while the completion ran, ``[[first token index, version],
+...]`` from index 0 in order (``policy_version`` is then the first run's); the trainer drops a group by its oldest
+token's version. ``rewards``: the total per completion (null: no reward, left out of the update); ``components``
+(optional): each reward function's values; ``correct`` (optional): the task's accuracy per completion.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def group_to_json(scored: ScoredRollouts, env: str) -> dict[str, Any]:
         "env": env, "prompt": scored.prompts[0], "prompt_ids": list(scored.rollouts[0].prompt_ids),
         "answer": sample.answer, "index": sample.index,
         "completions": [{"token_ids": r.completion_ids, "logprobs": r.logprobs, "loss_weights": r.loss_weights,
-                         "policy_version": r.policy_version, "finish_reason": r.finish_reason, "text": r.text}
+                         "policy_version": r.policy_version, "finish_reason": r.finish_reason, "text": r.text,
+                         **({"version_runs": [list(run) for run in r.version_runs]} if r.version_runs else {})}
                         for r in scored.rollouts],
         "rewards": scored.reward.total, "components": scored.reward.components, "correct": scored.correct,
     }
@@ -81,7 +84,23 @@ def _rollout(c: Any, i: int, prompt_ids: list[int], env: str) -> Rollout:
     if not isinstance(version, int) or isinstance(version, bool):
         raise GroupFormatError(f"{where}.policy_version: the integer version of the weights that sampled it")
     return Rollout(f"{env}-{i}", prompt_ids, ids, logprobs, str(c.get("finish_reason", "stop")),
-                   text=str(c.get("text", "")), policy_version=version, loss_weights=weights)
+                   text=str(c.get("text", "")), policy_version=version, loss_weights=weights,
+                   version_runs=_version_runs(c.get("version_runs"), len(ids), version, where))
+
+
+def _version_runs(value: Any, n: int, version: int, where: str) -> list[tuple[int, int]]:
+    """Optional ``[[first token index, version], ...]``: from index 0 (``policy_version``'s run), in order."""
+    if value is None:
+        return []
+    pairs = value if isinstance(value, list) else None
+    if pairs is None or not all(isinstance(p, list) and len(p) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in p) for p in pairs):
+        raise GroupFormatError(f"{where}.version_runs: a list of [first token index, policy version] pairs")
+    starts = [p[0] for p in pairs]
+    if pairs and (pairs[0] != [0, version] or starts != sorted(set(starts)) or starts[-1] >= max(n, 1)):
+        raise GroupFormatError(f"{where}.version_runs: runs start at token 0 with policy_version ({version}), in "
+                               f"increasing order, each inside the {n} completion tokens")
+    return [(start, v) for start, v in pairs]
 
 
 def _int_list(value: Any, name: str) -> list[int]:

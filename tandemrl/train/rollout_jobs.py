@@ -8,13 +8,13 @@ same batch when the weights are the same.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.rollout.agent_loop import AgentLoop
-from tandemrl.train.rollouts import ScoredRollouts, generate_and_score, rollout_params
+from tandemrl.train.rollouts import RolloutBatch, ScoredRollouts, generate_and_score, rollout_params
 from tandemrl.train.setup import Run
-from tandemrl.types import Sample, SamplingParams
+from tandemrl.types import Request, Rollout, Sample, SamplingParams
 
 
 @dataclass
@@ -39,3 +39,11 @@ def run_job(run: Run, job: RolloutJob, backend: RolloutBackend, agent: AgentLoop
             policy_version: int) -> ScoredRollouts:
     return generate_and_score(backend, run.encoder, job.samples, run.reward, job.params, job.group_sizes,
                               policy_version, f"step{job.index}", agent=agent, inference=run.inference)
+
+
+def prepare_job(run: Run, job: RolloutJob) -> tuple[list[Request], Callable[[list[Rollout]], ScoredRollouts]]:
+    """``run_job`` in two halves, for a worker that runs the engine itself: the job's requests, and the function
+    that scores their rollouts (in request order)."""
+    batch = RolloutBatch.encode(run.encoder, job.samples, job.group_sizes)
+    return batch.requests(job.params, f"step{job.index}"), lambda rollouts: batch.score(rollouts, run.reward,
+                                                                                       run.inference)

@@ -1,7 +1,8 @@
 """The bounded queue between rollout producers (the rollout worker, environments) and the trainer.
 
-Producers put finished, scored groups tagged with the policy version that sampled them; the trainer takes them in
-order and leaves out (and counts) those more than ``max_staleness`` versions behind its own. A producer that dies
+Producers put finished, scored groups tagged with the policy version of their oldest token (``oldest_version``:
+weights may change while a rollout runs); the trainer takes them in order and leaves out (and counts) those more than
+``max_staleness`` versions behind its own. A producer that dies
 puts its error instead, and the trainer's next take raises it: the run stops with the producer's message.
 """
 
@@ -21,10 +22,15 @@ class RolloutProducerError(RuntimeError):
     """A rollout producer died; the message says which and why."""
 
 
+def oldest_version(scored: ScoredRollouts) -> int:
+    """The policy version of the oldest token among the rollouts: a group is as stale as its oldest token."""
+    return min(min([r.policy_version, *(version for _, version in r.version_runs)]) for r in scored.rollouts)
+
+
 @dataclass
 class QueuedGroups:
     scored: ScoredRollouts
-    version: int  # the oldest policy version among its rollouts
+    version: int  # oldest_version(scored)
     source: str = "worker"  # who produced it (the worker, or an environment's name)
     sample_s: float = 0.0  # how long sampling and scoring it took, where the producer knows (the worker)
     groups: int = field(init=False)

@@ -100,34 +100,59 @@ def generate_and_score(
     (the curriculum's). With ``agent`` each completion is a multi-turn trajectory: rewards score its final turn, and
     get ``trajectory``, ``tool_calls``, ``tool_errors`` and ``tool_records`` columns. ``inference``: add the
     serving-cost terms of reward.inference to the reward (training; evaluation scores the task alone)."""
-    counts = _counts(samples_per_prompt, len(samples))
-    group_ids = [i for i, n in enumerate(counts) for _ in range(n)]
-    expanded = [samples[i] for i in group_ids]
-    encoded = [encoder.encode(s) for s in samples]
-    prompts = [encoded[i][0] for i in group_ids]
-    columns = reward_columns(expanded)
-    trajectories = None
+    batch = RolloutBatch.encode(encoder, samples, samples_per_prompt)
     if agent is None:
-        requests = [Request(f"{tag}-{i}-{j}", encoded[i][1], params, tandem=tandem)
-                    for i, n in enumerate(counts) for j in range(n)]
-        rollouts = backend.generate(requests, policy_version=policy_version)
+        rollouts = backend.generate(batch.requests(params, tag, tandem), policy_version=policy_version)
+        return batch.score(rollouts, reward, inference)
+    trajectories = run_agent(backend, agent, samples, batch.encoded, params, batch.counts, policy_version, tag)
+    return batch.score([t.rollout for t in trajectories], reward, inference, trajectories)
+
+
+@dataclass
+class RolloutBatch:
+    """One batch's prompts, encoded, and how many completions each gets: its requests, and its scoring once they are
+    back (``generate_and_score`` in two halves, for a caller that runs the engine itself)."""
+
+    samples: list[Sample]
+    encoded: list[tuple[str, list[int]]]  # per sample: (prompt text, prompt ids)
+    counts: list[int]  # per sample: its completions (its group's size)
+
+    @classmethod
+    def encode(cls, encoder: PromptEncoder, samples: list[Sample],
+               samples_per_prompt: int | Sequence[int]) -> RolloutBatch:
+        counts = _counts(samples_per_prompt, len(samples))
+        return cls(samples, [encoder.encode(s) for s in samples], counts)
+
+    @property
+    def group_ids(self) -> list[int]:
+        return [i for i, n in enumerate(self.counts) for _ in range(n)]
+
+    def requests(self, params: SamplingParams, tag: str, tandem: bool = True) -> list[Request]:
+        return [Request(f"{tag}-{i}-{j}", self.encoded[i][1], params, tandem=tandem)
+                for i, n in enumerate(self.counts) for j in range(n)]
+
+    def score(self, rollouts: list[Rollout], reward: CompositeReward, inference: InferenceReward | None = None,
+              trajectories: list[Trajectory] | None = None) -> ScoredRollouts:
+        """Score the batch's rollouts (in request order); with ``trajectories`` rewards see each one's final text."""
+        group_ids = self.group_ids
+        expanded = [self.samples[i] for i in group_ids]
+        prompts = [self.encoded[i][0] for i in group_ids]
+        columns = reward_columns(expanded)
         texts = [r.text for r in rollouts]
-    else:
-        trajectories = run_agent(backend, agent, samples, encoded, params, counts, policy_version, tag)
-        rollouts = [t.rollout for t in trajectories]
-        texts = [t.final_text for t in trajectories]  # the answer; the rest is in the columns below
-        columns.update(trajectory_columns(trajectories))
-    # TRL's contract: the dataset's own prompts, and completions as messages when the prompts are messages
-    raw_prompts = [s.prompt for s in expanded]
-    completions = [as_completion(text, s.prompt) for text, s in zip(texts, expanded)]
-    result = reward(raw_prompts, completions, columns, completion_ids=[r.completion_ids for r in rollouts])
-    if inference is not None:
-        result = inference(result, rollouts)
-    correct = None
-    if "answer" in columns:
-        accuracy = REWARD_FUNCTIONS["accuracy"](prompts=raw_prompts, completions=completions, **columns)
-        correct = [a == 1.0 for a in accuracy]
-    return ScoredRollouts(expanded, prompts, rollouts, result, correct, group_ids, trajectories)
+        if trajectories is not None:
+            texts = [t.final_text for t in trajectories]  # the answer; the rest is in the columns below
+            columns.update(trajectory_columns(trajectories))
+        # TRL's contract: the dataset's own prompts, and completions as messages when the prompts are messages
+        raw_prompts = [s.prompt for s in expanded]
+        completions = [as_completion(text, s.prompt) for text, s in zip(texts, expanded)]
+        result = reward(raw_prompts, completions, columns, completion_ids=[r.completion_ids for r in rollouts])
+        if inference is not None:
+            result = inference(result, rollouts)
+        correct = None
+        if "answer" in columns:
+            accuracy = REWARD_FUNCTIONS["accuracy"](prompts=raw_prompts, completions=completions, **columns)
+            correct = [a == 1.0 for a in accuracy]
+        return ScoredRollouts(expanded, prompts, rollouts, result, correct, group_ids, trajectories)
 
 
 def as_completion(text: str, prompt: Any) -> Any:

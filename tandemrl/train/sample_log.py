@@ -25,8 +25,10 @@ def completion_text(scored: ScoredRollouts, i: int) -> tuple[str, str | None]:
 
 def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
     """Per rollout: ``sample`` (the dataset index), ``group`` (its prompt's position in the step), ``tokens``,
-    ``finish_reason``, ``policy_version`` (the weights that sampled it), ``correct``, what serving it cost whatever reward.inference weighs (``latency_ms``, ``kv_mb``
-    held at the peak, ``cache_reuse`` ratio, ``accept_rate``), ``reward`` (the total, None if a component failed)
+    ``finish_reason``, ``policy_version`` and ``policy_version_last`` (the weights that sampled its first and its last
+    token: they differ where a push landed while it ran), ``correct``, what serving it cost whatever
+    reward.inference weighs (``latency_ms``, ``kv_mb`` held at the peak, ``cache_reuse`` ratio, ``accept_rate``),
+    ``reward`` (the total, None if a component failed)
     and ``reward/<component>`` (the task rewards and the weighted inference terms, unweighted). The first
     ``text_rows`` rows (whole groups first: rows are in group order) add ``prompt`` and ``completion`` (what the
     reward saw) and, for multi-turn rollouts, ``transcript`` (every turn and tool result)."""
@@ -36,6 +38,7 @@ def sample_rows(scored: ScoredRollouts, text_rows: int = 0) -> list[Row]:
         row: Row = {
             "sample": sample.index, "group": scored.group_ids[i], "tokens": len(rollout.completion_ids),
             "finish_reason": rollout.finish_reason, "policy_version": rollout.policy_version,
+            "policy_version_last": rollout.version_runs[-1][1] if rollout.version_runs else rollout.policy_version,
             "correct": None if scored.correct is None else int(scored.correct[i]),  # None: no `answer` column
             "latency_ms": 1000.0 * stats.latency, "kv_mb": stats.peak_kv_mb,
             "cache_reuse": stats.cache_hit_ratio, "accept_rate": stats.acceptance_rate,

@@ -2,7 +2,7 @@
 
 The trainer publishes after each update: its trainable tensors are copied into a staging copy on the worker's
 device (the push; another GPU's copy travels over NVLink/PCIe here). The worker applies the staged weights between
-two batches, so a batch is sampled by one version, and the trainer never waits for the worker to finish a batch:
+two engine steps (its sequences continue under them), and the trainer never waits for the worker to finish a batch:
 only a publish that meets an apply waits for it (one device-local copy).
 """
 
@@ -33,6 +33,7 @@ class WeightMirror:
         self._lock = threading.Lock()
         self._staged: int | None = None
         self.applied = version
+        self.pause_s = 0.0  # how long the last apply held the worker (its copy of the staged weights)
         self.bytes = sum(t.numel() * t.element_size() for t in self._staging)
 
     @classmethod
@@ -54,13 +55,15 @@ class WeightMirror:
         return time.perf_counter() - started
 
     def apply(self) -> int:
-        """Worker thread, between two batches: take the staged weights if newer; the version it now holds."""
+        """Worker thread, between two engine steps: take the staged weights if newer; the version it now holds."""
         with self._lock, torch.no_grad():
             if self._staged is not None and self._staged > self.applied:
+                started = time.perf_counter()
                 for (_, dst), stage in zip(self._pairs, self._staging):
                     dst.copy_(stage)
                 _synchronize(self._staging)
                 self.applied = self._staged
+                self.pause_s = time.perf_counter() - started
             return self.applied
 
 

@@ -400,12 +400,8 @@ def test_async_scheduling_launches_the_next_step_before_reading_the_last_one(asy
         assert all(order[("result", n)] < order[("launch", n + 1)] for n in range(1, launches))
 
 
-def test_a_failed_read_back_abandons_the_steps_in_flight_and_they_run_again():
-    engine, runner = make_engine(decode_steps=2)
-    requests = [req(f"f{i}", prompt(6 + i), max_tokens=9, seed=i) for i in range(3)]
-    for q in requests:
-        engine.add_request(q)
-    done = engine.step() + engine.step()  # a prefill read back, a decode burst in flight
+def break_reads(runner: FakeRunner):
+    """From now on every launch's read-back fails ("device lost"); returns the runner's own launch, to restore."""
     launch = runner.launch
 
     def broken_read(*args):
@@ -414,6 +410,16 @@ def test_a_failed_read_back_abandons_the_steps_in_flight_and_they_run_again():
         return pending
 
     runner.launch = broken_read
+    return launch
+
+
+def test_a_failed_read_back_abandons_the_steps_in_flight_and_they_run_again():
+    engine, runner = make_engine(decode_steps=2)
+    requests = [req(f"f{i}", prompt(6 + i), max_tokens=9, seed=i) for i in range(3)]
+    for q in requests:
+        engine.add_request(q)
+    done = engine.step() + engine.step()  # a prefill read back, a decode burst in flight
+    launch = break_reads(runner)
     done += engine.step()  # launches a burst that cannot be read, reads the good one before it
     with pytest.raises(RuntimeError, match="device lost"):
         engine.step()  # launches another, then fails to read the one before: both are abandoned

@@ -76,6 +76,8 @@ def test_lora_swap_between_steps_keeps_requests_and_changes_outputs(tiny_dir, lo
     assert chunks[-1].choices[0].finish_reason == "length"
     assert chunks[0].model_extra["policy_version"] == 1  # it started under version 1 ...
     assert chunks[-1].choices[0].model_extra["policy_version_last"] == 2  # ... and finished under version 2
+    (first, old), (split, new) = chunks[-1].choices[0].model_extra["version_runs"]  # every token's version
+    assert (first, old, new) == (0, 1, 2) and 1 <= split < 300
     assert report.bytes < 100_000  # only the adapter travelled
     assert greedy_ids(url) != base  # the new adapter is what the server computes with
     status = httpx.get(url + "/v1/weights").json()

@@ -150,23 +150,23 @@ def test_async_with_staleness_one_samples_ahead_and_records_every_version(tmp_pa
     rows = read_rows(tmp_path / "run")
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     assert all(rows[s]["async/version_lag_max"] <= 1 and rows[s]["async/dropped_groups"] == 0 for s in rows)
-    assert all("tis/weight_mean" in rows[s] for s in rows)
+    assert all("tis/weight_mean" in rows[s] and rows[s]["async/worker_pause_s"] >= 0 for s in rows)
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     for row in samples:  # each rollout names the weights that sampled it: at most one update behind its step
-        assert row["step"] - 2 <= row["policy_version"] <= row["step"] - 1
+        assert row["step"] - 2 <= row["policy_version"] <= row["policy_version_last"] <= row["step"] - 1
 
 
 def test_a_worker_that_dies_stops_the_run_with_its_error(tmp_path, monkeypatch):
     import tandemrl.train.async_rollouts as async_rollouts
 
-    real = async_rollouts.run_job
+    real = async_rollouts.prepare_job
 
-    def failing(run, job, backend, agent, version):
+    def failing(run, job):
         if job.index == 2:
             raise RuntimeError("the rollout GPU fell off the bus")
-        return real(run, job, backend, agent, version)
+        return real(run, job)
 
-    monkeypatch.setattr(async_rollouts, "run_job", failing)
+    monkeypatch.setattr(async_rollouts, "prepare_job", failing)
     with pytest.raises(RolloutProducerError, match="while sampling step 2's batch.*fell off the bus"):
         train(small_config(tmp_path, "rollout.mode=async"), tmp_path / "run")
     assert read_rows(tmp_path / "run").keys() == {1, 2}
@@ -225,3 +225,128 @@ def test_an_interrupted_async_run_resumes_and_finishes(tmp_path, monkeypatch):
     assert summary["steps"] == 5 and sorted(rows) == [1, 2, 3, 4, 5]
     assert [rows[s]["policy_version"] for s in rows] == [1, 2, 3, 4, 5]
     assert all(rows[s]["async/version_lag_max"] <= 1 for s in rows)
+
+
+# ------------------------------------------------------------------ pushes between engine steps, per-token versions
+
+
+def test_a_push_reaches_the_running_engine_between_two_steps_and_splits_its_rollouts():
+    from tandemrl.backends.engine_backend import EngineBackend
+    from tandemrl.engine.config import EngineConfig
+    from tandemrl.train.async_rollouts import follow_pushes
+    from tandemrl.types import Request
+    from tests.engine.test_model_runner import build
+
+    def run(push: bool) -> tuple[list[Rollout], dict[str, int]]:
+        trainer = build("qwen2", seed=0)
+        mirror = weight_mirror.WeightMirror.copy_of(trainer, torch.device("cpu"), version=0)
+        engine = EngineBackend(mirror.target, None, EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False,
+                                                              decode_steps=2)).engine
+        follow_pushes(engine, mirror)
+        params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+        for i in range(2):
+            engine.add_request(Request(f"r{i}", [5 + i, 9, 13, 2, 7], params))
+        with torch.no_grad():
+            done = engine.step() + engine.step() + engine.step()  # a prefill and decode steps under version 0
+            launched = {s.request_id: s.num_completion_tokens for s in engine.scheduler.running}  # pending too
+            if push:  # the trainer's update: other weights, published while the batch runs
+                trainer.load_state_dict(build("qwen2", seed=1).state_dict())
+                mirror.publish(1)
+            while engine.has_unfinished():
+                done += engine.step()
+        if push:
+            assert all(torch.equal(p, q) for p, q in zip(trainer.parameters(), mirror.target.parameters()))
+        return sorted(done, key=lambda r: r.request_id), launched
+
+    pushed, launched = run(push=True)
+    unpushed, _ = run(push=False)
+    for r, ref in zip(pushed, unpushed):
+        k = launched[r.request_id]
+        assert 0 < k < 10
+        assert r.token_versions() == [0] * k + [1] * (10 - k) and r.policy_version == 0
+        assert ref.version_runs == [] and ref.token_versions() == [0] * 10
+        assert r.completion_ids[:k] == ref.completion_ids[:k]  # sampled before the push: the same tokens
+    assert any(r.completion_ids != ref.completion_ids for r, ref in zip(pushed, unpushed))  # the push took effect
+
+
+def test_a_group_is_as_stale_as_its_oldest_token_on_the_queue_and_on_the_wire():
+    from tandemrl.train.group_wire import GroupFormatError, group_from_json, group_to_json
+    from tandemrl.train.rollout_queue import oldest_version
+
+    spanning = scored_group(0, 1, size=2)
+    for r in spanning.rollouts:
+        r.completion_ids, r.logprobs = [3, 4, 5], [-0.5] * 3
+    spanning.rollouts[1].version_runs = [(0, 1), (2, 2)]  # tokens 0-1 by version 1, token 2 by version 2
+    fresh = scored_group(1, 2)
+    assert oldest_version(spanning) == 1 and oldest_version(fresh) == 2
+    wired = group_from_json(group_to_json(spanning, "env"))  # the runs travel with the group
+    assert [r.token_versions() for r in wired.rollouts] == [[1, 1, 1], [1, 1, 2]]
+    assert oldest_version(wired) == 1
+    body = group_to_json(spanning, "env")
+    body["completions"][1]["version_runs"] = [[1, 2]]
+    with pytest.raises(GroupFormatError, match="version_runs"):
+        group_from_json(body)
+    q = RolloutQueue(capacity_groups=4)
+    for scored in (wired, fresh):
+        q.put(QueuedGroups(scored, oldest_version(scored)))
+    taken = q.take(1, trainer_version=3, max_staleness=1)  # the spanning group's newest token is 1 behind: dropped
+    assert taken.dropped_groups == 1 and [p.version for p in taken.parts] == [2]
+
+
+def test_the_stepping_worker_runs_the_next_batch_beside_the_last_and_a_push_splits_its_rollouts():
+    """Job 1 joins the engine while job 0 runs; the trainer's update lands when job 0 is scored, so job 1's
+    rollouts continue under the new weights: their tokens span two versions and the group is as old as the first."""
+    import threading
+
+    from tandemrl.backends.engine_backend import EngineBackend
+    from tandemrl.engine.config import EngineConfig
+    from tandemrl.train.async_rollouts import follow_pushes
+    from tandemrl.train.stepping_worker import SteppingWorker
+    from tandemrl.types import Request
+    from tests.engine.test_model_runner import build
+
+    trainer = build("qwen2", seed=0)
+    mirror = weight_mirror.WeightMirror.copy_of(trainer, torch.device("cpu"), version=0)
+    backend = EngineBackend(mirror.target, None, EngineConfig(block_size=4, num_blocks=64, cuda_graphs=False,
+                                                              decode_steps=2))
+    follow_pushes(backend.engine, mirror)
+    both_submitted, admitted = threading.Event(), []
+
+    def prepare(job: RolloutJob):
+        if job.index == 0:
+            assert both_submitted.wait(10)
+        admitted.append((job.index, [j.job.index for j in worker._open]))  # the jobs already running
+        params = SamplingParams(max_tokens=4 if job.index == 0 else 16, temperature=0.0, ignore_eos=True)
+        requests = [Request(f"step{job.index}-{i}", [5 + i, 9, 13, 2], params) for i in range(2)]
+
+        def score(rollouts: list[Rollout]) -> ScoredRollouts:
+            if job.index == 0:  # the trainer's update, published while job 1 runs
+                trainer.load_state_dict(build("qwen2", seed=1).state_dict())
+                mirror.publish(1)
+            group = scored_group(job.index, 0)
+            group.rollouts = rollouts
+            return group
+
+        return requests, score
+
+    worker = SteppingWorker(prepare, backend.generating, mirror, RolloutQueue(capacity_groups=8))
+    try:
+        worker.submit(RolloutJob(0, [], 2, SamplingParams()))
+        worker.submit(RolloutJob(1, [], 2, SamplingParams()))
+        both_submitted.set()
+        taken = worker.out.take(2, trainer_version=1, max_staleness=1, timeout=120)
+    finally:
+        worker.stop()
+    assert admitted == [(0, []), (1, [0])]  # job 1 joined while job 0 ran
+    first, second = taken.parts
+    assert (first.version, second.version) == (0, 0)  # job 1 is as old as its oldest token
+    assert all(r.token_versions() == [0] * 4 for r in first.scored.rollouts)
+    for r in second.scored.rollouts:
+        versions = r.token_versions()
+        assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions), versions
+        assert r.policy_version == 0
+    q = RolloutQueue(capacity_groups=8)
+    q.put(second)
+    q.put(QueuedGroups(scored_group(2, 1), 1))
+    kept = q.take(1, trainer_version=1, max_staleness=0)  # its newest tokens are current, its oldest are not
+    assert kept.dropped_groups == 1 and [p.version for p in kept.parts] == [1]
