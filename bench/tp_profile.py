@@ -2,12 +2,13 @@
 two runs per shape, differenced as bench/tp_decode.py differences its timings.
 
 Per (batch, prompt) shape: a run of the prompt and one token (prefill alone) and one of the prompt and ``steps`` + 1
-tokens (prefill and ``steps`` decode steps), both profiled, fresh prompts each (no prefix-cache hit). Every figure
-is (long run - short run) / steps: per decode step, device time by category (kernel names matched in ``CATEGORIES``;
-on CPU the ops' self time), kernels, the sum of kernel times, the time the device was busy (kernels on several
-streams overlap: their union) and the wall time, so wall - busy is the device's idle time per step (gaps between
-kernels inside a graph replay, and host work between replays and bursts); the top kernels by time; the idle gaps
-over 20 us with the kernel each followed (long run only, not differenced).
+tokens (prefill and ``steps`` decode steps), fresh prompts each (no prefix-cache hit), first without the profiler
+(the step's true wall time), then both profiled. Every figure is (long run - short run) / steps, per decode step:
+device time by category (kernel names matched in ``CATEGORIES``; on CPU the ops' self time), kernels, the sum of
+kernel times, the time the device was busy (kernels on several streams overlap: their union) and the profiled wall
+time, so wall - busy is the device's idle time per step (gaps between kernels inside a graph replay, and host work
+between replays and bursts); the top kernels by time. Also the idle gaps over 20 us with the kernel each followed
+(long run only, not differenced).
 
 Run by bench/tp_decode.py --profile DIR (rank 0's engine alone, then every rank's shard).
 """
@@ -38,6 +39,7 @@ CATEGORIES = (
                     r"aten::where|masked_fill|embedding|index|clamp|reduce_kernel"),
 )
 GAP_US = 20.0
+TRACE_MAX_BYTES = 15 * 2**20  # a device call brings back files of 16 MiB at most
 
 
 def category(name: str) -> str:
@@ -116,6 +118,9 @@ def profiled_run(backend, run, prompts: list[list[int]], new: int, device: torch
         with raw.open("rb") as src, gzip.open(trace, "wb") as dst:
             shutil.copyfileobj(src, dst)
         raw.unlink()
+        if trace.stat().st_size > TRACE_MAX_BYTES:
+            print(f"  {trace.name}: {trace.stat().st_size / 2**20:.0f} MiB, too large to bring back; dropped")
+            trace.unlink()
     return summarize(device_events(prof, on_cuda), wall)
 
 
@@ -129,13 +134,15 @@ def profile_shapes(backend, run, shapes: list[tuple[int, int]], steps: int, voca
             return random_prompts(batch, prompt_len, vocab, seed=1000 * batch + seed)
 
         run(backend, prompts(0), steps + 1)  # warm-up: graphs captured, kernels compiled
-        run(backend, prompts(1), 1)
-        short = profiled_run(backend, run, prompts(2), 1, device, None)
+        unprofiled = timed(device, lambda: run(backend, prompts(1), steps + 1))
+        unprofiled -= timed(device, lambda: run(backend, prompts(2), 1))
+        short = profiled_run(backend, run, prompts(3), 1, device, None)
         trace = None if trace_dir is None else trace_dir / f"trace_{label}_b{batch}_p{prompt_len}.json.gz"
-        long = profiled_run(backend, run, prompts(3), steps + 1, device, trace)
-        rows.append({"batch": batch, "prompt": prompt_len, "steps": steps, **per_step(long, short, steps)})
-        print(f"  {label} batch {batch} {prompt_len}+{steps + 1}: profiled step {rows[-1]['wall_us'] / 1e3:.2f} ms",
-              flush=True)
+        long = profiled_run(backend, run, prompts(4), steps + 1, device, trace)
+        rows.append({"batch": batch, "prompt": prompt_len, "steps": steps,
+                     "unprofiled_wall_us": unprofiled / steps * 1e6, **per_step(long, short, steps)})
+        print(f"  {label} batch {batch} {prompt_len}+{steps + 1}: step {rows[-1]['unprofiled_wall_us'] / 1e3:.2f} ms "
+              f"(profiled {rows[-1]['wall_us'] / 1e3:.2f} ms)", flush=True)
     return rows
 
 
@@ -144,7 +151,7 @@ def report(whole: list[dict], split: list[dict], ranks: int) -> None:
     for w, s in zip(whole, split):
         print(f"\n### batch {w['batch']}, prompt {w['prompt']}: per decode step (us), 1 GPU vs rank 0 of {ranks}")
         print("| | 1 GPU | TP | TP / 1 GPU |\n|---|---|---|---|")
-        for key in ("wall_us", "busy_us", "idle_us", "kernel_sum_us", "kernels"):
+        for key in ("unprofiled_wall_us", "wall_us", "busy_us", "idle_us", "kernel_sum_us", "kernels"):
             print(_row(key, w[key], s[key]))
         for name in sorted(set(w["by_category"]) | set(s["by_category"]), key=lambda n: -s["by_category"].get(n, 0)):
             print(_row(name, w["by_category"].get(name, 0.0), s["by_category"].get(name, 0.0)))
