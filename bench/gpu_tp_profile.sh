@@ -11,5 +11,5 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_multi_env.sh
 
-tp_decode 220 tp_profile --shapes 1:128:33 64:128:33 --profile-steps 32 --kv-gib 8 --profile "$OUT_DIR/tp_profile"
+tp_decode 230 tp_profile --shapes 1:128:33 64:128:33 --profile-steps 32 --kv-gib 8 --profile "$OUT_DIR/tp_profile"
 ls -la "$OUT_DIR/tp_profile"
