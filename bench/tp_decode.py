@@ -15,8 +15,11 @@ is that position's noise. A first difference counts as a rounding tie when the w
 between the two engines' tokens (the top-2 gap when the shard's token is the runner-up) is within that position's
 noise; a wider gap is a real mismatch.
 
+--profile DIR: instead of the timings and parity, a torch.profiler breakdown of one decode step per (batch, prompt)
+of --shapes (bench/tp_profile.py), both engines; its JSON and gzipped traces in DIR.
+
 GPU (2 GPUs): torchrun --nproc-per-node 2 -m bench.tp_decode --arch qwen2.5-7b
-CPU (gloo):   torchrun --nproc-per-node 2 -m bench.tp_decode --cpu-smoke
+CPU (gloo):   torchrun --nproc-per-node 2 -m bench.tp_decode --cpu-smoke [--profile /tmp/tp_profile]
 """
 
 from __future__ import annotations
@@ -129,6 +132,10 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (EngineConfig.cuda_graphs off)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short shapes, CPU and gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/tp_decode.json"))
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="profile --profile-steps decode steps at each shape's batch and prompt (its new tokens "
+                             "ignored) instead; JSON and traces in DIR")
+    parser.add_argument("--profile-steps", type=int, default=32)
     args = parser.parse_args()
     if args.cpu_smoke:
         args.arch, args.shapes, args.parity_prompts, args.parity_tokens, args.kv_gib = "tiny", ["2:8:8"], 4, 8, 0.01
@@ -154,6 +161,11 @@ def main() -> None:
               "cuda_graphs": not args.eager, "num_blocks_whole": num_blocks}
     import torch.distributed as dist
 
+    if args.profile is not None:
+        profile(args, info, model, EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs,
+                                                cuda_graphs=not args.eager), [(b, p) for b, p, _ in shapes], result)
+        destroy_process_group()
+        return
     whole_tokens = None
     if info.rank == 0:
         print(f"=== one GPU, whole model ({num_blocks} blocks)", flush=True)
@@ -183,6 +195,37 @@ def main() -> None:
         report(result)
     dist.barrier()
     destroy_process_group()
+
+
+def profile(args, info, model: torch.nn.Module, config: EngineConfig, shapes: list[tuple[int, int]],
+            result: dict) -> None:
+    """--profile: rank 0's whole engine (the others wait), then every rank's shard; rank 0 prints both."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from bench import tp_profile
+    from tandemrl.distributed.tp_weights import tensor_parallel_group
+
+    device, vocab, steps = info.device, model.config.vocab_size, args.profile_steps
+    args.profile.mkdir(parents=True, exist_ok=True)
+    if info.rank == 0:
+        print("=== profile: one GPU, whole model", flush=True)
+        whole = EngineBackend(model, None, config, device=device)
+        result["whole"] = tp_profile.profile_shapes(whole, run, shapes, steps, vocab, device, args.profile, "whole")
+        whole.close()
+    dist.barrier()
+    group = tensor_parallel_group(info.rank, info.world_size, info.world_size)
+    split_config = dataclasses.replace(config, tensor_parallel_size=info.world_size)
+    split = EngineBackend(model, None, split_config, device=device, tensor_parallel=group)
+    traces = args.profile if info.rank == 0 else None
+    label = f"tp{info.world_size}"
+    result["split"] = tp_profile.profile_shapes(split, run, shapes, steps, vocab, device, traces, label)
+    split.close()
+    save(args.profile / f"tp_profile_rank{info.rank}.json", result)
+    if info.rank == 0:
+        tp_profile.report(result["whole"], result["split"], info.world_size)
+    dist.barrier()
 
 
 def report(result: dict) -> None:

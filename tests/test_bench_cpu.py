@@ -180,6 +180,22 @@ def test_tp_decode_bench_compares_one_engine_over_two_gloo_ranks_with_one(tmp_pa
     assert parity["positions"] == 4 * 8 and 0 <= parity["noise_max"] < 1e-3
 
 
+def test_tp_decode_profile_breaks_one_decode_step_down_for_both_engines(tmp_path):
+    """bench.tp_decode --cpu-smoke --profile: per-step op counts and times by category for both engines (CPU ops
+    here); only the shard's step all-reduces (the tiny model: 2 layers x 2 + the embedding's)."""
+    run_bench("torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "bench.tp_decode", "--cpu-smoke",
+              "--profile", str(tmp_path), "--profile-steps", "4")
+    result = json.loads((tmp_path / "tp_profile_rank0.json").read_text())
+    (whole,), (split,) = result["whole"], result["split"]
+    for row in (whole, split):
+        assert row["steps"] == 4 and row["kernels"] > 0 and row["wall_us"] > 0 and row["unprofiled_wall_us"] > 0
+        assert row["by_category"]["gemm"] > 0 and len(row["top"]) == 15
+    assert "all-reduce/nccl" not in whole["by_category"] and split["by_category"]["all-reduce/nccl"] > 0
+    allreduces = sum(k["calls"] for k in split["top"] if k["name"] == "c10d::allreduce_")
+    assert allreduces in (0, 5)  # listed only when among the top 15
+    assert sorted(p.name for p in tmp_path.glob("trace_*")) == ["trace_tp2_b2_p8.json.gz", "trace_whole_b2_p8.json.gz"]
+
+
 def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):
     """bench.serve --cpu-smoke end to end (two `tandemrl serve` children); timings are not asserted."""
     pytest.importorskip("fastapi")
