@@ -25,6 +25,7 @@ class Parallel(Protocol):
     def is_main(self) -> bool: ...
     def local_share(self, items: Sequence[T]) -> list[T]: ...
     def all_shares(self, items: Sequence[T]) -> list[T]: ...
+    def eval_share(self, items: Sequence[T]) -> list[T]: ...
     def rollout_seed(self, seed: int) -> int: ...
     def train_rows(self, rows: int) -> slice: ...
     def global_norm(self, norm: BatchNorm) -> BatchNorm: ...
@@ -46,6 +47,9 @@ class SingleProcess:
         return list(items)
 
     def all_shares(self, items: Sequence[T]) -> list[T]:
+        return list(items)
+
+    def eval_share(self, items: Sequence[T]) -> list[T]:
         return list(items)
 
     def rollout_seed(self, seed: int) -> int:
@@ -100,6 +104,11 @@ class Distributed:
         gathered: list[list[T] | None] = [None] * self.world_size
         dist.all_gather_object(gathered, list(items))
         return [item for share in gathered[::self.tp_size] for item in share or []]
+
+    def eval_share(self, items: Sequence[T]) -> list[T]:
+        """This engine's part of the test prompts, any number of them: every engines-th one from its index (the
+        ranks of one tensor-parallel engine take the same part); ``all_shares`` joins the parts' results."""
+        return list(items[self.engine_index::self.engines])
 
     def rollout_seed(self, seed: int) -> int:
         return seed * self.engines + self.engine_index  # distinct streams per engine, still a function of the step

@@ -7,6 +7,7 @@ from typing import Any
 
 from tandemrl.backends.base import RolloutBackend
 from tandemrl.config import Config
+from tandemrl.distributed.parallel import Parallel, SingleProcess
 from tandemrl.rewards.composite import CompositeReward
 from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.telemetry.progress import EvalProgress
@@ -46,6 +47,17 @@ class EvalResult:
         return {**asdict(self), "score": self.score}
 
 
+@dataclass
+class _PromptScore:
+    """One test prompt's greedy result (and pass@k), the unit the engines of a torchrun job share."""
+
+    correct: bool | None  # None where the data has no `answer` column
+    reward: float | None
+    components: dict[str, float | None]
+    length: int
+    passed: bool | None  # eval.pass_k > 0: whether any of the k samples was correct
+
+
 def evaluate(
     backend: RolloutBackend,
     encoder: PromptEncoder,
@@ -55,46 +67,55 @@ def evaluate(
     policy_version: int,
     agent: AgentLoop | None = None,
     metric: str = "accuracy",
+    parallel: Parallel | None = None,
 ) -> EvalResult:
+    """Scores ``samples``; under torchrun (``parallel``) each engine scores its share of them and every rank gets the
+    result over all of them."""
+    parallel = parallel or SingleProcess()
+    scores = parallel.all_shares(_score_prompts(backend, encoder, parallel.eval_share(samples), reward, cfg,
+                                                policy_version, agent))
+    has_answer = any(s.correct is not None for s in scores)
+    passed = [s.passed for s in scores if s.passed is not None]
+    return EvalResult(
+        accuracy=_mean([s.correct for s in scores]) if has_answer else None,
+        reward=_mean([s.reward for s in scores]),
+        pass_at_k=_mean(passed) if passed else None,
+        k=cfg.eval.pass_k,
+        num_prompts=len(samples),
+        response_length=_mean([s.length for s in scores]),
+        components={name: _mean([s.components[name] for s in scores]) for name in reward.names},
+        metric=metric,
+    )
+
+
+def _score_prompts(backend: RolloutBackend, encoder: PromptEncoder, samples: list[Sample], reward: CompositeReward,
+                   cfg: Config, policy_version: int, agent: AgentLoop | None) -> list[_PromptScore]:
     greedy = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=0.0, stop=tuple(cfg.rollout.stop))
     k = cfg.eval.pass_k
     sampled = SamplingParams(
         max_tokens=cfg.rollout.max_tokens, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop), seed=cfg.train.seed,
     )
-    correct: list[bool] = []
-    rewards: list[float | None] = []
-    components: dict[str, list[float | None]] = {name: [] for name in reward.names}
-    passed: list[bool] = []
-    lengths: list[int] = []
-    has_answer = True
+    scores: list[_PromptScore] = []
     batch = max(1, cfg.eval.batch_size // max(1, k))
     with EvalProgress(len(samples), "evaluating") as progress:
         for start in range(0, len(samples), batch):
             chunk = samples[start : start + batch]
             scored = generate_and_score(backend, encoder, chunk, reward, greedy, 1, policy_version, f"eval{start}",
                                         tandem=False, agent=agent)  # the trained model alone
-            has_answer = scored.correct is not None
-            correct += scored.correct or []
-            lengths += [len(r.completion_ids) for r in scored.rollouts]
-            rewards += scored.reward.total
-            for name in components:
-                components[name] += scored.reward.components[name]
-            if k > 0 and has_answer:
+            passed: list[bool | None] = [None] * len(chunk)
+            if k > 0 and scored.correct is not None:
                 many = generate_and_score(backend, encoder, chunk, reward, sampled, k, policy_version, f"pass{start}",
                                           tandem=False, agent=agent)
-                passed += [any(many.correct[i * k : (i + 1) * k]) for i in range(len(chunk))]
+                passed = [any(many.correct[i * k : (i + 1) * k]) for i in range(len(chunk))]
+            for i, rollout in enumerate(scored.rollouts):
+                scores.append(_PromptScore(
+                    correct=scored.correct[i] if scored.correct is not None else None,
+                    reward=scored.reward.total[i],
+                    components={name: scored.reward.components[name][i] for name in reward.names},
+                    length=len(rollout.completion_ids), passed=passed[i]))
             progress.advance(len(chunk))
-    return EvalResult(
-        accuracy=_mean(correct) if has_answer else None,
-        reward=_mean(rewards),
-        pass_at_k=_mean(passed) if passed else None,
-        k=k,
-        num_prompts=len(samples),
-        response_length=_mean(lengths),
-        components={name: _mean(values) for name, values in components.items()},
-        metric=metric,
-    )
+    return scores
 
 
 def _mean(values: list[Any]) -> float:

@@ -293,7 +293,7 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
 def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
     was_training = run.model.training
     result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
-                      agent=run.agent, metric=run.metric)
+                      agent=run.agent, metric=run.metric, parallel=run.parallel)
     run.model.train(was_training)
     return result
 
