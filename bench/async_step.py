@@ -57,17 +57,18 @@ def config_sets(args: argparse.Namespace, model_dir: Path, mode: str) -> list[st
     return sets
 
 
-def train_data_parallel(sets: list[str], out: Path, timeout_s: float) -> None:
+def train_data_parallel(sets: list[str], out: Path, log: Path, timeout_s: float) -> None:
     """`tandemrl train` under torchrun on DP_RANKS ranks (the strategy chosen by the trainer: replicate here);
-    rollout.prompts_per_step stays the global batch, split over the ranks."""
+    rollout.prompts_per_step stays the global batch, split over the ranks. Its output goes to ``log``."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={DP_RANKS}",
                "-m", "tandemrl", "train", "--out", str(out)] + [a for s in sets for a in ("--set", s)]
-    log = out.with_suffix(".log")
     with open(log, "w") as sink:
         done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=child_env(), timeout=timeout_s)
     if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"sync-dp: torchrun exited {done.returncode}; the end of {log}:\n{tail}")
+        lines = log.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if line.startswith("error:") or "Error: " in line][-6:]  # above the report
+        report = "\n".join(errors + lines[-20:])
+        raise RuntimeError(f"sync-dp: torchrun exited {done.returncode}; from {log}:\n{report}")
 
 
 def steady(rows: list[dict], warmup: int, key: str) -> float | None:
@@ -79,7 +80,7 @@ def measure(args: argparse.Namespace, model_dir: Path, mode: str, workdir: Path)
     out = workdir / mode
     sets = config_sets(args, model_dir, mode)
     if mode == "sync-dp":
-        train_data_parallel(sets, out, args.launch_timeout)
+        train_data_parallel(sets, out, args.out.with_name(f"{args.out.stem}_sync_dp.log"), args.launch_timeout)
     else:
         train(load_config(None, sets), out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -127,13 +128,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.modes = list(MODES) if torch.cuda.device_count() >= DP_RANKS else ["sync", "async"]
     if "sync-dp" in args.modes and args.device == "cuda" and torch.cuda.device_count() < DP_RANKS:
         parser.error(f"--modes sync-dp needs {DP_RANKS} GPUs; this machine has {torch.cuda.device_count()}")
+    if "sync-dp" in args.modes and args.prompts % DP_RANKS:
+        parser.error(f"--modes sync-dp splits --prompts over {DP_RANKS} ranks: {args.prompts} is not a multiple")
     if args.mean_tokens < 0:
         parser.error("--mean-tokens must be >= 0")
     return args
 
 
 def ratios(result: dict) -> dict[str, float]:
-    rate = {mode: result[mode]["samples_per_s"] for mode in MODES if mode in result}
+    rate = {mode: result[mode].get("samples_per_s") for mode in MODES if mode in result}
     pairs = {"async_over_sync": ("async", "sync"), "async_over_sync_dp": ("async", "sync-dp"),
              "sync_dp_over_sync": ("sync-dp", "sync")}
     return {name: rate[a] / rate[b] for name, (a, b) in pairs.items() if rate.get(a) and rate.get(b)}
@@ -154,12 +157,17 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = save_model_dir(model, workdir / "model")
         del model
         for mode in (m for m in MODES if m in args.modes):
-            result[mode] = measure(args, model_dir, mode, workdir)
+            try:
+                result[mode] = measure(args, model_dir, mode, workdir)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # sync-dp's launch: the other modes still run
+                if mode != "sync-dp":
+                    raise
+                result[mode] = {"error": str(exc)}
             args.out.write_text(json.dumps(result, indent=2))
     result.update(ratios(result))
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    return 0
+    return 1 if any("error" in result[m] for m in args.modes) else 0
 
 
 if __name__ == "__main__":
