@@ -45,15 +45,23 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
 
 
-def test_async_step_bench_times_both_rollout_modes(tmp_path):
+def test_async_step_bench_times_every_mode_with_long_tailed_lengths(tmp_path):
+    """sync, sync-dp (torchrun, 2 gloo ranks) and async over the same global batch; 512 / 4 = 128 of the tiny
+    model's 512 ids end a completion (the tokenizer's EOS among them): lengths ~geometric, mean ~4, cut at 16."""
     out = tmp_path / "async_step.json"
-    run_bench("bench.async_step", "--arch", "tiny", "--steps", "3", "--warmup", "1", "--new-tokens", "4",
-              "--prompts", "2", "--group", "4", "--out", str(out))
+    run_bench("bench.async_step", "--arch", "tiny", "--steps", "3", "--warmup", "1", "--new-tokens", "16",
+              "--mean-tokens", "4", "--prompts", "2", "--group", "4", "--modes", "sync", "sync-dp", "async",
+              "--out", str(out))
     result = json.loads(out.read_text())
-    assert result["sync"]["steps"] == result["async"]["steps"] == 3
-    assert result["sync"]["samples_per_s"] > 0 and result["async"]["samples_per_s"] > 0
+    assert result["stop_ids"] == 128  # round(512 / 4)
+    for mode in ("sync", "sync-dp", "async"):
+        assert result[mode]["steps"] == 3 and result[mode]["samples_per_s"] > 0, mode
+        lengths = result[mode]["lengths"]
+        assert lengths["samples"] == 2 * 8 // (2 if mode == "sync-dp" else 1)  # steps 2-3; torchrun: rank 0's half
+        assert 1 <= lengths["min"] <= lengths["p50"] <= lengths["max"] <= 16 and lengths["min"] < 16, (mode, lengths)
+        assert 2 <= lengths["mean"] <= 8, (mode, lengths)
     assert 0 <= result["async"]["version_lag_mean"] <= 1 and result["async"]["dropped_groups"] == 0
-    assert result["async_over_sync"] > 0
+    assert min(result["async_over_sync"], result["async_over_sync_dp"], result["sync_dp_over_sync"]) > 0
 
 
 def test_tandem_step_bench_times_tandem_with_and_without_async_scheduling(tmp_path):

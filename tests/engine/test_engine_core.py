@@ -344,6 +344,19 @@ def test_eos_length_and_ignore_eos(async_scheduling):
     assert_matches_reference([stop_at_eos, ignore, short], out, eos_ids=(eos_id,))
 
 
+def test_any_of_several_eos_ids_stops_a_sequence(async_scheduling):
+    """A list of EOS ids (a generation_config may name several): each sequence stops at the first of them it
+    samples, whichever that is."""
+    bases = [req(f"r{seed}", prompt(7, base=seed), max_tokens=30, seed=seed, ignore_eos=False) for seed in (5, 6)]
+    free = [reference(r, eos_ids=())[0] for r in bases]
+    eos_ids = (free[0][3], free[1][6])
+    engine, _ = make_engine(eos_ids=eos_ids, async_scheduling=async_scheduling)
+    out = engine.generate(bases)
+    assert_matches_reference(bases, out, eos_ids=eos_ids)
+    assert all(r.finish_reason == "stop" and r.completion_ids[-1] in eos_ids for r in out)
+    assert {r.completion_ids[-1] for r in out} == set(eos_ids)  # each id ended one of them
+
+
 def test_stop_string_cuts_text_and_keeps_the_completing_token(async_scheduling):
     base = req("x", prompt(6, base=2), max_tokens=40, seed=9)
     ids, _, text = reference(base)
