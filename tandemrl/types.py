@@ -179,7 +179,8 @@ class ToolCallRecord:
 class Trajectory:
     """A finished multi-turn rollout. ``rollout.completion_ids`` is every turn's engine output and every inserted
     tool-result token, in order; ``rollout.loss_weights`` is 1.0 on the model's tokens and 0.0 on inserted ones
-    (whose ``logprobs`` are 0.0); ``rollout.text`` is the whole transcript. ``final_text`` is the last turn's text
+    (whose ``logprobs`` are 0.0); ``rollout.version_runs`` are each turn's own (an inserted token counts for the turn
+    that called the tool); ``rollout.text`` is the whole transcript. ``final_text`` is the last turn's text
     (the answer rewards check); ``reprefill_tokens`` counts history tokens recomputed when turns resumed (prompt
     tokens the prefix cache did not serve, less the newly inserted ones)."""
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import httpx
 
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
+
+if TYPE_CHECKING:
+    from tandemrl.backends.loop_client import LoopClient
 
 
 class RolloutServerError(ConnectionError):
@@ -49,11 +52,13 @@ class ServerBackend:
 
     # ------------------------------------------------------------------ protocol
 
-    def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
-        rollouts = self._with_retries(requests)
+    def generate(self, requests: Sequence[Request], policy_version: int = 0,
+                 over: LoopClient | None = None) -> list[Rollout]:
+        """``over``: send through that client's connections (``open_client``); None: a client of the call's own."""
+        rollouts = self._with_retries(requests, over)
         if self._stale(rollouts, policy_version) and self.resync is not None:
             self.resync(policy_version)
-            rollouts = self._with_retries(requests)
+            rollouts = self._with_retries(requests, over)
         stale = self._stale(rollouts, policy_version)
         if stale:
             raise StaleRolloutError(
@@ -71,41 +76,48 @@ class ServerBackend:
     def close(self) -> None:
         pass
 
+    def open_client(self) -> httpx.AsyncClient:
+        """A client to the server, keeping up to ``max_concurrency`` connections open."""
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        return httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                 limits=limits, transport=self._transport)
+
     # ------------------------------------------------------------------ batches
 
     def _stale(self, rollouts: list[Rollout], version: int) -> Rollout | None:
         return next((r for r in rollouts if r.finish_reason != "error"
                      and not 0 <= version - r.policy_version <= self.max_staleness), None)
 
-    def _with_retries(self, requests: Sequence[Request]) -> list[Rollout]:
+    def _with_retries(self, requests: Sequence[Request], over: LoopClient | None) -> list[Rollout]:
         errors = []
         for attempt in range(self.retries + 1):
             if attempt:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                return asyncio.run(self._batch(requests))
+                return over.run(self._batch, requests) if over is not None else asyncio.run(self._own_batch(requests))
             except _Retryable as exc:
                 errors.append(str(exc))
         raise RolloutServerError(
             f"the rollout server at {self.url} did not answer after {self.retries + 1} attempts "
             f"(rollout.server_retries = {self.retries}); the batch was not used. Last error: {errors[-1]}")
 
-    async def _batch(self, requests: Sequence[Request]) -> list[Rollout]:
+    async def _own_batch(self, requests: Sequence[Request]) -> list[Rollout]:
+        async with self.open_client() as http:
+            return await self._batch(http, requests)
+
+    async def _batch(self, http: httpx.AsyncClient, requests: Sequence[Request]) -> list[Rollout]:
         limits = asyncio.Semaphore(self.max_concurrency)
-        timeout = httpx.Timeout(self.timeout_s, connect=10.0)
-        async with httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=self._transport) as http:
-            if self.model_name is None:
-                self.model_name = await self._served_model(http)
-            groups = _groups(requests)
+        if self.model_name is None:
+            self.model_name = await self._served_model(http)
 
-            async def run(group: list[Request]) -> list[Rollout]:
-                async with limits:
-                    return await self._complete(http, group)
+        async def run(group: list[Request]) -> list[Rollout]:
+            async with limits:
+                return await self._complete(http, group)
 
-            try:
-                results = await asyncio.gather(*(run(g) for g in groups))
-            except (httpx.TransportError, httpx.TimeoutException) as exc:
-                raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            results = await asyncio.gather(*(run(g) for g in _groups(requests)))
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         return [r for group in results for r in group]
 
     async def _served_model(self, http: httpx.AsyncClient) -> str:

@@ -3,7 +3,8 @@
 ``add_request`` sends one turn to the server (its own HTTP request, on a thread pool) and returns at once; ``step``
 waits a little for turns to come back and returns those that did; ``abort`` forgets a turn (the server finishes it,
 nobody reads it). So the agent loop (tandemrl/rollout/agent_loop.py) runs unchanged against a server: while some
-trajectories wait on their tools, the others' turns are being generated there.
+trajectories wait on their tools, the others' turns are being generated there. The turns share one HTTP client
+(its pooled connections), opened at the first turn and closed by ``close``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Sequence
 
+from tandemrl.backends.loop_client import LoopClient
 from tandemrl.backends.server_backend import ServerBackend
 from tandemrl.types import Request, Rollout
 
@@ -24,11 +26,14 @@ class ServerTurns:
         self.server = server
         self.eos_ids = frozenset(eos_ids)
         self.poll_s = poll_s
-        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="server-turn")
+        self.max_concurrency = max_concurrency
+        self._pool: ThreadPoolExecutor | None = None  # each turn waits for its answer on a thread of its own
+        self._client: LoopClient | None = None
         self._turns: dict[str, Future[Rollout]] = {}
 
     def add_request(self, request: Request, policy_version: int = 0) -> None:
-        self._turns[request.request_id] = self._pool.submit(self._one, request, policy_version)
+        pool, client = self._started()
+        self._turns[request.request_id] = pool.submit(self._one, client, request, policy_version)
 
     def step(self) -> list[Rollout]:
         """The turns that came back (waiting up to ``poll_s`` for the first); a server error raises here."""
@@ -48,7 +53,22 @@ class ServerTurns:
         return future is not None
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]:
-        return self.server.generate(requests, policy_version)
+        return self.server.generate(requests, policy_version, over=self._started()[1])
 
-    def _one(self, request: Request, policy_version: int) -> Rollout:
-        return self.server.generate([request], policy_version)[0]
+    def close(self) -> None:
+        """Forget the turns in flight and close the client; a later turn opens a new one."""
+        for request_id in list(self._turns):
+            self.abort(request_id)
+        if self._pool is not None and self._client is not None:
+            self._client.close()  # first: a thread waiting on a turn gets its cancellation
+            self._pool.shutdown()
+        self._pool, self._client = None, None
+
+    def _started(self) -> tuple[ThreadPoolExecutor, LoopClient]:
+        if self._pool is None or self._client is None:
+            self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="server-turn")
+            self._client = LoopClient(self.server.open_client)
+        return self._pool, self._client
+
+    def _one(self, client: LoopClient, request: Request, policy_version: int) -> Rollout:
+        return self.server.generate([request], policy_version, over=client)[0]

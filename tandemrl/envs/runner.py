@@ -56,22 +56,26 @@ def run_environment(cfg: Config, trainer_url: str, name: str = "env", seed: int 
     reward = build_reward(reward_spec(cfg, RunInputs()))
     prompts = PromptIterator(run_data(cfg, RunInputs()).train, 1, seed=seed)
     report = EnvironmentReport()
-    with httpx.Client(base_url=trainer_url.rstrip("/"), timeout=30.0) as trainer:
-        _wait_for(trainer, connect_timeout_s, stop)
-        while not stop.is_set():
-            status = _status(trainer)
-            if status is None or status["finished"]:
-                break
-            if status["queue_groups"] >= status["capacity_groups"]:
-                time.sleep(POLL_S)  # the trainer has enough; a group sampled now would only age
-                continue
-            samples = prompts.next_batch()
-            # a group's trajectories send their turns one request each: a shared seed could make them alike
-            turn_seed = None if agent is not None else seed * 1_000_003 + prompts.batches_served
-            scored = generate_and_score(server, encoder, samples, reward, rollout_params(r, turn_seed), r.group_size,
-                                        ANY_VERSION, f"{name}-{prompts.batches_served}", agent=agent)
-            if not _push(trainer, scored, name, report, stop):
-                break
+    try:
+        with httpx.Client(base_url=trainer_url.rstrip("/"), timeout=30.0) as trainer:
+            _wait_for(trainer, connect_timeout_s, stop)
+            while not stop.is_set():
+                status = _status(trainer)
+                if status is None or status["finished"]:
+                    break
+                if status["queue_groups"] >= status["capacity_groups"]:
+                    time.sleep(POLL_S)  # the trainer has enough; a group sampled now would only age
+                    continue
+                samples = prompts.next_batch()
+                # a group's trajectories send their turns one request each: a shared seed could make them alike
+                turn_seed = None if agent is not None else seed * 1_000_003 + prompts.batches_served
+                scored = generate_and_score(server, encoder, samples, reward, rollout_params(r, turn_seed),
+                                            r.group_size, ANY_VERSION, f"{name}-{prompts.batches_served}", agent=agent)
+                if not _push(trainer, scored, name, report, stop):
+                    break
+    finally:
+        if agent is not None:
+            agent.close()  # the server turns' connections
     return report
 
 

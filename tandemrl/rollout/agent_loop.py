@@ -41,6 +41,8 @@ class TurnEngine(Protocol):
 
     def generate(self, requests: Sequence[Request], policy_version: int = 0) -> list[Rollout]: ...
 
+    def close(self) -> None: ...
+
 
 @dataclass
 class LoopTimes:
@@ -73,6 +75,11 @@ class AgentLoop:
         # LLMEngine's scheduler holds its end-of-turn ids; another TurnEngine has them itself
         self.eos_ids = frozenset(engine.scheduler.eos_ids if isinstance(engine, LLMEngine) else engine.eos_ids)
         self.times = LoopTimes()
+
+    def close(self) -> None:
+        """Release what the turns hold (a server's: its HTTP client); an ``LLMEngine`` is its backend's to close."""
+        if not isinstance(self.engine, LLMEngine):
+            self.engine.close()
 
     # ------------------------------------------------------------------ the asynchronous loop
 

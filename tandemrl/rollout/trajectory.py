@@ -51,7 +51,7 @@ class TrajectoryState:
     fmt: ToolFormat
     limits: AgentLimits
     policy_version: int = 0  # what each turn is asked for
-    sampled_version: int | None = None  # the version that sampled the first turn (None: none sampled)
+    token_versions: list[int] = field(default_factory=list)  # the version behind each completion token
     phase: Phase = Phase.GENERATING
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -87,8 +87,6 @@ class TrajectoryState:
         assert self.phase is Phase.GENERATING, self.phase
         self.turns += 1
         self.turn_stats.append(rollout.stats)
-        if self.turns == 1 and rollout.error is None:  # the oldest weights of its turns (a server's may be newer)
-            self.sampled_version = rollout.policy_version
         if rollout.error is not None:
             return self._finish("error", error=rollout.error)
         if self.turns > 1:  # history the cache did not serve, beyond the tokens inserted since the last turn
@@ -97,6 +95,7 @@ class TrajectoryState:
         self.completion_ids += rollout.completion_ids
         self.logprobs += list(rollout.logprobs)
         self.loss_weights += rollout.token_weights()
+        self.token_versions += rollout.token_versions()  # weights pushed between (or within) turns show here
         self.final_text = rollout.text
         self._ended_by_eos = ended_by_eos
         calls = self.fmt.parse(turn_text)
@@ -121,6 +120,8 @@ class TrajectoryState:
         self.completion_ids += inserted
         self.logprobs += [0.0] * len(inserted)
         self.loss_weights += [0.0] * len(inserted)
+        # tool output (weight 0, never trained on) counts for the turn that called it: its version runs on
+        self.token_versions += self.token_versions[-1:] * len(inserted)
         self.inserted_tokens += len(inserted)
         self._just_inserted = len(inserted)
         self.phase = Phase.GENERATING
@@ -130,11 +131,13 @@ class TrajectoryState:
 
     def result(self, decode: Callable[[list[int]], str]) -> Trajectory:
         assert self.phase is Phase.DONE
+        runs = version_runs(self.token_versions)
         rollout = Rollout(self.spec.traj_id, list(self.spec.prompt_ids), list(self.completion_ids),
                           list(self.logprobs), self.finish_reason or "stop", text=decode(self.completion_ids),
-                          policy_version=self.policy_version if self.sampled_version is None else self.sampled_version,
-                          error=self.error, loss_weights=list(self.loss_weights),
-                          stats=merge_stats(self.turn_stats, len(self.spec.prompt_ids)))
+                          policy_version=runs[0][1] if runs else self.policy_version, error=self.error,
+                          loss_weights=list(self.loss_weights),
+                          stats=merge_stats(self.turn_stats, len(self.spec.prompt_ids)),
+                          version_runs=runs if len(runs) > 1 else [])
         return Trajectory(rollout, self.final_text, self.turns, list(self.records), self.inserted_tokens,
                           self.reprefill_tokens)
 
@@ -144,6 +147,11 @@ def run_calls(calls: Sequence[ToolCall], call_tool: Callable[[str, Any, ToolCont
     """One turn's calls, in order; a call the format could not parse becomes its error message."""
     return [ToolResult(f"error: {c.error}", error=True) if c.error is not None
             else call_tool(c.name, c.arguments, context) for c in calls]
+
+
+def version_runs(versions: Sequence[int]) -> list[tuple[int, int]]:
+    """(first index, version) at each change of version, as ``Rollout.version_runs`` holds them."""
+    return [(i, v) for i, v in enumerate(versions) if i == 0 or versions[i - 1] != v]
 
 
 def merge_stats(turns: Sequence[RequestStats], prompt_tokens: int) -> RequestStats:

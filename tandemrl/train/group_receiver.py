@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,6 +18,7 @@ from tandemrl.train.group_wire import GroupFormatError, group_from_json
 from tandemrl.train.rollout_queue import QueuedGroups, RolloutQueue, oldest_version
 
 PUT_WAIT_S = 1.0  # how long a push waits for room before it is answered 503
+SILENT_S = 120.0  # the trainer waits and no environment has asked or pushed for this long: say so
 
 
 class GroupReceiver:
@@ -29,6 +31,9 @@ class GroupReceiver:
         self.trainer_version = 0
         self.pushed = 0
         self.finished = False
+        self.silent_s = SILENT_S
+        self._last_contact = time.monotonic()
+        self._silence_reported = False
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
@@ -55,8 +60,22 @@ class GroupReceiver:
     def submit(self, job: Any) -> None:
         """Environments draw their own prompts."""
 
+    def contact(self) -> None:
+        """An environment asked or pushed: it is there."""
+        self._last_contact, self._silence_reported = time.monotonic(), False
+
     def gone(self) -> str | None:
-        return None if self._thread.is_alive() else f"the group receiver at {self.url} stopped"
+        """Asked every second while the trainer waits. The receiver stopping ends the run; environments that all
+        went quiet are reported once (the run waits: any environment started then feeds it)."""
+        if not self._thread.is_alive():
+            return f"the group receiver at {self.url} stopped"
+        silent = time.monotonic() - self._last_contact
+        if silent > self.silent_s and not self._silence_reported:
+            self._silence_reported = True
+            print(f"the trainer waits for groups and no environment has reached {self.url} for {silent:.0f} s "
+                  f"({self.pushed} groups received so far): did they stop? The run goes on with any environment "
+                  f"started now (python -m tandemrl.envs --trainer {self.url} ...)", flush=True)
+        return None
 
     def stop(self) -> None:
         self.finished = True
@@ -68,12 +87,14 @@ class GroupReceiver:
 def _handler(receiver: GroupReceiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            receiver.contact()
             if self.path.rstrip("/") == "/status":
                 self._answer(200, receiver.status())
             else:
                 self._answer(404, {"error": f"no route {self.path}: GET /status, POST /groups"})
 
         def do_POST(self) -> None:  # noqa: N802
+            receiver.contact()
             if self.path.rstrip("/") != "/groups":
                 self._answer(404, {"error": f"no route {self.path}: GET /status, POST /groups"})
                 return

@@ -164,6 +164,8 @@ def close_logs(run: Run, writers: MultiWriter) -> None:
     if run.sample_log is not None:
         run.sample_log.close()
     run.sync.close()
+    if run.agent is not None:
+        run.agent.close()
 
 
 def starting_state(run: Run, resume: bool, console: Console) -> TrainerState:

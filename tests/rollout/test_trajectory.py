@@ -117,3 +117,25 @@ def test_hermes_turn_with_the_real_tokenizer():
         "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert inserted.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
     assert s.loss_weights == [1.0] * len(ids) + [0.0] * len(inserted)
+
+
+def test_each_turn_keeps_the_versions_that_sampled_it():
+    """Weights pushed between two turns (and within the second): every token carries its own turn's versions, the
+    tool output its calling turn's, and the trajectory is as old as its first token."""
+    s = state()
+    call = "<call>len_of abc</call>"
+    s.on_turn(Rollout("r", [], [7, 8], [-0.5] * 2, "stop", policy_version=3), call, False)
+    s.on_results([ToolResult("3")], encode)
+    inserted = len(encode("<result>3</result>\n"))
+    second = Rollout("r", [], [9, 10, 11], [-0.5] * 3, "stop", policy_version=4, version_runs=[(0, 4), (2, 5)])
+    s.on_turn(second, "3", True)
+    out = s.result(str).rollout
+    assert out.token_versions() == [3] * (2 + inserted) + [4, 4, 5]
+    assert out.policy_version == 3 and out.version_runs == [(0, 3), (2 + inserted, 4), (4 + inserted, 5)]
+
+
+def test_one_version_throughout_leaves_no_runs():
+    s = state()
+    s.on_turn(Rollout("r", [], [7], [-0.5], "stop", policy_version=6), "x", True)
+    out = s.result(str).rollout
+    assert out.policy_version == 6 and out.version_runs == [] and out.token_versions() == [6]

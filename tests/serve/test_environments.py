@@ -6,6 +6,7 @@ import io
 import json
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -84,6 +85,25 @@ def test_a_malformed_group_is_refused_naming_the_field_and_a_full_queue_says_so(
         status = httpx.get(f"{receiver.url}/status").json()
         assert status == {"trainer_version": 0, "queue_groups": 1, "capacity_groups": 1, "max_staleness": 0,
                           "groups_received": 1, "finished": False}
+    finally:
+        receiver.stop()
+
+
+def test_environments_that_went_quiet_are_reported_once_and_a_new_one_is_taken(capsys):
+    """Environments are processes of their own: when none reaches the trainer while it waits, it says so (once per
+    silence) and keeps waiting for any environment started in their place."""
+    receiver = GroupReceiver(RolloutQueue(capacity_groups=1), max_staleness=0)
+    try:
+        receiver.silent_s = 0.05
+        assert receiver.gone() is None and capsys.readouterr().out == ""  # not quiet long enough yet
+        time.sleep(0.1)
+        assert receiver.gone() is None and receiver.gone() is None
+        out = capsys.readouterr().out
+        assert out.count("no environment has reached") == 1 and "python -m tandemrl.envs --trainer" in out
+        httpx.get(f"{receiver.url}/status")  # a replacement checks in
+        assert receiver.gone() is None and capsys.readouterr().out == ""
+        time.sleep(0.1)
+        assert receiver.gone() is None and "no environment has reached" in capsys.readouterr().out
     finally:
         receiver.stop()
 

@@ -172,6 +172,38 @@ def test_a_worker_that_dies_stops_the_run_with_its_error(tmp_path, monkeypatch):
     assert read_rows(tmp_path / "run").keys() == {1, 2}
 
 
+def test_the_batch_worker_that_dies_stops_the_take_with_its_error():
+    """The worker of the agent loop and of a server (a batch at a time), as the stepping worker above."""
+
+    def sample(job: RolloutJob, version: int) -> ScoredRollouts:
+        if job.index == 1:
+            raise ConnectionError("the rollout server went away")
+        return scored_group(job.index, 0)  # as a server's version, which the worker does not know (-1)
+
+    worker = RolloutWorker(sample, None, RolloutQueue(capacity_groups=4))
+    source = AsyncRollouts(lambda index: RolloutJob(index, [], 2, SamplingParams()), worker, 0, 1, first_index=0)
+    try:
+        assert source.next(step=0, trainer_version=0)[0].rollouts[0].request_id == "s0-0"
+        with pytest.raises(RolloutProducerError, match="while sampling step 1's batch.*server went away"):
+            source.next(step=1, trainer_version=0)
+    finally:
+        source.close()
+
+
+def test_a_worker_thread_that_ends_without_a_word_stops_the_take():
+    """A thread gone without putting its error (killed, or a bug past the handler) is noticed while waiting."""
+    from tandemrl.train.job_thread import JobThread
+
+    class Vanishing(JobThread):
+        def _run(self) -> None:
+            return None  # ends at once, nothing on the queue
+
+    source = AsyncRollouts(lambda index: RolloutJob(index, [], 2, SamplingParams()),
+                           Vanishing(None, RolloutQueue(capacity_groups=4)), 0, 1, first_index=0)
+    with pytest.raises(RolloutProducerError, match="the rollout worker thread ended"):
+        source.next(step=0, trainer_version=0)
+
+
 def test_async_needs_the_engine_and_says_so():
     with pytest.raises(ConfigError, match="rollout.mode = 'async' samples with its own engine or from a `tandemrl serve`"):
         load_config(None, ["rollout.mode=async", "rollout.backend=hf"])
