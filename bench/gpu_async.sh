@@ -21,14 +21,15 @@ mkdir -p "$OUT"
 if [[ $SMOKE == 1 ]]; then
     export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
     PYTHON=${PYTHON:-python}
-    step_args=(--arch tiny --steps 4 --warmup 1 --new-tokens 8 --prompts 4 --group 4)
+    # fixed lengths, sync and async on the same GPU(s): bench/gpu_async_longtail.sh has the long-tailed, 3-mode run
+    step_args=(--arch tiny --steps 4 --warmup 1 --new-tokens 8 --prompts 4 --group 4 --mean-tokens 0 --modes sync async)
     step_1p5b_args=("${step_args[@]}")
     serve_args=(--cpu-smoke)
 else
     source bench/gpu_env.sh
     PYTHON=python3
-    step_args=()
-    step_1p5b_args=(--arch qwen2.5-1.5b --steps 6 --warmup 2)
+    step_args=(--mean-tokens 0 --new-tokens 256 --modes sync async)
+    step_1p5b_args=(--arch qwen2.5-1.5b --steps 6 --warmup 2 "${step_args[@]}")
     serve_args=()
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi

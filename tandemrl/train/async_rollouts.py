@@ -21,10 +21,11 @@ import traceback
 from typing import Callable, Protocol
 
 from tandemrl.backends.engine_backend import EngineBackend
+from tandemrl.backends.hf_backend import eos_token_ids
 from tandemrl.backends.server_backend import ServerBackend
 from tandemrl.engine.engine import LLMEngine
 from tandemrl.models.load import resolve_device
-from tandemrl.rollout.setup import build_agent
+from tandemrl.train.agent_setup import run_agent_loop
 from tandemrl.train.group_receiver import GroupReceiver
 from tandemrl.train.job_thread import JobThread
 from tandemrl.train.rollout_jobs import RolloutJob, draw_job, prepare_job, run_job
@@ -179,7 +180,7 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         print(f"environments: push scored groups to {receiver.url}/groups (python -m tandemrl.envs --trainer "
               f"{receiver.url})", flush=True)
         return AsyncRollouts(None, receiver, r.max_staleness, r.prompts_per_step, first_step)
-    mirror, agent = None, None
+    mirror = None
     if r.backend == "server":  # the queue judges staleness: the backend takes whatever version the server holds
         backend = ServerBackend(r.server_url or "", max_staleness=ANY_VERSION, retries=r.server_retries,
                                 backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
@@ -188,7 +189,8 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         mirror = WeightMirror.copy_of(run.model, device, version)
         backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
         follow_pushes(backend.engine, mirror)
-        agent = build_agent(cfg, backend, run.tokenizer)
+    # tools: the agent loop over the worker's engine, or turn by turn over the server
+    agent = run_agent_loop(cfg, backend, run.tokenizer, eos_token_ids(run.model, run.tokenizer))
     worker: Producer
     if mirror is not None and agent is None:  # batches join the running engine as they come
         assert isinstance(backend, EngineBackend)
@@ -197,5 +199,10 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         # the engine labels rollouts with the version it holds; a server with its own (any version passes its check)
         sample = lambda job, held: run_job(run, job, backend, agent, held if mirror is not None else ANY_VERSION)
         worker = RolloutWorker(sample, mirror, queue_)
+    def release() -> None:
+        if agent is not None:
+            agent.close()  # a server's turns: their HTTP client
+        backend.close()
+
     return AsyncRollouts(lambda index: draw_job(run, index), worker, r.max_staleness, r.prompts_per_step, first_step,
-                         release=backend.close)
+                         release=release)

@@ -38,3 +38,21 @@ def test_async_training_against_a_server(tiny_dir, tmp_path, staleness):
         assert running.state.policy_version == 4  # the last push reached the server
     finally:
         running.stop()
+
+
+def test_async_training_against_a_server_runs_the_tools_turn_by_turn(tiny_dir, tmp_path):
+    """Tools on, no environments: the worker's agent loop sends each turn to the server (it was single-turn, the
+    tools unused, before); the tool's tokens stay out of the loss."""
+    running = start_server(serve_config(tiny_dir))
+    try:
+        raw = trainer_config(tiny_dir, running.url, "checkpoint")
+        raw["data"] = {"task": "synthetic:peek"}
+        raw["rollout"].update(mode="async", max_staleness=1, temperature=0.0, max_tokens=1)
+        raw["tools"] = {"call_open": ":"}  # the tiny model repeats the prompt's last character: "peek:" calls at once
+        raw["train"]["max_steps"] = 2
+        train(validate_config(raw), tmp_path / "run", console=Console(file=io.StringIO()))
+        samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+        assert samples and all(row["reward/tool_use"] > 0 for row in samples)
+        assert all(row["correct"] == 1 for row in samples)  # the tool's digit, repeated: the answer
+    finally:
+        running.stop()
