@@ -5,7 +5,8 @@
 #      image lacks some of them) into /tmp/site and checks that every module the server, the bench and the tests
 #      import loads;
 #   2. tests/serve/test_ipc_sync_gpu.py: ipc sync between two processes on one GPU, one copy of the weights (must
-#      PASS: a skip fails this step);
+#      PASS: a skip fails this step); tests/serve/test_warmup.py: the server's start-up warm-up captures every decode
+#      graph bucket (its CUDA test must pass);
 #   3. python -m bench.serve: Qwen2.5-0.5B architecture, random bf16 weights: push latency and the weights' GPU
 #      memory per sync mode (inprocess, checkpoint, ipc, lora), 64 concurrent streaming clients against the server
 #      (tokens/s, latency and TTFT p50/p99) vs the in-process engine. Its table is printed; serve.json (written after
@@ -55,6 +56,14 @@ else
     grep -qE "^1 passed" "$OUT/ipc_test.log" && echo "ipc test PASSED" || { echo "ipc test did NOT pass"; status=1; }
 fi
 
+# 2b. the server's start-up warm-up (tandemrl/serve/warmup.py): on a GPU every decode bucket is captured and later
+# batches of any size capture none; its CUDA test must pass, not skip
+timeout -k 10 90 "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/serve/test_warmup.py > "$OUT/warmup_test.log" 2>&1
+tail -n 5 "$OUT/warmup_test.log"
+expected="^3 passed"
+[[ $SMOKE == 1 ]] && expected="2 passed, 1 skipped"
+grep -qE "$expected" "$OUT/warmup_test.log" && echo "warm-up test OK" || { echo "warm-up test: expected $expected"; status=1; }
+
 # 3. the bench (its own stages go on when one fails; exit status 1 then)
 smoke=()
 [[ $SMOKE == 1 ]] && smoke=(--cpu-smoke)
@@ -67,6 +76,7 @@ if grep -q "GiB, versions" "$OUT/serve.log"; then
 else
     tail -n 30 "$OUT/serve.log"
 fi
+grep -h "warmed up" "$OUT"/server-*.log  # the servers' start-up warm-up (CUDA only)
 echo "bench.serve exit status $bench_status (0: every stage ran; 124: timed out, serve.json has the stages done)"
 [[ $bench_status -eq 0 ]] || status=1
 ls -l "$OUT"

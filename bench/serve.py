@@ -148,6 +148,7 @@ async def one_client(http: httpx.AsyncClient, prompt: list[int], new_tokens: int
     start = time.perf_counter()
     first, tokens = None, 0
     async with http.stream("POST", "/v1/completions", json=body) as response:
+        headers = time.perf_counter() - start  # the server took the request (the engine gets it as the stream starts)
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -156,7 +157,7 @@ async def one_client(http: httpx.AsyncClient, prompt: list[int], new_tokens: int
             if ids and first is None:
                 first = time.perf_counter() - start
             tokens += len(ids)
-    return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "tokens": tokens}
+    return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "headers": headers, "tokens": tokens}
 
 
 async def load_test(url: str, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -169,9 +170,13 @@ async def load_test(url: str, prompts: list[list[int]], new_tokens: int) -> dict
     if short:
         raise RuntimeError(f"{len(short)} streams ended early (tokens received: {short[:5]}, asked {new_tokens})")
     latency, ttft = [r["latency"] for r in results], [r["ttft"] for r in results]
+    # the TTFT's two shares: connect + HTTP until the response headers, then the engine's until the first token
+    headers, engine = [r["headers"] for r in results], [r["ttft"] - r["headers"] for r in results]
     return {"clients": len(prompts), "wall_s": wall, "tok_s": sum(r["tokens"] for r in results) / wall,
             "latency_p50_s": float(np.percentile(latency, 50)), "latency_p99_s": float(np.percentile(latency, 99)),
-            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99))}
+            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "headers_p50_s": float(np.percentile(headers, 50)), "headers_max_s": max(headers),
+            "headers_to_first_token_p50_s": float(np.percentile(engine, 50))}
 
 
 def server_load(bench: Bench, server: ServerProcess) -> None:
@@ -308,6 +313,10 @@ def print_table(result: dict) -> None:
     if load:
         print(f"{load['clients']} streaming clients: {load['tok_s']:.0f} tok/s, latency p50 {load['latency_p50_s']:.2f} s"
               f" p99 {load['latency_p99_s']:.2f} s, TTFT p50 {load['ttft_p50_s']:.3f} s p99 {load['ttft_p99_s']:.3f} s")
+        if "headers_p50_s" in load:  # runs before these were recorded lack them
+            print(f"  TTFT = to the response headers (connect, HTTP: p50 {load['headers_p50_s']:.3f} s, last "
+                  f"{load['headers_max_s']:.3f} s) + from them to the first token "
+                  f"(p50 {load['headers_to_first_token_p50_s']:.3f} s)")
     if engine:
         print(f"in-process engine, the same {result['clients']} sequences in one call: {engine['tok_s']:.0f} tok/s")
     if "server_over_in_process" in result:

@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-ipc", action="store_true",
                        help="accept CUDA IPC weight handles (sync.kind = 'ipc'; they are pickles: trusted clients only)")
     serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    serve.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip the start-up warm-up (on CUDA: one batch per decode graph size, before listening)")
     serve.set_defaults(command=_serve)
 
     export = commands.add_parser("export", help="write a run's latest checkpoint as a Hugging Face model directory "
@@ -200,7 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, list(args.overrides) + [f'model.name_or_path="{args.model}"'])
     _quiet_transformers()
     serve(cfg, ServeOptions(args.host, args.port, args.served_model_name or (args.model if found else None),
-                            args.log_level, args.allow_ipc), checkpoint=found[1] if found else None)
+                            args.log_level, args.allow_ipc, args.warmup), checkpoint=found[1] if found else None)
     return 0
 
 

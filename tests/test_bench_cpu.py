@@ -221,6 +221,9 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys
     assert "note" in sync["ipc"] and "note" in sync["nccl"]
     assert result["load"]["clients"] == 8 and result["load"]["tok_s"] > 0 and result["in_process"]["tok_s"] > 0
     assert result["load"]["latency_p50_s"] <= result["load"]["latency_p99_s"]
+    load = result["load"]  # the TTFT's split: until the response headers, then to the first token
+    assert 0 < load["headers_p50_s"] <= load["headers_max_s"] and load["headers_to_first_token_p50_s"] > 0
+    assert load["headers_p50_s"] < load["ttft_p99_s"]
     assert "serving bench on http://127.0.0.1:" in (tmp_path / "server-full.log").read_text()
     from bench.serve import print_table  # what `--print JSON` shows (for bench/RESULTS.md)
 

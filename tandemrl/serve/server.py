@@ -15,6 +15,7 @@ from torch import nn
 from tandemrl.config import Config
 from tandemrl.serve.engine_loop import EngineLoop
 from tandemrl.serve.state import ServerState
+from tandemrl.serve.warmup import warm_up
 from tandemrl.sync.receiver import WeightReceiver
 from tandemrl.types import Request
 
@@ -29,6 +30,7 @@ class ServeOptions:
     served_model_name: str | None = None
     log_level: str = "warning"
     allow_ipc: bool = False
+    warmup: bool = True  # on CUDA: run every decode batch bucket once before listening (warmup.py)
 
 
 def build_state(cfg: Config, served_name: str, allow_ipc: bool = False, checkpoint: Path | None = None) -> ServerState:
@@ -83,11 +85,15 @@ def serve(cfg: Config, options: ServeOptions, checkpoint: Path | None = None) ->
 
     served = options.served_model_name or cfg.model.name_or_path
     state = build_state(cfg, served, options.allow_ipc, checkpoint)
+    device = next(state.weights.model.parameters()).device
+    if options.warmup and device.type == "cuda":  # CPU runs have no graphs to capture nor kernels to compile
+        done = warm_up(state.loop.engine, state.vocab_size)
+        print(f"warmed up decode batches {done.batches} in {done.seconds:.1f} s", flush=True)
     state.loop.start()
     sock = bind_socket(options.host, options.port)
     host, port = sock.getsockname()[:2]
     print(f"serving {served} on http://{host}:{port} (policy version {state.policy_version}, "
-          f"ipc {'on' if options.allow_ipc else 'off'}, device {next(state.weights.model.parameters()).device})", flush=True)
+          f"ipc {'on' if options.allow_ipc else 'off'}, device {device})", flush=True)
     server = uvicorn.Server(uvicorn.Config(build_app(state), log_level=options.log_level, lifespan="off"))
     try:
         server.run(sockets=[sock])
