@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -30,11 +32,18 @@ def die_on_rank1(prompts, completions, **columns):
 '''
 
 
+def torchrun_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def torchrun_command(processes: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",  # a free port, chosen by torchrun
+            f"--nproc-per-node={processes}", "-m", "tandemrl", "train", *args]
+
+
 def torchrun(workdir: Path, processes: int, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",  # a free port, chosen by torchrun
-               f"--nproc-per-node={processes}", "-m", "tandemrl", "train", *args]
-    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(torchrun_command(processes, *args), cwd=workdir, env=torchrun_env(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def test_a_dying_rank_ends_the_job_and_the_run_resumes_with_one_process(tmp_path):
@@ -72,13 +81,16 @@ def test_a_dying_rank_ends_the_job_and_the_run_resumes_with_one_process(tmp_path
     assert json.loads((find_latest(checkpoints) / "trainer_state.json").read_text())["_checkpoint"]["world_size"] == 1
 
 
-# Rank 1 freezes (SIGSTOP: alive to torchrun, silent to its peers) on its 4th reward call, inside step 3.
+# Rank 1 freezes (SIGSTOP: alive to torchrun, silent to its peers) on its 4th reward call, inside step 3; it leaves
+# its pid in frozen.pid.
 FREEZING_REWARD = '''
 import os, signal
 CALLS = []
 def freeze_on_rank1(prompts, completions, **columns):
     CALLS.append(1)
     if os.environ.get("RANK") == "1" and len(CALLS) == 4:
+        with open("frozen.pid", "w") as f:
+            f.write(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
     return [0.0] * len(completions)
 '''
@@ -94,12 +106,23 @@ def test_a_hanging_rank_ends_the_job_within_the_heartbeat_timeout(tmp_path):
                 "distributed.timeout_s=600", "distributed.heartbeat_timeout_s=6",
                 'reward.weights={accuracy=1.0, "freezing_reward:freeze_on_rank1"=0.5}']
     start = time.monotonic()
-    hung = torchrun(tmp_path, 2, "--out", "run", *[a for s in settings for a in ("--set", s)])
+    job = subprocess.Popen(torchrun_command(2, "--out", "run", *[a for s in settings for a in ("--set", s)]),
+                           cwd=tmp_path, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    watchdog = threading.Timer(150, os.killpg, (job.pid, signal.SIGKILL))  # the whole job, should it never end
+    watchdog.start()
+    lines = []
+    for line in job.stdout:  # type: ignore[union-attr]
+        lines.append(line)
+        if "has not beaten for" in line:  # rank 0 saw it and ends the job; torchrun's SIGTERM cannot reach a
+            os.kill(int((tmp_path / "frozen.pid").read_text()), signal.SIGKILL)  # stopped process: it kills
+            # it 30 s later (a fixed grace); done here at once, as it would be then
     seconds = time.monotonic() - start
-    output = hung.stdout + hung.stderr
-    assert hung.returncode != 0, output[-3000:]
+    watchdog.cancel()
+    output = "".join(lines)
+    assert job.wait(timeout=60) != 0, output[-3000:]
     assert "[rank 0] tandemrl: rank 1 (" in output and "has not beaten for" in output, output[-3000:]
-    assert seconds < 120, seconds  # far below distributed.timeout_s: the heartbeat, not the collective, ended it
+    assert seconds < 90, seconds  # far below distributed.timeout_s: the heartbeat, not the collective, ended it
     latest = find_latest(tmp_path / "run" / "checkpoints")
     assert latest is not None and latest.name == "step-00000002" and checkpoint_problem(latest) is None
 
@@ -117,7 +140,7 @@ def test_two_torchrun_launches_meet_in_one_rendezvous_and_train_lora(tmp_path):
     launch = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
               "--rdzv-id=two-nodes", "-m", "tandemrl", "train", "--out", "run",
               *[a for s in settings for a in ("--set", s)]]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = torchrun_env()
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launch], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
