@@ -72,7 +72,7 @@ def test_two_trainers_in_one_process_and_in_memory_data(tmp_path):
     assert json.loads(run.stdout)["num_prompts"] == 6 and "task dataset" in run.stderr
 
 
-def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path):
+def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path, capsys):
     write_jsonl(tmp_path / "mine.jsonl", ROWS)
     (tmp_path / "rewards.py").write_text("def short(completions, **kwargs):\n"
                                          "    return [None if len(c) > 2 else 1.0 for c in completions]\n")
@@ -99,8 +99,10 @@ def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path):
     served, _ = load_merged(run_config(run, ['model.tiny_dir="' + str(tmp_path / "runs/tiny-model") + '"']),
                             checkpoint, torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), merged.state_dict().values()))
-    again = tandemrl_cli("export", "run", "merged", cwd=tmp_path)
-    assert again.returncode == 2 and "exists and is not empty" in again.stderr
+    from tandemrl.cli import main  # the refusal in this process: the command line's path is the export above
+
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "merged")]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
 
 
 def test_a_prompt_over_the_limit_names_its_row_or_is_skipped(tmp_path):
