@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, ContextManager, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -65,7 +65,8 @@ class EngineBackend:
             config.max_model_len = getattr(self.runner, "max_model_len", None)
         self.engine = LLMEngine(self.runner, tokenizer, config, eos_token_ids(model, tokenizer),
                                 speculative=speculative.for_engine(),
-                                tandem=tandem.for_engine(tokenizer) if tandem is not None else None)
+                                tandem=tandem.for_engine(tokenizer) if tandem is not None else None,
+                                device=self.device)
         self._closed = False
 
     @property
@@ -88,26 +89,19 @@ class EngineBackend:
         reset_rng = getattr(self.runner, "reset_rng", None)
         if reset_rng is not None:  # seeded requests: each call starts its random stream afresh
             reset_rng()
-        with self._on_own_device(), sampling_mode(self.model), torch.no_grad():
+        with sampling_mode(self.model), torch.no_grad():
             yield self.engine
-
-    def _on_own_device(self) -> ContextManager:
-        """The engine's GPU as the current device: kernels (Triton's too) launch on the current device's stream, and
-        a thread other than the one that built the engine (the async rollout worker) starts on cuda:0."""
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def sleep(self) -> None:
         """Free the KV cache so the trainer can use the memory (it stays in PyTorch's allocator); the CUDA graphs
         are parked and serve again after ``wake()`` if nothing they read has moved."""
         if not self._closed:
-            with self._on_own_device():
-                self.engine.sleep()
+            self.engine.sleep()
 
     def wake(self) -> None:
         if self._closed:
             raise RuntimeError("EngineBackend.wake called after close()")
-        with self._on_own_device():
-            self.engine.wake()
+        self.engine.wake()
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()

@@ -20,11 +20,14 @@ set, returned by the next ``step()`` (or in place by ``generate``), so one bad r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import operator
 import time
-from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence as Seq
+from typing import Any, Callable, ContextManager, Hashable, Mapping, Protocol, Sequence as Seq
+
+import torch
 
 from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
@@ -84,8 +87,13 @@ class _Launched:
 class LLMEngine:
     def __init__(self, runner: ModelRunnerProtocol, tokenizer: Any, config: EngineConfig,
                  eos_ids: Seq[int], clock: Callable[[], float] = time.perf_counter,
-                 speculative: Speculation | None = None, tandem: TandemRollouts | None = None) -> None:
+                 speculative: Speculation | None = None, tandem: TandemRollouts | None = None,
+                 device: torch.device | None = None) -> None:
+        """``device``: the runner's GPU, made current around each step, sleep and wake: kernels (Triton's too) launch
+        on the current device's stream, and a thread that did not build the engine (an async rollout worker, the
+        server's engine thread) starts with cuda:0 current."""
         config.validate()
+        self._device = device if device is not None and device.type == "cuda" else None
         # speculative.py and tandem.py: built above the engine (SpeculativeConfig / TandemConfig.for_engine)
         self.speculative, self.tandem = speculative, tandem
         if tandem is not None and speculative is not None:
@@ -192,7 +200,11 @@ class LLMEngine:
 
     def step(self) -> list[Rollout]:
         """One engine step; returns the rollouts that finished in it (and pending error rollouts)."""
-        return [r for _, r in self._step()]
+        with self._on_device():
+            return [r for _, r in self._step()]
+
+    def _on_device(self) -> ContextManager:
+        return torch.cuda.device(self._device) if self._device is not None else contextlib.nullcontext()
 
     def _step(self) -> list[tuple[int, Rollout]]:
         if self._asleep:
@@ -328,16 +340,18 @@ class LLMEngine:
         """Free the KV cache (running sequences go back to waiting and are recomputed after wake())."""
         if self._asleep:
             return
-        self._drain(self._ready)
-        self.scheduler.preempt_all()
-        self.runner.free_kv_cache(keep_graphs=True)
+        with self._on_device():
+            self._drain(self._ready)
+            self.scheduler.preempt_all()
+            self.runner.free_kv_cache(keep_graphs=True)
         self.block_manager.reset()
         self._asleep = True
 
     def wake(self) -> None:
         if not self._asleep:
             return
-        self.runner.allocate_kv_cache(self.num_blocks)
+        with self._on_device():
+            self.runner.allocate_kv_cache(self.num_blocks)
         self._asleep = False
 
     @property

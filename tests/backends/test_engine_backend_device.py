@@ -1,6 +1,6 @@
-"""An engine on a second GPU, driven from a thread that did not build it (the async rollout worker's case): every
-thread starts with cuda:0 current, and kernels launch on the current device's stream, so the backend makes its own
-GPU current around what it runs. Needs two GPUs (the H100 machines' multi-GPU kinds)."""
+"""An engine on a second GPU, driven from a thread that did not build it (the async rollout worker's and the server's
+engine thread's case): every thread starts with cuda:0 current, and kernels launch on the current device's stream,
+so the engine makes its own GPU current around each step, sleep and wake. Needs two GPUs (the multi-GPU kinds)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def test_an_engine_on_cuda_1_decodes_from_a_thread_where_cuda_0_is_current():
             backend.sleep()
             backend.wake()
             result["again"] = backend.generate(reqs)
+            with torch.no_grad():  # the engine alone, as the server's engine thread steps it
+                result["direct"] = backend.engine.generate(reqs)
         except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
             result["error"] = exc
 
@@ -45,6 +47,6 @@ def test_an_engine_on_cuda_1_decodes_from_a_thread_where_cuda_0_is_current():
     backend.close()
     if "error" in result:
         raise result["error"]  # type: ignore[misc]
-    for rollouts in (result["rollouts"], result["again"]):
+    for rollouts in (result["rollouts"], result["again"], result["direct"]):
         for req, rollout in zip(reqs, rollouts):  # type: ignore[call-overload]
             assert rollout.completion_ids == greedy_reference(model, req.prompt_ids, 10), req.request_id
