@@ -200,13 +200,16 @@ class LLMEngine:
 
     def step(self) -> list[Rollout]:
         """One engine step; returns the rollouts that finished in it (and pending error rollouts)."""
-        with self._on_device():
-            return [r for _, r in self._step()]
+        return [r for _, r in self._step()]
 
     def _on_device(self) -> ContextManager:
         return torch.cuda.device(self._device) if self._device is not None else contextlib.nullcontext()
 
     def _step(self) -> list[tuple[int, Rollout]]:
+        with self._on_device():
+            return self._one_step()
+
+    def _one_step(self) -> list[tuple[int, Rollout]]:
         if self._asleep:
             raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
         if self.between_steps is not None:
