@@ -107,8 +107,8 @@ def test_a_hanging_rank_ends_the_job_within_the_heartbeat_timeout(tmp_path):
                 'reward.weights={accuracy=1.0, "freezing_reward:freeze_on_rank1"=0.5}']
     start = time.monotonic()
     job = subprocess.Popen(torchrun_command(2, "--out", "run", *[a for s in settings for a in ("--set", s)]),
-                           cwd=tmp_path, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+                           cwd=tmp_path, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
     watchdog = threading.Timer(150, os.killpg, (job.pid, signal.SIGKILL))  # the whole job, should it never end
     watchdog.start()
     lines = []

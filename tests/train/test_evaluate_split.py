@@ -1,6 +1,6 @@
 """Under torchrun each engine evaluates its share of the test prompts and every rank gets the result over all of them:
-the result one process computes (greedy scores exactly), here with two engines' parts run one after the other in one process (the
-part exchanged as `Distributed.all_shares` would, without a process group)."""
+the result one process computes (greedy scores exactly), here with two engines' parts run one after the other in one
+process (the part exchanged as `Distributed.all_shares` would, without a process group)."""
 
 from __future__ import annotations
 
