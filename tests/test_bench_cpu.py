@@ -254,3 +254,32 @@ def test_agent_loop_lognormal_tool_delays_are_long_tailed_within_the_bounds():
     assert 0.05 <= delays[0] and delays[-1] <= 5.0
     assert 0.4 < delays[len(delays) // 2] < 0.6  # the median: the bounds' geometric mean, 0.5 s
     assert sum(delays) / len(delays) > 1.3 * delays[len(delays) // 2]  # the mean well above it: a long tail
+
+
+def test_ngram_real_bench_on_a_finished_runs_prompts(tmp_path):
+    """A 2-step run of the offline model, then its final checkpoint on the run's own prompts (topped up with train
+    rows), plain and with n-gram speculation: greedy tokens identical, the telemetry's acceptance in [0, 1]."""
+    from bench.ngram_real import main as ngram_real
+    from tandemrl.cli import main as cli
+
+    run = tmp_path / "run"
+    assert cli(["train", "--out", str(run), "--set", f'model.tiny_dir="{tmp_path / "tiny"}"', "--set",
+                "model.device=cpu", "--set", "train.max_steps=2", "--set", "eval.limit=2", "--set", "eval.pass_k=0",
+                "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2"]) == 0
+    trained = {json.loads(line)["sample"] for line in (run / "samples.jsonl").read_text().splitlines()}
+    out = tmp_path / "ngram.json"
+    ngram_real(["--run", str(run), "--set", "rollout.max_tokens=16", "--prompts", str(len(trained) + 2),
+                "--batch", "3", "--num-tokens", "2", "3", "--warmup", "0", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["prompts"] == len(trained) + 2 and result["prompts_from_run"] == len(trained)
+    assert result["checkpoint"].endswith("step-00000002") and result["max_tokens"] == 16
+    rows = {(r["temperature"], r["num_tokens"]): r for r in result["rows"]}
+    assert set(rows) == {(t, k) for t in (1.0, 0.0) for k in (None, 2, 3)}
+    for (temperature, k), row in rows.items():
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0 and row["speedup"] > 0, row
+        if k is None:
+            assert row["acceptance_rate"] is None and row["speedup"] == 1.0
+        else:
+            assert 0.0 <= row["acceptance_rate"] <= 1.0 and 1.0 <= row["tokens_per_verify"] <= k + 1, row
+        if temperature == 0.0 and k is not None:
+            assert row["differing_prompts"] == 0 and row["tokens"] == rows[(0.0, None)]["tokens"]
