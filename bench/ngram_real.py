@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.engine_throughput import timed
+from tandemrl.backends.base import RolloutBackend
 from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config, load_config, validate_config
 from tandemrl.data.loading import load_data
@@ -54,23 +55,21 @@ def training_samples(cfg: Config, run: Path | None, count: int) -> tuple[list[Sa
     and how many came from the run."""
     train = load_data(cfg.data, cfg.train.seed, cfg.eval.limit).train
     by_index = {s.index: s for s in train}
-    seen: list[int] = []
+    from_run: list[int] = []
     log = run / "samples.jsonl" if run is not None else None
     if log is not None and log.is_file():
-        for row in read_metrics(log):
-            index = row.get("sample")
-            if index is not None and index not in seen:
-                if index not in by_index:
-                    raise ValueError(f"{log} names train sample {index}, which the config's data does not have "
-                                     "(another data.path or data.train_limit than the run's?)")
-                seen.append(index)
-    from_run = seen[:count]
+        trained = dict.fromkeys(row["sample"] for row in read_metrics(log) if row.get("sample") is not None)
+        from_run = list(trained)[:count]
+        missing = [i for i in from_run if i not in by_index]
+        if missing:
+            raise ValueError(f"{log} names train sample {missing[0]}, which the config's data does not have "
+                             "(another data.path or data.train_limit than the run's?)")
     chosen = set(from_run)
     rest = [s.index for s in train if s.index not in chosen][:count - len(from_run)]
     return [by_index[i] for i in from_run + rest], len(from_run)
 
 
-def decode(backend, prompts: list[list[int]], params: SamplingParams, batch: int) -> list[Rollout]:
+def decode(backend: RolloutBackend, prompts: list[list[int]], params: SamplingParams, batch: int) -> list[Rollout]:
     rollouts: list[Rollout] = []
     for start in range(0, len(prompts), batch):
         chunk = prompts[start:start + batch]
@@ -81,7 +80,7 @@ def decode(backend, prompts: list[list[int]], params: SamplingParams, batch: int
     return rollouts
 
 
-def measure(backend, prompts: list[list[int]], params: SamplingParams, args: argparse.Namespace,
+def measure(backend: RolloutBackend, prompts: list[list[int]], params: SamplingParams, args: argparse.Namespace,
             device: torch.device) -> tuple[dict, list[list[int]]]:
     """One setting: ``--warmup`` untimed passes, then a timed one; its row and its completions' tokens."""
     for _ in range(args.warmup):
