@@ -241,8 +241,10 @@ def test_tp_decode_profile_breaks_one_decode_step_down_for_both_engines(tmp_path
 def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys):
     """bench.serve --cpu-smoke end to end (two `tandemrl serve` children); timings are not asserted."""
     pytest.importorskip("fastapi")
+    from bench.serve import main, print_table  # print_table: what `--print JSON` shows (for bench/RESULTS.md)
+
     out = tmp_path / "serve.json"
-    run_bench("bench.serve", "--cpu-smoke", "--out", str(out))
+    assert run_in_process(main, "--cpu-smoke", "--out", str(out)) == 0
     result = json.loads(out.read_text())
     assert result["complete"] and result["errors"] == {}
     sync = result["sync"]
@@ -259,8 +261,7 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys
     assert 0 < load["headers_p50_s"] <= load["headers_max_s"] and load["headers_to_first_token_p50_s"] > 0
     assert load["headers_p50_s"] < load["ttft_p99_s"]
     assert "serving bench on http://127.0.0.1:" in (tmp_path / "server-full.log").read_text()
-    from bench.serve import print_table  # what `--print JSON` shows (for bench/RESULTS.md)
-
+    capsys.readouterr()
     print_table(result)
     table = capsys.readouterr().out
     assert "| checkpoint | " in table and "8 streaming clients:" in table and "server / in-process" in table
