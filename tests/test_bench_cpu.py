@@ -65,6 +65,20 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
 
 
+def test_realistic_step_reports_drawn_lengths_packed_and_padded(tmp_path):
+    from bench.realistic_step import main
+
+    out = tmp_path / "realistic.json"
+    run_in_process(main, "--tiny", "--padded-too", "--out", str(out))
+    result = json.loads(out.read_text())
+    run = result["median"]
+    assert result["model"] == "tiny" and run["update_s"] > 0 and run["padded_update_s"] > 0
+    # each row stopped at its drawn length: the completions are not all as long as the cap
+    assert run["completion_tokens"] == run["drawn_tokens"] < 2 * 4 * result["shape"]["cap"]
+    assert run["trained_tokens"] == run["completion_tokens"] + 2 * 4 * 8  # + prompts, no padding
+    assert run["padded_tokens"] > run["trained_tokens"] and 0 < result["padding_waste"] < 1
+
+
 def test_async_step_bench_times_every_mode_with_long_tailed_lengths(tmp_path):
     """sync, sync-dp (torchrun, 2 gloo ranks) and async over the same global batch; 512 / 4 = 128 of the tiny
     model's 512 ids end a completion (the tokenizer's EOS among them): lengths ~geometric, mean ~4, cut at 16."""
