@@ -94,14 +94,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_step_shape_args(parser, repeats=5)
     parser.add_argument("--dataset-size", type=int, default=7473, help="train samples in an epoch (GSM8K: 7,473)")
     parser.add_argument("--kv-gib", type=float, default=4.0)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes, to check the script on a CPU")
     parser.add_argument("--out", type=Path, default=Path("bench/out/curriculum_overhead.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.backend = "engine"
     if args.cpu_smoke:
         args.arch, args.prompts, args.group, args.prompt_len, args.new_tokens = "tiny", 2, 2, 8, 8
@@ -109,8 +109,8 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)  # a tiny model's operators are too small to split (see model.cpu_threads)

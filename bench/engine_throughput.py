@@ -104,7 +104,7 @@ def logprob_drift(runs: list[list[Rollout]]) -> dict:
             "max_abs_logprob_diff": d.max().item()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
@@ -126,7 +126,7 @@ def main() -> None:
                         help="with --kv-cache-dtype other than auto: rerun the first batch's timed requests on a "
                              "model-dtype cache and report the log-prob differences")
     parser.add_argument("--out", type=Path, default=Path("bench/out/engine_throughput.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -150,14 +150,14 @@ def add_step_shape_args(parser: argparse.ArgumentParser, arch: str = "qwen2.5-0.
     parser.add_argument("--repeats", type=int, default=repeats)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_step_shape_args(parser)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--backend", choices=["hf", "engine"], default="hf")
     parser.add_argument("--kv-gib", type=float, default=1.0, help="engine KV cache size")
     parser.add_argument("--out", type=Path, default=Path("bench/out/grpo_step.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

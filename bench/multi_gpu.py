@@ -376,7 +376,7 @@ def summarize(files: list[Path]) -> None:
         print(f"no result in: {', '.join(missing)}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from bench.grpo_step import ARCHITECTURES, add_step_shape_args  # deferred like the other model code
 
@@ -405,7 +405,7 @@ def main() -> None:
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cpu_smoke and not args.worker:
         args.arch, args.prompts, args.group, args.prompt_len, args.new_tokens = "tiny", 2, 2, 8, 8
         args.repeats, args.num_blocks, args.micro_batch = 1, 64, 4

@@ -129,7 +129,7 @@ def peak_tflops(device: torch.device, given: float | None) -> float:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), float("nan"))
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: the tiny architecture, small shapes")
@@ -148,7 +148,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.backend = "engine"
     if args.tiny:
         args.model, args.prompts, args.group, args.prompt_len = "tiny", 2, 4, 8
@@ -157,8 +157,8 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args.attn = args.attn or ("flex_attention" if device.type == "cuda" else "sdpa")

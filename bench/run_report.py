@@ -50,11 +50,11 @@ def _pct(result: dict) -> str:
     return f"{100 * result['accuracy']:.1f} % ({result['correct']}/{result['n']}; 95 % CI {100 * low:.1f}-{100 * high:.1f})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, help="JSON file (default RUN_DIR/report.json)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result = report(args.run_dir)
     rows = [("task", result["task"]), ("steps", result["steps"]), ("training wall time s", result["seconds"]),
             ("accuracy before", _pct(result["before"])), ("accuracy after", _pct(result["after"])),

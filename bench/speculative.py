@@ -189,7 +189,7 @@ def decode_step_s(model, batch: int, args, device: torch.device) -> float:
     return (total - prefill) / (args.new_tokens - 1)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-1.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--draft", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
@@ -204,7 +204,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("bench/out/speculative.json"))
     parser.add_argument("--profile", action="store_true",
                         help="after each row, profile one more run: host (cProfile) and device idle gaps")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def measure(engine: LLMEngine, batch: int, k: int, rate: float, c: float, plain: float, args, vocab: int,
@@ -254,8 +254,8 @@ def print_table(rows: list[dict]) -> None:
               f"{r['slowest_row_rounds']:.2f} | {r['realized_a_fastest_run']:.3f} |")
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = build_model(args.target, device, dtype, False).eval()

@@ -110,7 +110,7 @@ def busy_line(busy: dict) -> str:
             f"launching {busy['launch_s']:.2f} s, reading back (waiting) {busy['wait_s']:.2f} s")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_step_shape_args(parser, arch="qwen3-0.6b", repeats=5)
     parser.add_argument("--ps", type=float, nargs="+", default=[0.5, 0.8])
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--turns-too", action="store_true",
                         help="also time each tandem setting in turns on one stream (rows 'tandem p=P turns')")
     parser.add_argument("--out", type=Path, default=Path("bench/out/tandem_step.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, False)

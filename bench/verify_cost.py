@@ -66,7 +66,7 @@ def forward_and_logits_s(runner: ModelRunner, slot: ModelSlot, batch: int, per_r
             seconds_per_call(lambda: slot.logits(hidden), repeats, device))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-1.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="tokens a sequence holds (prompt + half the output)")
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("bench/out/verify_cost.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(args.target, device, torch.bfloat16 if device.type == "cuda" else torch.float32, False).eval()
     vocab = model.config.vocab_size

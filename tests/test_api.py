@@ -10,6 +10,7 @@ import pytest
 
 import tandemrl
 from tandemrl import Trainer
+from tandemrl.cli import main
 
 SMALL = {"train.max_steps": 2, "eval.limit": 6, "eval.pass_k": 0, "rollout.prompts_per_step": 4,
          "rollout.group_size": 2, "checkpoint.every_steps": 0, "log.tensorboard": False}
@@ -54,7 +55,7 @@ print("SUMMARY", summary["metric"], summary["final"]["score"], trainer.evaluate(
     assert "inline:near_ten" in config  # a function of the running script is not re-imported from it
 
 
-def test_two_trainers_in_one_process_and_in_memory_data(tmp_path):
+def test_two_trainers_in_one_process_and_in_memory_data(tmp_path, capsys):
     def count_a(completions, **kwargs):
         return [float(c.count("1")) for c in completions]
 
@@ -67,26 +68,27 @@ def test_two_trainers_in_one_process_and_in_memory_data(tmp_path):
     assert second.config.reward.components() == {"accuracy": 2.0} and first.config.reward.functions != ["accuracy"]
     kept = [json.loads(line) for line in (tmp_path / "b" / "data" / "test.jsonl").read_text().splitlines()]
     assert kept == ROWS[12:]  # the run keeps its in-memory data, so `eval RUN_DIR` finds it
-    run = tandemrl_cli("eval", str(tmp_path / "b"), "--json", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads(run.stdout)["num_prompts"] == 6 and "task dataset" in run.stderr
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "b"), "--json"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["num_prompts"] == 6 and "task dataset" in printed.err
 
 
-def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path, capsys):
+def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path, capsys, monkeypatch):
+    # train and export in this process (a fresh one costs seconds of imports); eval in a fresh one finds their files
+    monkeypatch.chdir(tmp_path)  # the paths below are relative, as a user types them
     write_jsonl(tmp_path / "mine.jsonl", ROWS)
     (tmp_path / "rewards.py").write_text("def short(completions, **kwargs):\n"
                                          "    return [None if len(c) > 2 else 1.0 for c in completions]\n")
     sets = [f"--set={k}={json.dumps(v)}" for k, v in SMALL.items()]
-    train = tandemrl_cli("train", "--set", "data.path=mine.jsonl", "--set", 'reward.functions=["rewards.py:short"]',
-                         "--set", "model.lora.enabled=true", *sets, "--out", "run", cwd=tmp_path)
-    assert train.returncode == 0, train.stderr[-3000:]
-    assert "test set: 2 rows of mine.jsonl held out" in train.stdout.replace("\n", " ")
+    assert main(["train", "--set", "data.path=mine.jsonl", "--set", 'reward.functions=["rewards.py:short"]',
+                 "--set", "model.lora.enabled=true", *sets, "--out", "run"]) == 0
+    assert "test set: 2 rows of mine.jsonl held out" in capsys.readouterr().out.replace("\n", " ")
     evaluated = tandemrl_cli("eval", "run", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "on task dataset" in evaluated.stdout and "over 2 samples of task dataset" in evaluated.stdout
     assert "checkpoint step-00000002" in evaluated.stdout  # the LoRA adapter loaded onto the run's base model
-    exported = tandemrl_cli("export", "run", "merged", cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert main(["export", "run", "merged"]) == 0
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
@@ -99,8 +101,6 @@ def test_cli_eval_run_dir_uses_the_runs_own_task_and_data(tmp_path, capsys):
     served, _ = load_merged(run_config(run, ['model.tiny_dir="' + str(tmp_path / "runs/tiny-model") + '"']),
                             checkpoint, torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), merged.state_dict().values()))
-    from tandemrl.cli import main  # the refusal in this process: the command line's path is the export above
-
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "merged")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
 
