@@ -3,11 +3,12 @@
 # (engine tiles and best swept tiles) against cuBLAS, each against the roofline floor (bench.kernel_sweep --parts
 # linear; the dispatch it proposes is in the tables). Steps, each with its own timeout (caps add up to 350 s):
 #   1. SHARDS processes per architecture, all at once, compile every swept kernel variant untimed into one Triton
-#      cache (the timed runs then spend their budget timing: ~440 compiles would take minutes in one process);
+#      cache (the timed runs then spend their budget timing: ~480 compiles would take minutes in one process);
 #   2. the timed A/B at 1.5B, then at 7B (all 28 layers: 7B's 15 GB of weights, far beyond the 50 MB L2), one after
 #      the other on the idle GPU; a run's sweeps stop at its budget, its JSON and table saved after every op.
 # The call: run  command "bash bench/gpu_linear_ab.sh"  kind nvidia-h100-x1  carry [".whl"]  timeout_s 420.
-# Results: $OUT/summary.md (both tables and each step's status), $OUT/linear-<arch>.json / .md, logs in $OUT/raw/.
+# Results: $OUT/summary.md (both tables and each step's status), $OUT/linear-<arch>.json / .md, the logs in
+# $OUT/raw.tar.gz.
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_linear_ab}
 mkdir -p "$OUT/raw"
@@ -17,7 +18,7 @@ export TRITON_CACHE_DIR=/tmp/triton-linear-ab  # one cache for the compile shard
 SUMMARY="$OUT/summary.md"
 ARCHS=(qwen2.5-1.5b qwen2.5-7b)
 ROWS=(64 256 1)  # the sweeps in this order: batch 64-256 are the shapes, batch 1 is cut first
-SHARDS=${SHARDS:-6}
+SHARDS=${SHARDS:-7}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$SUMMARY"
 
 step() {  # step <seconds> <name> <command...>: its log in raw/<name>.log, a line in the summary
@@ -50,4 +51,5 @@ for arch in "${ARCHS[@]}"; do
   { echo; cat "$OUT/linear-$arch.md" 2>/dev/null || echo "$arch: no table (see raw/ab-${arch#qwen2.5-}.log)"; } \
       >> "$SUMMARY"
 done
+(cd "$OUT" && tar -czf raw.tar.gz raw && rm -rf raw)  # at most 8 files come back: the logs in one
 cat "$SUMMARY"

@@ -137,12 +137,14 @@ def linear_ops(layers, config: dict, rows: int) -> dict[str, LinearOp]:
         "qkv": LinearOp(shapes["qkv"], attn,
                         lambda a, x: tuple(lin(x, p.weight, p.bias) for p in (a.q_proj, a.k_proj, a.v_proj)),
                         lambda a, x, v: _applied(fused_linear.qkv_projection(a, x, max_rows=big, tiles=v.tiles))),
-        "o": LinearOp(shapes["o"], [a.o_proj for a in attn], lambda p, x: lin(x, p.weight), _ours_single),
+        "o": LinearOp(shapes["o"], [a.o_proj for a in attn], lambda p, x: lin(x, p.weight, p.bias), _ours_single),
         "gate_up": LinearOp(shapes["gate_up"], mlps,
-                            lambda m, x: torch.nn.functional.silu(lin(x, m.gate_proj.weight)) * lin(x, m.up_proj.weight),
+                            lambda m, x: torch.nn.functional.silu(lin(x, m.gate_proj.weight, m.gate_proj.bias))
+                            * lin(x, m.up_proj.weight, m.up_proj.bias),
                             lambda m, x, v: _applied(fused_linear.gate_up_silu(
                                 m, x, max_rows=big, tiles=v.tiles, tma=None if v.tiles is None else v.tma))),
-        "down": LinearOp(shapes["down"], [m.down_proj for m in mlps], lambda p, x: lin(x, p.weight), _ours_single),
+        "down": LinearOp(shapes["down"], [m.down_proj for m in mlps], lambda p, x: lin(x, p.weight, p.bias),
+                         _ours_single),
     }
 
 
@@ -294,7 +296,7 @@ def sweep_split_k(layers, rows_list: list[int]) -> dict:
                 print(f"  split-k {bm}/{bn}/{bk}/{splits}/{warps}/{stages}: {type(exc).__name__}")
                 continue
             row[f"{bm}/{bn}/{bk}/{splits}/{warps}/{stages}"] = us
-        best = sorted((v, k) for k, v in row.items())[:5]
+        best = sorted((us, key) for key, us in row.items())[:5]
         print(f"split-k down rows {rows}: best {best}", flush=True)
         results[rows] = row
     return results
