@@ -75,14 +75,15 @@ class StepTiming:
 
 
 def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool,
-                attn_implementation: str | None = None, init_on_device: bool = False):
+                attn_implementation: str | None = None, init_on_device: bool = False, layers: int | None = None):
     """Random weights of `arch`; init_on_device: drawn on `device` (a 7B model's CPU init takes a minute; other
-    values than a CPU init's)."""
+    values than a CPU init's); layers: that many decoder layers instead of the architecture's."""
     torch.manual_seed(0)
     config_class = Qwen3Config if "qwen3" in arch else LlamaConfig if arch.startswith("smollm2") else Qwen2Config
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    config = config_class(**{**ARCHITECTURES[arch], **({"num_hidden_layers": layers} if layers else {})})
     with torch.device(device if init_on_device else "cpu"):
-        model = AutoModelForCausalLM.from_config(config_class(**ARCHITECTURES[arch]), dtype=dtype, **extra)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     model = model.to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
