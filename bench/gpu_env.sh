@@ -3,3 +3,13 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+# logged_step <seconds> <name> <command...>: the command cut at <seconds>, its log in $OUT/raw/<name>.log, a line
+# (exit status, seconds, TIMED OUT) appended to $SUMMARY
+logged_step() {
+    local seconds=$1 name=$2; shift 2
+    local t0=$SECONDS
+    timeout "$seconds" "$@" > "$OUT/raw/$name.log" 2>&1
+    local rc=$?
+    echo "- $name: rc $rc, $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')" | tee -a "$SUMMARY"
+}

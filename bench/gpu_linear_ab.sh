@@ -21,13 +21,6 @@ ROWS=(64 256 1)  # the sweeps in this order: batch 64-256 are the issue's shapes
 SHARDS=${SHARDS:-7}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$SUMMARY"
 
-step() {  # step <seconds> <name> <command...>: its log in raw/<name>.log, a line in the summary
-  local seconds=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$seconds" "$@" > "$OUT/raw/$name.log" 2>&1
-  local rc=$?
-  echo "- $name: rc $rc, $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')" | tee -a "$SUMMARY"
-}
 
 # step 1: every shard under its own timeout, all at once; the summary counts those that failed or ran out
 t0=$SECONDS
@@ -42,9 +35,9 @@ done
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
 echo "- compile: $failed of ${#pids[@]} shards failed or timed out, $((SECONDS - t0)) s" | tee -a "$SUMMARY"
-step 100 ab-1.5b python3 -m bench.kernel_sweep --arch qwen2.5-1.5b --parts linear --rows "${ROWS[@]}" \
+logged_step 100 ab-1.5b python3 -m bench.kernel_sweep --arch qwen2.5-1.5b --parts linear --rows "${ROWS[@]}" \
     --budget-s 55 --out "$OUT/linear-qwen2.5-1.5b.json"
-step 130 ab-7b python3 -m bench.kernel_sweep --arch qwen2.5-7b --parts linear --rows "${ROWS[@]}" \
+logged_step 130 ab-7b python3 -m bench.kernel_sweep --arch qwen2.5-7b --parts linear --rows "${ROWS[@]}" \
     --budget-s 75 --out "$OUT/linear-qwen2.5-7b.json"
 for arch in "${ARCHS[@]}"; do
   grep -h "swept" "$OUT/raw/ab-${arch#qwen2.5-}.log" | sed "s/^/  $arch /" >> "$SUMMARY"

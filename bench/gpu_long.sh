@@ -18,30 +18,23 @@ SUMMARY="$OUT/summary.md"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$SUMMARY"
 START=$SECONDS
 
-piece() {  # piece <seconds> <name> <command...>: its log in raw/<name>.log, a line in the summary
-  local seconds=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$seconds" "$@" > "$OUT/raw/$name.log" 2>&1
-  local rc=$?
-  echo "- $name: rc $rc, $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')" | tee -a "$SUMMARY"
-}
 
-piece 110 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_paged_attention.py \
+logged_step 110 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_paged_attention.py \
     tests/engine/test_kv_cache_dtype.py tests/engine/test_fused_kernels.py tests/engine/test_fused_linear.py \
     -k "decode or split or prefill or fp8 or store or lora or dora or qkv or gate_up or cache_dtype"
 tail -n 3 "$OUT/raw/tests.log" >> "$SUMMARY"
-piece 55 attention python3 -m bench.attention_long --out "$OUT/raw/attention_long.json"
+logged_step 55 attention python3 -m bench.attention_long --out "$OUT/raw/attention_long.json"
 
 TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48)
-piece 100 long-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 --prompt-len 1024 --new-tokens 8192 --kv-gib 18 \
+logged_step 100 long-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 --prompt-len 1024 --new-tokens 8192 --kv-gib 18 \
     --out "$OUT/raw/long-1.5b.json"
-piece 90 long-7b "${TP[@]}" --arch qwen2.5-7b --batches 32 --prompt-len 1024 --new-tokens 4096 --kv-gib 12 \
+logged_step 90 long-7b "${TP[@]}" --arch qwen2.5-7b --batches 32 --prompt-len 1024 --new-tokens 4096 --kv-gib 12 \
     --out "$OUT/raw/long-7b.json"
-piece 40 short-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 1 64 256 --kv-gib 6 --out "$OUT/raw/short-1.5b.json"
-piece 50 short-7b "${TP[@]}" --arch qwen2.5-7b --batches 1 64 256 --kv-gib 12 --out "$OUT/raw/short-7b.json"
-piece 40 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 256 --lora-rank 64 --kv-gib 6 \
+logged_step 40 short-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 1 64 256 --kv-gib 6 --out "$OUT/raw/short-1.5b.json"
+logged_step 50 short-7b "${TP[@]}" --arch qwen2.5-7b --batches 1 64 256 --kv-gib 12 --out "$OUT/raw/short-7b.json"
+logged_step 40 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 256 --lora-rank 64 --kv-gib 6 \
     --out "$OUT/raw/lora-1.5b.json"
-piece 60 fp8-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 --prompt-len 1024 --new-tokens 4096 --kv-gib 10 \
+logged_step 60 fp8-1.5b "${TP[@]}" --arch qwen2.5-1.5b --batches 64 --prompt-len 1024 --new-tokens 4096 --kv-gib 10 \
     --kv-cache-dtype fp8_e4m3 --logprob-drift --out "$OUT/raw/fp8-1.5b.json"
 
 {
