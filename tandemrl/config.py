@@ -48,7 +48,9 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
                                          "memory, more time")
     attn_implementation: str | None = Field(None, description="passed to transformers' `from_pretrained` (e.g. "
-                                            "`sdpa`, `eager`); unset: transformers' choice")
+                                            "`sdpa`, `eager`, `flex_attention`), or `varlen`: tandemrl's packed "
+                                            "attention through torch's varlen_attn (flash attention on CUDA, no "
+                                            "compilation; see docs/update.md); unset: transformers' choice")
     trust_remote_code: bool = Field(False, description="let transformers run model and tokenizer code from the "
                                     "model's repository")
     cpu_threads: int | None = Field(None, ge=1, description="torch's CPU threads; unset: 1 for models under 50M "

@@ -23,6 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from tandemrl.models.load_errors import DTYPE_KWARG, ModelLoadError
 from tandemrl.models.tokenizer import restore_unk
+from tandemrl.models.varlen_attention import VARLEN, register_varlen_attention
 from tandemrl.models.weight_files import check_weight_files
 
 TINY_HINT = "pass a local directory, or run `tandemrl make-tiny-model DIR`"
@@ -138,6 +139,8 @@ def load_model(
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    if attn_implementation == VARLEN:
+        register_varlen_attention()  # tandemrl's own: transformers learns the name before it is asked for
     if _is_gguf(name_or_path):
         from tandemrl.models.gguf import load_gguf_model
 

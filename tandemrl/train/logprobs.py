@@ -19,7 +19,7 @@ from tandemrl.models.lora import unwrap_causal_lm
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import TrainBatch
 from tandemrl.train.micro_batches import micro_batch_limits, micro_batches
-from tandemrl.train.packed_support import packed_is_cheaper
+from tandemrl.train.packed_support import packed_is_cheaper, takes_offsets
 from tandemrl.train.packing import pack, padded_sources
 
 
@@ -62,7 +62,8 @@ def logprobs_of(causal_lm: nn.Module, batch: TrainBatch, temperature: float, chu
     decoder = causal_lm.get_decoder()
     if packed_is_cheaper(causal_lm, batch):
         packed = pack(batch)
-        hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        offsets = packed.offsets() if takes_offsets(causal_lm) else {}
+        hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **offsets)
         source, targets, completion = packed.source, packed.targets, packed.completion
     else:
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

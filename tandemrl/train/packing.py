@@ -2,8 +2,8 @@
 
 Hugging Face decoders given ``position_ids`` that restart (and no ``attention_mask``) confine attention to each
 row: flash-attention through cu_seqlens, flex_attention through a document BlockMask, sdpa/eager through a
-block-diagonal mask (transformers' masking_utils.find_packed_sequence_indices). train/packed_support.py checks that
-a model does.
+block-diagonal mask (transformers' masking_utils.find_packed_sequence_indices), ``varlen`` (models/varlen_attention.py)
+through the rows' offsets, which the forward is handed. train/packed_support.py checks that a model does.
 """
 
 from __future__ import annotations
@@ -23,15 +23,25 @@ class PackedRows:
     source: Tensor  # [n] long: index into the forward's flattened hidden states that predicts each completion token
     targets: Tensor  # [n] long: those completion tokens
     completion: Tensor  # [B, T] bool: where the n tokens sit in the batch's completion layout
+    cu_seq_lens: Tensor  # [B + 1] int32: where each row starts in the pack, then N
+    max_length: int  # the longest row's token count
+
+    def offsets(self) -> dict[str, Tensor | int]:
+        """The rows' offsets as transformers' FlashAttentionKwargs name them (the varlen attention reads them)."""
+        return {"cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
 
 
 def pack(batch: TrainBatch) -> PackedRows:
     real = batch.attention_mask.bool()
     packed_index = real.flatten().cumsum(0).view_as(real) - 1  # [B, W]: each real token's place in the pack
+    lengths = real.sum(1)
     return PackedRows(
         input_ids=batch.input_ids[real].unsqueeze(0),
         position_ids=batch.position_ids[real].unsqueeze(0),
         **_completion_sources(batch, packed_index),
+        cu_seq_lens=torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32),
+        max_length=int(lengths.max()),
     )
 
 
