@@ -11,6 +11,7 @@ from torch import nn
 from tandemrl.config import ConfigError, load_config
 from tandemrl.train.batch import build_batch
 from tandemrl.train.micro_batches import MicroBatchLimits, micro_batches, plan_micro_batches
+from tandemrl.models.varlen_kernel import VarlenAttentionError
 from tandemrl.train.packed_support import packs_sequences
 from tandemrl.train.packing import pack, padded_tokens
 from tandemrl.types import Rollout
@@ -73,10 +74,10 @@ def test_fillers_carry_no_loss_weight():
 class _RemoteCodeLM(nn.Module):
     """A causal LM from outside transformers: nothing says its attention confines packed sequences."""
 
-    def __init__(self):
+    def __init__(self, attn_implementation: str = "eager"):
         super().__init__()
         self.decoder, self.embed = nn.Identity(), nn.Embedding(4, 2)
-        self.config = type("Config", (), {"_attn_implementation": "eager"})()
+        self.config = type("Config", (), {"_attn_implementation": attn_implementation})()
 
     def get_decoder(self):
         return self.decoder
@@ -92,6 +93,11 @@ def test_a_model_that_cannot_take_packed_input_falls_back_and_says_so_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not packs_sequences(model)
+
+
+def test_varlen_attention_is_refused_for_a_model_that_cannot_take_packed_input():
+    with pytest.raises(VarlenAttentionError, match="model.attn_implementation = 'varlen'.*_RemoteCodeLM"):
+        packs_sequences(_RemoteCodeLM("varlen"))
 
 
 def test_micro_batch_size_and_token_budget_are_one_or_the_other():

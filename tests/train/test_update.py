@@ -20,7 +20,9 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+import tandemrl.models.varlen_attention as varlen_attention
 from tandemrl.config import TrainConfig
+from tandemrl.models.varlen_attention import VARLEN, register_varlen_attention
 from tandemrl.train.batch import build_batch
 from tandemrl.train.logprobs import batch_logprobs, completion_logprobs
 from tandemrl.train.packed_support import _VERDICT, ALWAYS_PACK
@@ -33,10 +35,12 @@ TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_laye
             num_key_value_heads=2, max_position_embeddings=128)
 
 
-def _model(family: str = "qwen2", packed: bool = True):
+def _model(family: str = "qwen2", packed: bool = True, attn: str = "sdpa"):
+    """TINY: 4 query heads share 2 kv heads (grouped-query attention, as Qwen2.5's 14 and 2)."""
     torch.manual_seed(0)
     config = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config}[family](**TINY)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    register_varlen_attention()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
     if not packed:
         setattr(model, _VERDICT, False)  # what a model whose attention cannot take packed input gets
     else:
@@ -88,10 +92,11 @@ def test_dense_mask_attention_packs_only_where_it_is_cheaper():
     assert packed_is_cheaper(model, tail)
 
 
+@pytest.mark.parametrize("attn", ["sdpa", VARLEN])
 @pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
-def test_packed_logprobs_equal_padded_logprobs(family):
+def test_packed_logprobs_equal_padded_logprobs(family, attn):
     batch = _batch(seed=1)
-    packed = completion_logprobs(_model(family), batch, 0.7, chunk_size=5)
+    packed = completion_logprobs(_model(family, attn=attn), batch, 0.7, chunk_size=5)
     padded = completion_logprobs(_model(family, packed=False), batch, 0.7, chunk_size=5)
     real = batch.attention_mask[:, batch.prompt_width:].bool()
     torch.testing.assert_close(packed.logprobs[real], padded.logprobs[real], atol=1e-5, rtol=1e-5)
@@ -106,6 +111,18 @@ def test_packed_update_equals_padded_update(aggregation):
     packed = _update_delta(_model(), batch, aggregation=aggregation, kl_beta=0.1, micro_batch_size=4)
     padded = _update_delta(_model(packed=False), batch, aggregation=aggregation, kl_beta=0.1, micro_batch_size=4)
     _assert_same_deltas(packed, padded)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_the_varlen_packed_update_equals_the_padded_sdpa_update(aggregation, monkeypatch):
+    """The update hands the rows' offsets to the varlen attention (it never reads them off the position ids)."""
+    monkeypatch.setattr(varlen_attention, "sequences_from_positions", None)
+    batch = _batch(seed=2)
+    batch.ref_logprobs = batch.rollout_logprobs - 0.1
+    varlen = _update_delta(_model(attn=VARLEN), batch, aggregation=aggregation, kl_beta=0.1,
+                           max_tokens_per_micro_batch=20)
+    padded = _update_delta(_model(packed=False), batch, aggregation=aggregation, kl_beta=0.1, micro_batch_size=4)
+    _assert_same_deltas(varlen, padded)
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
