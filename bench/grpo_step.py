@@ -22,6 +22,7 @@ from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.hf_backend import HFBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.config import TrainConfig
+from tandemrl.models.varlen_attention import VARLEN, register_varlen_attention
 from tandemrl.train.batch import build_batch
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.update import policy_update
@@ -81,6 +82,8 @@ def build_model(arch: str, device: torch.device, dtype: torch.dtype, gradient_ch
     torch.manual_seed(0)
     config_class = Qwen3Config if "qwen3" in arch else LlamaConfig if arch.startswith("smollm2") else Qwen2Config
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if attn_implementation == VARLEN:
+        register_varlen_attention()
     config = config_class(**{**ARCHITECTURES[arch], **({"num_hidden_layers": layers} if layers else {})})
     with torch.device(device if init_on_device else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
@@ -157,12 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--backend", choices=["hf", "engine"], default="hf")
     parser.add_argument("--kv-gib", type=float, default=1.0, help="engine KV cache size")
+    parser.add_argument("--attn", default=None, help="model.attn_implementation (default: transformers' choice)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/grpo_step.json"))
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = build_model(args.arch, device, dtype, args.gradient_checkpointing)
+    model = build_model(args.arch, device, dtype, args.gradient_checkpointing, args.attn)
     backend = make_backend(args, model, device)
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
     optimizer = build_optimizer(model, cfg)
@@ -178,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "arch": args.arch, "backend": args.backend, "prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "micro_batch": args.micro_batch,
+        "attn_implementation": model.config._attn_implementation,
         "gradient_checkpointing": args.gradient_checkpointing,
         "runs": [t.__dict__ for t in timings],
         "rollout_s": median.rollout_s, "train_s": median.train_s, "step_s": median.rollout_s + median.train_s,
@@ -189,8 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     last = timings[-1]
     print(f"memory allocated: before sleep {last.allocated_before_sleep_gib:.2f} GiB, after sleep "
           f"{last.allocated_after_sleep_gib:.2f} GiB, after wake {last.allocated_after_wake_gib:.2f} GiB")
-    print(f"| device | backend | arch | shape | rollout s | train s | step s | peak GiB | rollout tok/s |")
-    print(f"| {result['device']} | {args.backend} | {args.arch} | {args.prompts}x{args.group}x{args.new_tokens} | "
+    print(f"| device | backend | arch | attention | shape | rollout s | train s | step s | peak GiB | rollout tok/s |")
+    print(f"| {result['device']} | {args.backend} | {args.arch} | {result['attn_implementation']} | "
+          f"{args.prompts}x{args.group}x{args.new_tokens} | "
           f"{median.rollout_s:.2f} | {median.train_s:.2f} | {result['step_s']:.2f} | {result['peak_gib']:.1f} | "
           f"{result['rollout_tokens_per_s']:.0f} |")
 

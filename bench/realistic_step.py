@@ -140,7 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the completion lengths")
     parser.add_argument("--cap", type=int, default=4096, help="longest completion (rollout.max_tokens)")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
-    parser.add_argument("--attn", default=None, help="attn_implementation; default flex_attention on CUDA, sdpa else")
+    parser.add_argument("--attn", default=None, help="attn_implementation (sdpa, flex_attention, varlen, ...); "
+                        "default flex_attention on CUDA, sdpa else")
     parser.add_argument("--padded-too", action="store_true", help="also time the padded update on the same batch")
     parser.add_argument("--padded-micro-batch", type=int, default=4, help="rows per forward of --padded-too")
     parser.add_argument("--gradient-checkpointing", action="store_true")

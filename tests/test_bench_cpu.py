@@ -65,14 +65,16 @@ def test_grpo_step_runs_with_both_backends(tmp_path):
         assert result["backend"] == backend and result["runs"][0]["tokens"] == 2 * 4 * 16
 
 
-def test_realistic_step_reports_drawn_lengths_packed_and_padded(tmp_path):
+@pytest.mark.parametrize("attn", ["sdpa", "varlen"])
+def test_realistic_step_reports_drawn_lengths_packed_and_padded(tmp_path, attn):
     from bench.realistic_step import main
 
     out = tmp_path / "realistic.json"
-    run_in_process(main, "--tiny", "--padded-too", "--out", str(out))
+    run_in_process(main, "--tiny", "--padded-too", "--attn", attn, "--out", str(out))
     result = json.loads(out.read_text())
     run = result["median"]
-    assert result["model"] == "tiny" and run["update_s"] > 0 and run["padded_update_s"] > 0
+    assert result["model"] == "tiny" and result["attn_implementation"] == attn
+    assert run["update_s"] > 0 and run["padded_update_s"] > 0
     # each row stopped at its drawn length: the completions are not all as long as the cap
     assert run["completion_tokens"] == run["drawn_tokens"] < 2 * 4 * result["shape"]["cap"]
     assert run["trained_tokens"] == run["completion_tokens"] + 2 * 4 * 8  # + prompts, no padding
