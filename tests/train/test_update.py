@@ -90,6 +90,9 @@ def test_dense_mask_attention_packs_only_where_it_is_cheaper():
                        torch.zeros(4), pad_id=0, device=torch.device("cpu"))
     assert not packed_is_cheaper(model, short)  # 64 equal rows: the packed [256 x 256] mask costs more
     assert packed_is_cheaper(model, tail)
+    varlen = _model(attn=VARLEN)
+    delattr(varlen, ALWAYS_PACK)
+    assert packed_is_cheaper(varlen, short)  # no mask to build: varlen packs every micro-batch
 
 
 @pytest.mark.parametrize("attn", ["sdpa", VARLEN])
