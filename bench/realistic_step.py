@@ -25,8 +25,7 @@ from bench.grpo_step import ARCHITECTURES, build_model, make_backend
 from tandemrl.algo.advantages import ADVANTAGES
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import build_batch
-from tandemrl.train.logprobs import update_limits
-from tandemrl.train.micro_batches import plan_micro_batches
+from tandemrl.train.micro_batches import micro_batch_limits, plan_micro_batches
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.packed_support import _VERDICT
 from tandemrl.train.packing import padded_tokens
@@ -88,7 +87,7 @@ def one_step(model, backend, optimizer, scheduler, cfg: TrainConfig, args, devic
         delattr(model, _VERDICT)
     backend.wake()
     seq_lengths = batch.sequence_lengths().tolist()
-    plan = plan_micro_batches(seq_lengths, update_limits(model, cfg), batch.prompt_lengths().tolist())
+    plan = plan_micro_batches(seq_lengths, micro_batch_limits(cfg, model), batch.prompt_lengths().tolist())
     trained = sum(seq_lengths)
     params = sum(p.numel() for p in model.parameters())
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")

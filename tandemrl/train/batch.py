@@ -63,7 +63,6 @@ class TrainBatch:
             ref_logprobs=pick(self.ref_logprobs),
         )
 
-
     def narrow(self, prompt_width: int, completion_width: int) -> TrainBatch:
         """The last ``prompt_width`` prompt columns and the first ``completion_width`` completion columns: rows
         picked by ``rows()`` without the columns that are padding in all of them (prompts are left-padded,

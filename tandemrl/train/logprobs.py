@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 from tandemrl.models.lora import unwrap_causal_lm
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import TrainBatch
-from tandemrl.train.micro_batches import MicroBatchLimits, micro_batch_limits, micro_batches
-from tandemrl.train.packed_support import always_packs, packed_is_cheaper
+from tandemrl.train.micro_batches import micro_batch_limits, micro_batches
+from tandemrl.train.packed_support import packed_is_cheaper
 from tandemrl.train.packing import pack, padded_sources
 
 
@@ -51,17 +51,11 @@ def batch_logprobs(
     the update groups them; ``any_rank`` as in policy_update."""
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
     with torch.no_grad():
-        for micro in micro_batches(batch, update_limits(model, cfg), any_rank):
+        for micro in micro_batches(batch, micro_batch_limits(cfg, model), any_rank):
             logprobs = completion_logprobs(model, micro.batch, temperature, cfg.logprob_chunk_size).logprobs
             if not micro.is_filler:  # a micro-batch keeps the first completion columns (micro_batches.py)
                 out[micro.rows, : logprobs.shape[1]] = logprobs
     return out
-
-
-def update_limits(model: nn.Module, cfg: TrainConfig) -> MicroBatchLimits:
-    """How the update groups rows into forwards: by the token budget, counting padding where a forward may be
-    padded (packed_support.py)."""
-    return micro_batch_limits(cfg, padded=not always_packs(unwrap_causal_lm(model)))
 
 
 def logprobs_of(causal_lm: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int) -> TokenLogprobs:

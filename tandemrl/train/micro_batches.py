@@ -1,11 +1,12 @@
 """Which rows of a mini-batch share a forward: micro-batches by token budget (first-fit decreasing) or by row count.
 
 The loss does not depend on the grouping (its normalisers are the mini-batch's, see algo/losses.py), so rows may be
-grouped for packing alone. A micro-batch keeps only its own columns (the widest prompt and completion among its
-rows). Where a forward may run on padded rows (packed_support.py: sdpa/eager keep rows padded when the dense packed
-mask would cost more), the budget bounds rows x that width, the positions such a forward computes: counting real
-tokens alone let a micro-batch of many short rows compute two to three times the budget (issue 39's OOM). Under torchrun every rank must run as many forwards (FSDP gathers per forward, reduces
-per backward), so a rank that runs out of micro-batches runs fillers: one of its rows with no loss weight.
+grouped for packing alone. A micro-batch keeps only its own columns (its longest prompt and longest completion).
+Where a forward may run on padded rows (packed_support.py: sdpa/eager keep rows padded when the dense packed mask
+would cost more), the budget bounds rows x that width, the positions such a forward computes: counting real tokens
+alone let a micro-batch of many short rows compute two to three times the budget (issue 39's out-of-memory). Under
+torchrun every rank must run as many forwards (FSDP gathers per forward, reduces per backward), so a rank that runs
+out of micro-batches runs fillers: one of its rows with no loss weight.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from tandemrl.config import TrainConfig
+from tandemrl.models.unwrap import unwrap_causal_lm
 from tandemrl.train.batch import TrainBatch
+from tandemrl.train.packed_support import always_packs
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,10 @@ class MicroBatchLimits:
     padded: bool = False
 
 
-def micro_batch_limits(cfg: TrainConfig, padded: bool = False) -> MicroBatchLimits:
-    return MicroBatchLimits(max_tokens=cfg.max_tokens_per_micro_batch, max_rows=cfg.micro_batch_size, padded=padded)
+def micro_batch_limits(cfg: TrainConfig, model: nn.Module) -> MicroBatchLimits:
+    """The update's limits for ``model``: padding counts where its forwards may run on padded rows."""
+    return MicroBatchLimits(max_tokens=cfg.max_tokens_per_micro_batch, max_rows=cfg.micro_batch_size,
+                            padded=not always_packs(unwrap_causal_lm(model)))
 
 
 @dataclass
@@ -100,8 +105,9 @@ def micro_batches(
         elif not more:
             return
         if more:
-            rows = torch.tensor(plan[index], dtype=torch.long, device=device)
-            narrowed = _narrowed(batch.rows(rows), [lengths[r] for r in plan[index]], [prompts[r] for r in plan[index]])
+            picked = plan[index]
+            rows = torch.tensor(picked, dtype=torch.long, device=device)
+            narrowed = _narrowed(batch.rows(rows), [lengths[r] for r in picked], [prompts[r] for r in picked])
             yield MicroBatch(rows, narrowed)
         else:
             yield MicroBatch(torch.zeros(0, dtype=torch.long, device=device), _filler(batch, lengths[0], prompts[0]))
