@@ -44,7 +44,7 @@ def main() -> None:
     for update in range(args.updates):
         batch = _batch(update, args, model.config.vocab_size, device)
         lengths = batch.sequence_lengths().tolist()
-        totals = [sum(lengths[r] for r in rows) for rows in plan_micro_batches(lengths, micro_batch_limits(cfg))]
+        totals = [sum(lengths[r] for r in rows) for rows in plan_micro_batches(lengths, micro_batch_limits(cfg, model))]
         start = time.perf_counter()
         if device.type == "cuda":
             policy_update(model, batch, optimizer, scheduler, cfg, 1.0, args.max_completion)

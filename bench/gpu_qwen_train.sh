@@ -12,7 +12,9 @@
 # and saves a checkpoint: the same call again resumes it (its clock goes on from the checkpoint's total).
 # Evidence under $OUT: train-VARIANT.log, VARIANT/{summary.json, metrics.jsonl, config.toml, plots/, report.json}.
 #   run(command="bench/gpu_qwen_train.sh plain", kind="nvidia-h100-x1")
-# Env: BUDGET, PYTHON (default python3), EXTRA (more `--set` arguments).
+# Env: BUDGET, PYTHON (default python3), EXTRA (more `--set` arguments), MEMORY_TRACE=1 (off by default: per-step
+# `memory_trace` lines, allocated after the rollout and after the update, peak, the update's largest forward, and
+# $OUT/memory_snapshot-VARIANT.pickle of the first 5 steps or up to an out-of-memory error; bench/memory_trace.py).
 set -uo pipefail
 VARIANT=${1:-}
 PYTHON=${PYTHON:-python3}
@@ -44,9 +46,12 @@ for s in "${sets[@]}"; do args+=(--set "$s"); done
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/device.txt"
 # shellcheck disable=SC2086  # EXTRA is a list of arguments
-timeout -s TERM "${BUDGET:-560}" "$PYTHON" -m tandemrl.cli train --config "$RECIPE" --out "$RUN" "${resume[@]}" \
+entry=(-m tandemrl.cli)
+[[ ${MEMORY_TRACE:-0} == 1 ]] && entry=(-m bench.memory_trace --snapshot "$OUT/memory_snapshot-$VARIANT.pickle" --)
+timeout -s TERM "${BUDGET:-560}" "$PYTHON" "${entry[@]}" train --config "$RECIPE" --out "$RUN" "${resume[@]}" \
     "${args[@]}" ${EXTRA:-} >> "$OUT/train-$VARIANT.log" 2>&1
 echo "train exit status $? (0 = finished; 124 = stopped by the budget: run this call again to resume)"
+[[ ${MEMORY_TRACE:-0} == 1 ]] && grep "^memory_trace" "$OUT/train-$VARIANT.log" | head -n 40
 grep -vE "it/s\]|━" "$OUT/train-$VARIANT.log" | tail -n 30
 mkdir -p "$OUT/$VARIANT"
 cp "$RUN"/config.toml "$RUN"/metrics.jsonl "$OUT/$VARIANT/" 2>/dev/null

@@ -87,7 +87,7 @@ def one_step(model, backend, optimizer, scheduler, cfg: TrainConfig, args, devic
         delattr(model, _VERDICT)
     backend.wake()
     seq_lengths = batch.sequence_lengths().tolist()
-    plan = plan_micro_batches(seq_lengths, micro_batch_limits(cfg))
+    plan = plan_micro_batches(seq_lengths, micro_batch_limits(cfg, model), batch.prompt_lengths().tolist())
     trained = sum(seq_lengths)
     params = sum(p.numel() for p in model.parameters())
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")

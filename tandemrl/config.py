@@ -248,7 +248,10 @@ class TrainConfig(Section):
         16384, ge=1, description="the update's memory knob: prompt + completion tokens per forward. Each "
         "mini-batch's rows are packed (no padding) into micro-batches of at most this many tokens (first-fit "
         "decreasing) and accumulate gradients; a row longer than the budget gets a micro-batch of its own, so a "
-        "budget that fits the longest row never runs out of memory. The loss does not depend on the packing")
+        "budget that fits the longest row never runs out of memory. Where a micro-batch may run on padded rows "
+        "(`sdpa`/`eager` attention keeps rows padded when their dense packed mask would cost more; models that "
+        "cannot pack) the padding counts too: rows x (longest prompt + longest completion). The loss does not "
+        "depend on the packing")
     micro_batch_size: int | None = Field(None, ge=1, description="rows per forward instead of the token budget "
                                          "(still packed): when set it wins, and setting "
                                          "`train.max_tokens_per_micro_batch` too is an error")

@@ -81,6 +81,18 @@ def test_realistic_step_reports_drawn_lengths_packed_and_padded(tmp_path, attn):
     assert run["padded_tokens"] > run["trained_tokens"] and 0 < result["padding_waste"] < 1
 
 
+def test_memory_trace_prints_each_steps_update_forwards_and_restores_the_loop(tmp_path, capsys):
+    import tandemrl.train.loop as loop
+    from bench.memory_trace import main
+
+    before = loop.policy_update, loop.train_step
+    assert run_in_process(main, "--snapshot", str(tmp_path / "snapshot.pickle"), "--", "train", "--set",
+                          "train.max_steps=2", "--set", "eval.limit=2", "--out", str(tmp_path / "run")) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("memory_trace step")]
+    assert len(lines) == 2 and "update forwards 1, largest " in lines[0]
+    assert (loop.policy_update, loop.train_step) == before
+
+
 def test_async_step_bench_times_every_mode_with_long_tailed_lengths(tmp_path):
     """sync, sync-dp (torchrun, 2 gloo ranks) and async over the same global batch; 512 / 4 = 128 of the tiny
     model's 512 ids end a completion (the tokenizer's EOS among them): lengths ~geometric, mean ~4, cut at 16."""

@@ -6,6 +6,7 @@ padding: train/packing.py concatenates each micro-batch's real tokens into one p
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,10 @@ class TrainBatch:
         """[B] long: prompt + completion tokens of each row (what a packed forward computes on)."""
         return self.attention_mask.sum(dim=1)
 
+    def prompt_lengths(self) -> Tensor:
+        """[B] long: prompt tokens of each row."""
+        return self.attention_mask[:, : self.prompt_width].sum(dim=1)
+
     def policy_version_lag(self, trainer_version: int) -> int:
         """How many versions the trainer's weights are ahead of the oldest weights that sampled a row."""
         return trainer_version - int(self.policy_versions.min())
@@ -56,6 +61,20 @@ class TrainBatch:
             rollout_logprobs=pick(self.rollout_logprobs),
             old_logprobs=pick(self.old_logprobs),
             ref_logprobs=pick(self.ref_logprobs),
+        )
+
+    def narrow(self, prompt_width: int, completion_width: int) -> TrainBatch:
+        """The last ``prompt_width`` prompt columns and the first ``completion_width`` completion columns: rows
+        picked by ``rows()`` without the columns that are padding in all of them (prompts are left-padded,
+        completions right-padded), so that a padded forward computes on no wider rows than its own."""
+        start, end = self.prompt_width - prompt_width, self.prompt_width + completion_width
+        per_token = (lambda t: None if t is None else t[:, :completion_width])
+        return dataclasses.replace(
+            self, input_ids=self.input_ids[:, start:end], attention_mask=self.attention_mask[:, start:end],
+            position_ids=self.position_ids[:, start:end], completion_ids=per_token(self.completion_ids),
+            loss_mask=per_token(self.loss_mask), prompt_width=prompt_width,
+            rollout_logprobs=per_token(self.rollout_logprobs), old_logprobs=per_token(self.old_logprobs),
+            ref_logprobs=per_token(self.ref_logprobs),
         )
 
 

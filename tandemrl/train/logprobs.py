@@ -51,10 +51,10 @@ def batch_logprobs(
     the update groups them; ``any_rank`` as in policy_update."""
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
     with torch.no_grad():
-        for micro in micro_batches(batch, micro_batch_limits(cfg), any_rank):
+        for micro in micro_batches(batch, micro_batch_limits(cfg, model), any_rank):
             logprobs = completion_logprobs(model, micro.batch, temperature, cfg.logprob_chunk_size).logprobs
-            if not micro.is_filler:
-                out[micro.rows] = logprobs
+            if not micro.is_filler:  # a micro-batch keeps the first completion columns (micro_batches.py)
+                out[micro.rows, : logprobs.shape[1]] = logprobs
     return out
 
 

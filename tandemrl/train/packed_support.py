@@ -28,15 +28,21 @@ def packed_is_cheaper(causal_lm: nn.Module, batch: TrainBatch) -> bool:
     """Whether this micro-batch runs packed. A dense-mask attention (sdpa, eager) computes every [tokens x tokens]
     pair of the packed sequence, so it packs only when that costs no more than the padded rows' attention
     (rows x width^2): short rows (the CPU demo's 13-token rows, 128 of them) stay padded, long-tailed ones pack."""
+    if always_packs(causal_lm):
+        return True
     if not packs_sequences(causal_lm):
         return False
-    if getattr(causal_lm, ALWAYS_PACK, False):
-        return True
-    if _implementation(causal_lm) not in _DENSE_MASK_IMPLEMENTATIONS:
-        return True
     tokens = int(batch.attention_mask.sum())
     rows, width = batch.input_ids.shape
     return tokens * tokens <= rows * width * width
+
+
+def always_packs(causal_lm: nn.Module) -> bool:
+    """Whether every micro-batch runs packed; if not, some may run on padded rows (rows x width positions), which
+    is what the micro-batch planner must then bound (train/micro_batches.py)."""
+    if not packs_sequences(causal_lm):
+        return False
+    return bool(getattr(causal_lm, ALWAYS_PACK, False)) or _implementation(causal_lm) not in _DENSE_MASK_IMPLEMENTATIONS
 
 
 def takes_offsets(causal_lm: nn.Module) -> bool:

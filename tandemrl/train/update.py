@@ -119,7 +119,7 @@ def _accumulate_gradients(
     # Each micro-batch's loss and metrics are its share of the mini-batch's: they add up. They stay on the device
     # (0-dim tensors) and are read once below, so the micro-batch loop never waits on the GPU for a metric.
     totals: dict[str, torch.Tensor] = {}
-    for part in micro_batches(mini_batch, micro_batch_limits(cfg), any_rank):
+    for part in micro_batches(mini_batch, micro_batch_limits(cfg, model), any_rank):
         micro = part.batch
         out = completion_logprobs(model, micro, temperature, cfg.logprob_chunk_size)
         # old = the policy before this update: fixed up front, or on a single on-policy pass the detached

@@ -107,3 +107,31 @@ def test_micro_batch_size_and_token_budget_are_one_or_the_other():
         load_config(None, ["train.micro_batch_size=4", "train.max_tokens_per_micro_batch=2048"])
     # a run's config.toml writes the default budget beside a micro_batch_size: that is not 'both set'
     assert load_config(None, ["train.micro_batch_size=4", "train.max_tokens_per_micro_batch=16384"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_padded_budget_bounds_rows_times_the_widest_prompt_plus_the_widest_completion(seed):
+    """Where a forward may run on padded rows, the budget holds for the positions it computes, not the tokens."""
+    rng = random.Random(seed)
+    prompts = [rng.randint(20, 200) for _ in range(128)]
+    lengths = [p + (512 if rng.random() < 0.15 else rng.randint(1, 250)) for p in prompts]
+    budget = 4096
+    plan = plan_micro_batches(lengths, MicroBatchLimits(max_tokens=budget, padded=True), prompts)
+    assert sorted(r for rows in plan for r in rows) == list(range(len(lengths)))
+    for rows in plan:
+        width = max(prompts[r] for r in rows) + max(lengths[r] - prompts[r] for r in rows)
+        assert len(rows) * width <= budget or len(rows) == 1
+
+
+def test_a_micro_batch_keeps_only_its_own_columns():
+    rollouts = [Rollout("a", [5, 6, 7], [8], [-1.0], "stop"), Rollout("b", [4], [3, 2, 1, 9], [-1.0] * 4, "stop"),
+                Rollout("c", [4, 4], [3], [-1.0], "stop")]
+    batch = build_batch(rollouts, torch.zeros(3), pad_id=0, device=torch.device("cpu"))
+    batch.old_logprobs = batch.rollout_logprobs - 1.0
+    parts = list(micro_batches(batch, MicroBatchLimits(max_tokens=8, padded=True)))
+    assert [p.rows.tolist() for p in parts] == [[1], [0, 2]]
+    long_row, short_rows = parts[0].batch, parts[1].batch
+    assert long_row.input_ids.tolist() == [[4, 3, 2, 1, 9]] and long_row.prompt_width == 1
+    assert short_rows.input_ids.tolist() == [[5, 6, 7, 8], [0, 4, 4, 3]] and short_rows.prompt_width == 3
+    assert short_rows.position_ids.tolist() == [[0, 1, 2, 3], [0, 0, 1, 2]]
+    assert short_rows.completion_ids.tolist() == [[8], [3]] and short_rows.old_logprobs.tolist() == [[-2.0], [-2.0]]

@@ -201,3 +201,29 @@ def test_metrics_kept_on_the_device_add_up_to_the_one_micro_batch_values():
     assert {"loss", "entropy", "pg_loss", "kl", "mismatch/logp_abs_max", "tis/clip_frac"} <= one.keys()
     assert one["mismatch/logp_abs_max"] > one["mismatch/logp_abs_mean"] > 0
     assert twelve == pytest.approx(one, rel=1e-5, abs=1e-7)
+
+
+def test_no_forward_of_a_dense_mask_model_computes_more_positions_than_the_budget():
+    """Issue 39's OOM: sdpa keeps many short rows padded (their packed mask would cost more), and a padded forward
+    computed rows x the whole batch's width, 2-3x the token budget once completions grew short and long-tailed.
+    Every forward now computes at most max(budget, its one row): padding counts, and a micro-batch is as wide as its
+    own rows."""
+    rng = random.Random(7)
+    lengths = [MAX_COMPLETION * 4] * 3 + [rng.randint(1, 6) for _ in range(120)]  # a few long rows, many short ones
+    rollouts = [Rollout(f"r{i}", [rng.randrange(1, 97) for _ in range(rng.randint(2, 8))], [5] * n, [-1.0] * n,
+                        "stop") for i, n in enumerate(lengths)]
+    batch = build_batch(rollouts, torch.linspace(-1, 1, len(lengths)), pad_id=0, device=torch.device("cpu"))
+    model = _model(packed=False)
+    delattr(model, _VERDICT)  # a transformers Qwen2 with sdpa: packs where cheaper, else padded rows
+    positions: list[tuple[int, int]] = []  # (positions the decoder computed on, rows)
+    model.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: positions.append((kwargs["input_ids"].numel(), int(kwargs["input_ids"].shape[0]))),
+        with_kwargs=True)
+    budget = 400
+    cfg = TrainConfig(lr=1e-3, max_tokens_per_micro_batch=budget, mini_batches=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    batch.old_logprobs = batch_logprobs(model, batch, 1.0, cfg)  # the fixed log-probs' forwards too
+    policy_update(model, batch, optimizer, scheduler, cfg, 1.0, 4 * MAX_COMPLETION)
+    assert len(positions) > 4
+    assert all(computed <= budget or rows == 1 for computed, rows in positions), positions
