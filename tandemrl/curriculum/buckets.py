@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import gaussian_kde
 
 Normalize = Literal["minmax", "clip"]
 
@@ -50,6 +49,8 @@ def find_boundaries(normalised: np.ndarray, n_buckets: int, bandwidth: float | s
         return Bucketing([], f"too few samples ({values.size} < curriculum.min_samples = {min_samples})")
     if np.ptp(values) == 0:
         return Bucketing([], "all rewards equal")
+    from scipy.stats import gaussian_kde  # here, not at the top: scipy.stats costs every process a second to import
+
     grid = np.linspace(0.0, 1.0, grid_points)
     density = gaussian_kde(values, bw_method=bandwidth)(grid)
     valleys = _valleys(density)

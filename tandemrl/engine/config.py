@@ -26,7 +26,8 @@ class EngineConfig:
     block_size: int = field(default=16, metadata={"description": "tokens per KV-cache block"})
     num_blocks: int | None = field(default=None, metadata={
         "description": "KV-cache blocks; unset: sized from `engine.gpu_memory_utilization` (on CPU, the runner's "
-                       "own default)"})
+                       "own default), at most what `engine.max_num_seqs` sequences of `engine.max_model_len` tokens "
+                       "hold"})
     gpu_memory_utilization: float = field(default=0.3, metadata={
         "description": "share of the GPU's memory the KV cache may take when `engine.num_blocks` is unset"})
     max_num_seqs: int = field(default=256, metadata={"description": "sequences running at once at most"})

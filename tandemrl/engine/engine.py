@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import itertools
 import operator
+import sys
 import time
 from typing import Any, Callable, ContextManager, Hashable, Mapping, Protocol, Sequence as Seq
 
@@ -108,6 +109,7 @@ class LLMEngine:
                 raise ValueError(f"no room for a KV cache: the model runner fits {num_blocks} blocks of "
                                  f"{config.block_size} tokens at gpu_memory_utilization="
                                  f"{config.gpu_memory_utilization}; raise it or set num_blocks")
+            num_blocks = min(num_blocks, _most_blocks_in_use(config))
         self.num_blocks = num_blocks
         runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -400,6 +402,14 @@ class LLMEngine:
                        policy_version=runs[0][1] if runs else seq.policy_version, stats=seq.stats,
                        token_sources=self.scheduler.tandem_rows.sources(seq),
                        version_runs=runs if len(runs) > 1 else [])
+
+
+def _most_blocks_in_use(config: EngineConfig) -> int:
+    """Blocks that ``max_num_seqs`` sequences of ``max_model_len`` tokens hold at once (unbounded without a length):
+    a pool sized from memory never takes more. A tiny model on the CPU would otherwise zero 256 MiB on every wake."""
+    if config.max_model_len is None:
+        return sys.maxsize
+    return config.max_num_seqs * -(-config.max_model_len // config.block_size)
 
 
 def _note_first_prefill(seqs: list[Sequence], now: float) -> None:

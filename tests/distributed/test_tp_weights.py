@@ -11,16 +11,24 @@ import pytest
 import torch.multiprocessing as mp
 
 
-@pytest.mark.parametrize("world,tp_size", [(2, 2), (4, 2)])
-def test_each_rank_receives_its_slices_from_the_shards(tmp_path, world, tp_size):
+LAYOUTS = [(4, 2), (2, 2)]  # (world, tp_size): 2 engines of 2 ranks over 4; 1 engine over 2
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("tp_weights")
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).parents[1]))  # the spawned ranks import tests_support
         from tests_support.tp_weights_worker import run_rank
 
-        mp.spawn(run_rank, args=(world, tp_size, str(tmp_path / "store"), str(tmp_path / "result.json")),
-                 nprocs=world, join=True)
-    results = json.loads((tmp_path / "result.json").read_text())
-    for name, result in results.items():
+        mp.spawn(run_rank, args=(LAYOUTS, str(root / "store"), str(root / "result.json")),
+                 nprocs=max(world for world, _ in LAYOUTS), join=True)
+    return json.loads((root / "result.json").read_text())
+
+
+@pytest.mark.parametrize("world,tp_size", sorted(LAYOUTS))
+def test_each_rank_receives_its_slices_from_the_shards(results, world, tp_size):
+    for name, result in results[f"{world}-{tp_size}"].items():
         assert result["ranks"] == [{"mismatched": [], "stale": [], "replicated": []}] * world, name
         assert result["engine_params"] < 0.6 * result["whole_params"], name
         assert result["seconds"] >= 0

@@ -23,8 +23,21 @@ CONFIGS = {  # 1 KV head (replicated when split 2 ways) and an odd vocabulary; Q
 }
 
 
-def run_rank(rank: int, world: int, tp_size: int, store_file: str, result_file: str) -> None:
+def run_rank(rank: int, layouts: list[tuple[int, int]], store_prefix: str, result_file: str) -> None:
+    """Each (world, tp_size) layout in turn, in a process group of its own over the first ``world`` ranks (one
+    launch of max(world) processes for all: a fresh process costs seconds of imports). Rank 0 writes
+    {"world-tp_size": result}."""
     torch.set_num_threads(1)
+    results = {}
+    for world, tp_size in layouts:
+        if rank < world:
+            results[f"{world}-{tp_size}"] = _run_layout(rank, world, tp_size, f"{store_prefix}-{world}-{tp_size}")
+    if rank == 0:
+        with open(result_file, "w") as f:
+            json.dump(results, f)
+
+
+def _run_layout(rank: int, world: int, tp_size: int, store_file: str) -> dict:
     dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     try:
         group = tensor_parallel_group(rank, world, tp_size)
@@ -60,8 +73,6 @@ def run_rank(rank: int, world: int, tp_size: int, store_file: str, result_file: 
             results[name] = {"ranks": mismatched_all, "seconds": seconds,
                              "engine_params": sum(p.numel() for p in engine.parameters()),
                              "whole_params": sum(p.numel() for p in whole.parameters())}
-        if rank == 0:
-            with open(result_file, "w") as f:
-                json.dump(results, f)
+        return results
     finally:
         dist.destroy_process_group()
