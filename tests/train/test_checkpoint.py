@@ -486,7 +486,8 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "ready", (tmp_path / "zygote.log").read_text()[-3000:]
         start = time.monotonic()
-        while len(steps) < 9 and time.monotonic() - start < 4:
+        # a busy machine saves slower: go on past 4 s (up to 60) until the checkpoints have moved on
+        while len(steps) < 9 and time.monotonic() - start < (4 if len(steps) >= 5 and steps[-1] >= 3 else 60):
             proc.stdin.write(f"{rng.uniform(0.02, 0.35):.3f}\n")
             proc.stdin.flush()
             assert proc.stdout.readline().strip() == "killed", (tmp_path / "zygote.log").read_text()[-3000:]
