@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from tandemrl.cli import main
 from tandemrl.models.tiny import ensure_tiny_model
 from tandemrl.telemetry.writers import read_metrics
 from tandemrl.train.checkpoint import checkpoint_info, checkpoint_problem, find_latest
+from tests.tests_support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,13 +33,6 @@ def die_on_rank1(prompts, completions, **columns):
         os._exit(17)
     return [0.0] * len(completions)
 '''
-
-
-def free_port() -> int:
-    """A port the OS picks (nothing hard-coded)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def torchrun_env() -> dict[str, str]:

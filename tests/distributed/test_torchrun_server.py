@@ -14,7 +14,7 @@ from tandemrl.telemetry.writers import read_metrics  # noqa: E402
 from tandemrl.train.checkpoint import checkpoint_info, find_latest  # noqa: E402
 from tests.distributed.test_torchrun import torchrun  # noqa: E402
 from tests.serve.conftest import serve_config, start_server  # noqa: E402
-from tests.serve.test_nccl_sync_gloo import free_port  # noqa: E402
+from tests.tests_support.ports import free_port  # noqa: E402
 
 
 def checksum_of(model_dir) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import threading
 import time
 
@@ -22,12 +21,7 @@ from tandemrl.train.rollout_queue import RolloutQueue  # noqa: E402
 from tandemrl.train.loop import train  # noqa: E402
 from tests.serve.conftest import serve_config, start_server  # noqa: E402
 from tests.serve.test_trainer_against_server import trainer_config  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.tests_support.ports import free_port  # noqa: E402
 
 
 def test_two_environments_feed_the_trainer_through_the_server(tiny_dir, tmp_path):

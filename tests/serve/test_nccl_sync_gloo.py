@@ -4,7 +4,6 @@ push that dies halfway through its buckets leaves the first one served."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import torch
 pytest.importorskip("openai")
 
 from tests.serve.conftest import child_env, serve_config, start_server  # noqa: E402
+from tests.tests_support.ports import free_port  # noqa: E402
 
 TRAINER = textwrap.dedent("""
     import os, sys, threading, torch
@@ -53,12 +53,6 @@ TRAINER = textwrap.dedent("""
         sync.group.broadcast(bucket)
     os._exit(3)
 """).replace("BUCKET_MB", "0.05")  # the tiny model's 0.3 MB in 7 buckets
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_nccl_sync_over_gloo_and_an_interrupted_push(tiny_dir):
