@@ -209,30 +209,27 @@ class LLMEngine:
 
     def _step(self) -> list[tuple[int, Rollout]]:
         with self._on_device():
-            return self._one_step()
-
-    def _one_step(self) -> list[tuple[int, Rollout]]:
-        if self._asleep:
-            raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
-        if self.between_steps is not None:
-            self.between_steps()
-        out, self._ready = self._ready, []
-        try:
-            if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
-                self._sync_weights_version()
-            plan = self.scheduler.schedule(in_flight=self._in_flight is not None)
-            launched = self._launch(plan) if plan else None
-            if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
-                raise RuntimeError("scheduler made no progress with requests waiting")  # add() rules this out
-            previous, self._in_flight = self._in_flight, launched
-            if previous is not None:
-                out += self._complete(previous)
-            if self._synchronous:
-                self._drain(out)
-        except BaseException:
-            self._ready = out + self._ready  # still to be returned
-            raise
-        return out
+            if self._asleep:
+                raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
+            if self.between_steps is not None:
+                self.between_steps()
+            out, self._ready = self._ready, []
+            try:
+                if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
+                    self._sync_weights_version()
+                plan = self.scheduler.schedule(in_flight=self._in_flight is not None)
+                launched = self._launch(plan) if plan else None
+                if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
+                    raise RuntimeError("scheduler made no progress with requests waiting")  # add() rules this out
+                previous, self._in_flight = self._in_flight, launched
+                if previous is not None:
+                    out += self._complete(previous)
+                if self._synchronous:
+                    self._drain(out)
+            except BaseException:
+                self._ready = out + self._ready  # still to be returned
+                raise
+            return out
 
     def _launch(self, plan: StepPlan) -> _Launched:
         try:

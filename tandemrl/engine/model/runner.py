@@ -59,9 +59,7 @@ class ModelRunner:
             raise ValueError(f"the runner needs a {TARGET!r} slot, got {sorted(models)}")
         self.device = canonical(device if device is not None else next(models[TARGET].parameters()).device)
         self.block_size = config.block_size
-        self.enforce_eager = not config.cuda_graphs or self.device.type != "cuda"
-        self.use_triton = _pick_backend(attention_backend, self.device)
-        self.fused_kernels = config.fused_kernels and fused_available(self.device)
+        self.use_triton, self.fused_kernels, self.enforce_eager = _kernels(config, attention_backend, self.device)
         self.slots = {name: self._slot(name, model, config, attention_backend) for name, model in models.items()}
         self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
         _check_vocabularies(self.slots)
@@ -84,12 +82,8 @@ class ModelRunner:
         # (32 MiB on an H100), and a graph keeps the workspace of the stream it was captured on. Two slots' graphs
         # replaying at once (tandem's paired ticks) must not share one: their GEMMs would race in it.
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if device == self.device:
-            use_triton, fused, eager = self.use_triton, self.fused_kernels, self.enforce_eager
-        else:
-            use_triton = _pick_backend(attention_backend if device.type == self.device.type else "auto", device)
-            fused = config.fused_kernels and fused_available(device)
-            eager = not config.cuda_graphs or device.type != "cuda"
+        backend = attention_backend if device.type == self.device.type else "auto"
+        use_triton, fused, eager = _kernels(config, backend, device)
         return ModelSlot(name, model, device, self.block_size, config.max_model_len, use_triton=use_triton,
                          fused_kernels=fused, enforce_eager=eager, warmup_stream=stream,
                          home=self.device, kv_cache_dtype=config.kv_cache_dtype)
@@ -207,6 +201,12 @@ def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:
     sizes = {name: slot.spec.vocab_size for name, slot in slots.items()}
     if len(set(sizes.values())) > 1:
         raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
+
+
+def _kernels(config: EngineConfig, attention_backend: str, device: torch.device) -> tuple[bool, bool, bool]:
+    """(Triton decode attention, the fused kernels, eager: no CUDA graphs) on ``device``."""
+    return (_pick_backend(attention_backend, device), config.fused_kernels and fused_available(device),
+            not config.cuda_graphs or device.type != "cuda")
 
 
 def _pick_backend(name: str, device: torch.device) -> bool:

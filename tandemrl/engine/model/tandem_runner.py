@@ -1,8 +1,8 @@
 """Runs a tandem burst (engine/tandem_burst.py) on the device: its forwards in order, with no host sync.
 
 Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
-tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
-``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
+tokens it reads from the buffer, runs its model over them as one decode step of a row per token (``_one_step``:
+CUDA graphs apply), samples each served row's next token from the logits of its last one and
 writes it into the buffer. In paired ticks a tick's frozen forward runs beside the hot one: on the frozen slot's
 stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it
 reads the successor of: the hot model's log-prob of each kept token, whoever wrote it, goes into a second buffer.
@@ -187,19 +187,15 @@ def _device_indices(burst: TandemBurst, device: torch.device) -> list[dict[str, 
     """Per forward, its flat buffer indices on the device (one copy for the whole burst): ``read`` (tokens it reads),
     ``next`` (their successors), ``write`` (where each row's sample goes), ``last`` (the index of each row's last
     token among those read), ``rows`` (the batch row of each sample), ``row`` (the batch row of each token read)."""
-    parts: list[tuple[str, int, np.ndarray]] = []
-    for f, forward in enumerate(burst.forwards):
-        last = forward.last
-        parts += [(f"{f}read", f, burst.column(forward.row, forward.token)),
-                  (f"{f}next", f, burst.column(forward.row, forward.token + 1)),
-                  (f"{f}write", f, burst.column(forward.rows, forward.token[last] + 1)),
-                  (f"{f}last", f, last), (f"{f}rows", f, forward.rows), (f"{f}row", f, forward.row)]
-    flat = copy_to_device(torch.from_numpy(np.concatenate([p for _, _, p in parts]).astype(np.int64)), device)
-    pieces = flat.split([len(p) for _, _, p in parts])
-    indices: list[dict[str, Tensor]] = [{} for _ in burst.forwards]
-    for (name, f, _), piece in zip(parts, pieces):
-        indices[f][name[len(str(f)):]] = piece
-    return indices
+    parts = [part for forward in burst.forwards for part in (
+        burst.column(forward.row, forward.token), burst.column(forward.row, forward.token + 1),
+        burst.column(forward.rows, forward.token[forward.last] + 1), forward.last, forward.rows, forward.row)]
+    flat = copy_to_device(torch.from_numpy(np.concatenate(parts).astype(np.int64)), device)
+    pieces = iter(flat.split([len(p) for p in parts]))
+    return [{name: next(pieces) for name in _INDEX_NAMES} for _ in burst.forwards]
+
+
+_INDEX_NAMES = ("read", "next", "write", "last", "rows", "row")  # a forward's parts, in ``_device_indices``' order
 
 
 def _grid(burst: TandemBurst) -> tuple[np.ndarray, np.ndarray]:

@@ -130,16 +130,12 @@ def param_slice(name: str, sizes: ShardSizes, rank: int) -> ParamSlice:
 
 
 def take_slice(full: Tensor, piece: ParamSlice) -> Tensor:
-    if piece.dim is None:
-        return full
-    return full.narrow(piece.dim, piece.start, piece.stop - piece.start)
+    return full if piece.dim is None else full.narrow(piece.dim, piece.start, piece.stop - piece.start)
 
 
 def target_view(shard_param: Tensor, piece: ParamSlice) -> Tensor:
     """Where the slice lands in the shard's tensor (a vocabulary shard past the vocabulary's end is padding)."""
-    if piece.dim is None:
-        return shard_param
-    return shard_param.narrow(piece.dim, 0, piece.stop - piece.start)
+    return shard_param if piece.dim is None else shard_param.narrow(piece.dim, 0, piece.stop - piece.start)
 
 
 class RowParallelLinear(nn.Module):
