@@ -9,12 +9,7 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # engine.kv_cache_dtype: the model's dty
 
 @dataclass
 class EngineConfig:
-    """How the rollout engine sizes its KV cache and its batches.
-
-    ``num_blocks=None`` lets the model runner size the cache: a ``gpu_memory_utilization`` share of the GPU
-    (on CPU, the runner's own default). ``max_num_batched_tokens`` bounds the tokens COMPUTED by one prefill
-    step (prefix-cache hits are free); a single sequence longer than it still runs, alone in its step.
-    ``max_model_len=None`` means no limit beyond the pool's size (the backend fills in the model's own).
+    """How the rollout engine sizes its KV cache and its batches; each field says what it does.
 
     The main config nests this class as its ``engine`` section (validated there by pydantic, which reads the field
     types; ``__pydantic_config__`` makes an unknown key an error), and it reaches the engine and the model runner

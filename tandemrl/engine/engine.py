@@ -42,10 +42,8 @@ from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
 class PendingStep(Protocol):
-    """A launched step's output, on its way to the host."""
-
     def result(self) -> StepOutput:
-        """Waits for the device."""
+        """The launched step's output; waits for the device."""
         ...
 
 
@@ -53,8 +51,7 @@ class ModelRunnerProtocol(Protocol):
     """What the engine needs from the model side (model slots with their KV pools, forwards, sampling)."""
 
     def launch(self, plan: StepPlan) -> PendingStep:
-        """Start ``plan`` (step.py). A sequence's pending placeholders stand for tokens of the runner's previous
-        launch, fed on the device."""
+        """Start ``plan`` (step.py); pending placeholders are the previous launch's tokens, fed on the device."""
         ...
 
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
@@ -63,24 +60,16 @@ class ModelRunnerProtocol(Protocol):
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int: ...
 
-    def bytes_per_block(self) -> int:
-        """KV bytes of one block over every model slot."""
-        ...
+    def bytes_per_block(self) -> int: ...  # KV bytes of one block over every model slot
 
-    def weights_version(self) -> Hashable:
-        """Changes whenever the weights change (cached K/V is tied to it)."""
-        ...
+    def weights_version(self) -> Hashable: ...  # changes whenever the weights change (cached K/V is tied to it)
 
     @property
-    def pairs_tandem_forwards(self) -> bool:
-        """Whether tandem bursts run in paired ticks, both models' forwards at once (tandem_burst.py)."""
-        ...
+    def pairs_tandem_forwards(self) -> bool: ...  # tandem bursts in paired ticks (tandem_burst.py)
 
 
 @dataclasses.dataclass
-class _Launched:
-    """A step the runner has launched, its tokens not yet read back."""
-
+class _Launched:  # a step the runner has launched, its tokens not yet read back
     plan: StepPlan
     pending: PendingStep
 

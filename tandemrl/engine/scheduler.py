@@ -6,11 +6,8 @@ the last sampled token back on the device; a sequence's burst never passes its `
 whenever a waiting sequence fits the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a
 prefill is admitted whatever its length, so a long prompt is never starved by the budget.
 
-With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
-device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (a row
-may return fewer or more tokens than planned: step.py). A tandem burst with writers drawn ahead is scheduled so
-too: its writers are those after the pending positions, and postprocess moves the owner stream step by step, in
-launch order.
+With asynchronous scheduling (engine.py) sequences count a launched step's tokens as pending placeholders, and
+``postprocess`` puts the real ones in their place; a tandem row's owner stream moves there too, in launch order.
 
 Preemption is by recomputation: when a decode step cannot give a sequence its next block, the most recently
 added running sequence gives all its blocks back and returns to the FRONT of the waiting queue, keeping its
@@ -59,7 +56,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def check_feasible(self, seq: Sequence) -> None:
+    def check_feasible(self, seq: Sequence) -> None:  # add()'s ValueError
         total = seq.num_prompt_tokens + seq.params.max_tokens
         limit = self.config.max_model_len
         if limit is not None and total > limit:
@@ -151,10 +148,9 @@ class Scheduler:
         return self._schedule_single_steps(running, in_flight)
 
     def _schedule_verify(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Speculative decoding (speculative.py): every row proposes up to ``num_tokens`` tokens a round (never past
-        its ``max_tokens``) and the target verifies them; a draft model's rounds run several to a launch, each row's
-        blocks reserved for its budget (every proposal kept). If the free blocks cannot cover that, half the rounds,
-        down to one, then a step with no proposals, which may preempt."""
+        """Speculative decoding (speculative.py), each row's blocks reserved for its budget (every proposal kept). If
+        the free blocks cannot cover that, half the rounds, down to one, then a step with no proposals, which may
+        preempt."""
         k, propose = self.speculative.num_tokens, self.speculative.propose
         remaining = [s.params.max_tokens - s.num_completion_tokens for s in running]
         if propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (fewer blocks: fewer)
@@ -182,10 +178,9 @@ class Scheduler:
         return min(self.speculative.rounds, need)
 
     def _schedule_tandem_burst(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards of the two models in turns
-        or in pairs (tandem_burst.py; about 2.5 x / 2 x ``decode_steps`` positions: longer than a plain burst, as
-        each ends with two catch-up forwards); if the free blocks cannot cover it, one token each, which may
-        preempt."""
+        """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards (tandem_burst.py; about
+        2.5 x / 2 x ``decode_steps`` positions: longer than a plain burst, as each ends with two catch-up forwards);
+        if the free blocks cannot cover it, one token each, which may preempt."""
         forwards = 4 * self.config.decode_steps
         burst = plan_tandem_burst([self._writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
                                    for s in running], forwards, paired=self.paired_tandem)
@@ -199,9 +194,8 @@ class Scheduler:
                         tandem=plan_tandem_burst([self._writers(s, 1) for s in plan.seqs], 0))
 
     def _schedule_tandem_segments(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Tandem with writers that depend on the tokens (sentence, word): each row's next segment from its owner
-        stream, a run of frozen tokens and maybe the hot token after it; if the free blocks cannot cover that, one
-        token each, which may preempt."""
+        """Tandem with writers that depend on the tokens (sentence, word): each row's next segment (tandem.py); if
+        the free blocks cannot cover that, one token each, which may preempt."""
         cap = self.tandem.max_run_tokens
         segments = [self._next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
         planned = [r + hot for r, hot in segments]
@@ -259,9 +253,8 @@ class Scheduler:
 
     def postprocess(self, plan: StepPlan, output: StepOutput, now: float = 0.0) -> list[Sequence]:
         """Put each row's tokens in place of the placeholders its step reserved, up to the one that finishes it (the
-        rest is dropped); return (and free) the sequences that finished. Placeholders of a step launched later stay
-        behind them (a finished sequence drops them too); a sequence finished meanwhile (aborted, or stopped by an
-        earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
+        rest is dropped); return (and free) the sequences that finished. A sequence finished meanwhile (aborted, or
+        stopped by an earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
         output.check(plan)
         forced = None if isinstance(plan, DecodeStep) else plan.forced  # tandem: the frozen model's runs
         finished: list[Sequence] = []

@@ -1,6 +1,5 @@
-"""What a launch's verify, round and tandem code reads of the runner: its slots, samplers, KV geometry and
-acceptance rule. runner.py hands one to rounds.py, round.py, proposers.py, round_graph.py and tandem_runner.py
-instead of itself, so they import nothing back from it (no import circle through the runner).
+"""What a launch reads of the runner (slots, samplers, KV geometry, acceptance rule), handed over instead of the
+runner itself, so the launch code imports nothing back from it (no import circle through the runner).
 """
 
 from __future__ import annotations

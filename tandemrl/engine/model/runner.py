@@ -1,14 +1,9 @@
 """The model runner: hosts the model slots (slot.py), turns a step plan into forwards and samples its tokens.
 
 ``launch(plan)`` runs one step (step.py) on the plan's slot under inference mode with the model in eval mode and
-returns before the device is done (pending.py):
-- PREFILL (prefill.py): packed uncached tokens through every slot, one token per row after its last;
-- DECODE: a burst of steps of the target (decode_burst.py), each step's sampled tokens the next step's input on the
-  device; or a tandem burst (tandem_runner.py: the hot and the frozen slot in turns or in paired ticks, as planned
-  on the host); either's first input fed from the previous launch;
-- VERIFY: rounds of a proposer and an acceptance rule back to back on the device (rounds.py): a draft's
-  ``plan.rounds`` rounds, one of proposals known on the host (n-gram) or of a tandem segment's frozen run.
-``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
+returns before the device is done (pending.py): PREFILL in prefill.py, DECODE in decode_burst.py (or tandem_runner.py
+for a tandem burst), VERIFY in rounds.py. ``run`` and ``decode`` are the same launches on the target slot, waited for
+(benches and tests).
 
 Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
 """
@@ -40,13 +35,10 @@ from tandemrl.engine.step import TARGET, DecodeStep, PrefillStep, StepPlan, Veri
 class ModelRunner:
     """Forwards + sampling over paged KV pools for Qwen2/Qwen3/Llama/Mistral models (maybe peft-wrapped).
 
-    models: the trainer's model (the ``target`` slot), or slot name -> model; each used in place. config: the
-    engine's config, read whole (block_size, max_model_len, cuda_graphs, fused_kernels). device: where the models
-    live (default: the target's embedding's device). attention_backend: "auto" (Triton kernels on CUDA when
-    available), "triton" or "sdpa". fused_kernels: the Triton kernels of kernels/ (RMSNorm + residual add, RoPE
-    with the K/V store, SiLU product, grouped q/k/v and gate/up, the one-read sampler) on CUDA when Triton is
-    importable; CPU keeps torch ops. acceptance: the rule that checks speculative proposals, by name
-    (acceptance.py; a benchmark registers and names its own).
+    models: the trainer's model (the ``target`` slot), or slot name -> model; each used in place. device: where the
+    models live (default: the target's). attention_backend: "auto" (Triton kernels on CUDA when available), "triton"
+    or "sdpa". acceptance: the rule that checks speculative proposals, by name (acceptance.py; a benchmark registers
+    and names its own).
     """
 
     def __init__(self, models: nn.Module | Mapping[str, nn.Module], config: EngineConfig | None = None,

@@ -8,10 +8,9 @@ stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot m
 reads the successor of: the hot model's log-prob of each kept token, whoever wrote it, goes into a second buffer.
 Every index a forward uses is planned on the host and copied to the device once per burst.
 
-Asynchronous scheduling (engine.py): a burst may be launched before the previous launch's tokens are read back. A
-burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
-that last token (buffer column 0), which may still be pending: it is fed on the device from the previous launch's
-tokens (pending.py's ``link_pending`` / ``resolve_pending``), like the first step of a plain decode burst.
+A burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
+that last token (buffer column 0), which may still be pending (asynchronous scheduling): it is fed on the device from
+the previous launch's tokens (pending.py), like the first step of a plain decode burst.
 
 The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
 stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
