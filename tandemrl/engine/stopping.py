@@ -42,9 +42,7 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text, False) if i is None else (text[:i], True)
 
 
-def tokens_to_keep(
-    ids: Sequence[int], decode: Callable[[Sequence[int]], str], stop: Sequence[str]
-) -> int | None:
+def tokens_to_keep(ids: Sequence[int], decode: Callable[[Sequence[int]], str], stop: Sequence[str]) -> int | None:
     """Number of leading tokens to keep so the completion ends with the token that completed a stop string.
 
     That is the smallest ``n`` such that ``decode(ids[:n])`` contains a stop string; None if even the whole

@@ -72,11 +72,9 @@ def batch_bucket(batch: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int | 
 class DecodeGraphs:
     """Captured decode forwards over one static input buffer; see the module docstring."""
 
-    def __init__(
-        self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
-        max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
-        query_capacity: int = 1,
-    ) -> None:
+    def __init__(self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
+                 max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
+                 query_capacity: int = 1) -> None:
         self.forward = forward
         # Warm-ups run on a side stream; a runner passes the same one to each of its DecodeGraphs: cuBLAS keeps a
         # workspace (32 MiB on Hopper) for every stream it has run on, for the life of the process.
@@ -183,8 +181,8 @@ class DecodeGraphs:
         head[_COLUMNS * bucket:].view(-1, bucket).fill_(self.scratch_block)[:w, :rows] = table.t()
         return staged, head, columns[0, :rows], columns[1:4, :rows]  # the last two: where each forward's inputs go
 
-    def run_columns(self, prepared: tuple[_Staged, Tensor, Tensor, Tensor], input_ids: Tensor, columns: Tensor
-                    ) -> Tensor:
+    def run_columns(self, prepared: tuple[_Staged, Tensor, Tensor, Tensor], input_ids: Tensor,
+                    columns: Tensor) -> Tensor:
         """The forward ``prepare_columns`` laid out, over ``input_ids`` [B] and ``columns`` [3, B] (positions, slots,
         context lengths), all on the device: device copies and one replay. Hidden [B, hidden], as ``step``."""
         staged, head, ids_part, columns_part = prepared

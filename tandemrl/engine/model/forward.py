@@ -108,10 +108,8 @@ def _sliding_window(cfg, attn: nn.Module, model_type: str) -> int | None:
     return int(window) if window else None
 
 
-def forward_hidden(
-    spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | DecodeMeta, k_caches: list[Tensor],
-    v_caches: list[Tensor], rows: Tensor | None = None, fused: bool = False,
-) -> Tensor:
+def forward_hidden(spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | DecodeMeta, k_caches: list[Tensor],
+                   v_caches: list[Tensor], rows: Tensor | None = None, fused: bool = False) -> Tensor:
     """Run the decoder on packed tokens input_ids [N]; write their K/V to the caches.
 
     Returns the final-norm hidden states of `rows` (default: all tokens) — the only positions we take logits of.
@@ -134,10 +132,8 @@ def forward_hidden(
     return spec.norm(hidden)  # a per-row op: normalising only the rows we keep is exact
 
 
-def _forward_fused(
-    spec: DecoderSpec, hidden: Tensor, cos: Tensor, sin: Tensor, meta: PrefillMeta | DecodeMeta,
-    k_caches: list[Tensor], v_caches: list[Tensor], rows: Tensor | None,
-) -> Tensor:
+def _forward_fused(spec: DecoderSpec, hidden: Tensor, cos: Tensor, sin: Tensor, meta: PrefillMeta | DecodeMeta,
+                   k_caches: list[Tensor], v_caches: list[Tensor], rows: Tensor | None) -> Tensor:
     """The same maths with each sublayer's residual add fused into the next norm: `hidden` is a sublayer's
     output still to be added to `residual` (None before the first layer). cos, sin: [N, D]."""
     residual: Tensor | None = None
@@ -200,10 +196,8 @@ def compute_logits(spec: DecoderSpec, hidden: Tensor) -> Tensor:
     return spec.lm_head(hidden)
 
 
-def _self_attention(
-    spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-    meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False,
-) -> Tensor:
+def _self_attention(spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                    v_cache: Tensor, meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False) -> Tensor:
     """cos, sin: [N, 1, D] on the torch path, [N, D] on the fused path (which rotates q and k in place)."""
     N = x.shape[0]
     q, k, v = _qkv(attn, x, fused)
