@@ -29,11 +29,6 @@ from dataclasses import dataclass
 from tandemrl.engine.sequence import Sequence
 
 
-def weights_root(weights_version: int, policy_version: int) -> bytes:
-    """Parent digest of the first block of a sequence allocated under these versions."""
-    return struct.pack("<qq", weights_version, policy_version)
-
-
 def block_digest(parent: bytes, token_ids: list[int]) -> bytes:
     """Stable 128-bit digest of a block's content and everything before it."""
     payload = struct.pack(f"<{len(token_ids)}q", *token_ids)
@@ -230,7 +225,8 @@ class BlockManager:
         return memo
 
     def _root(self, seq: Sequence) -> bytes:
-        return weights_root(self.weights_version, seq.policy_version)
+        """Parent digest of the first block of ``seq`` allocated now: the weights and policy versions."""
+        return struct.pack("<qq", self.weights_version, seq.policy_version)
 
     def _plan(self, seq: Sequence) -> _Plan:
         """(For a sequence holding no blocks.)"""

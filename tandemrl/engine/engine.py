@@ -158,13 +158,10 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """Stop generating ``request_id`` (every sequence with that id) and free its blocks; no rollout
         comes back for it. Returns False if no unfinished request has that id."""
-        found = any(r.request_id == request_id for _, r in self._ready)
-        self._ready = [(i, r) for i, r in self._ready if r.request_id != request_id]
-        for seq in [s for s in self._live.values() if s.request_id == request_id]:
-            del self._live[seq.seq_id]
-            self.scheduler.abort(seq)
-            found = True
-        return found
+        seq_ids = {i for i, r in self._ready if r.request_id == request_id}
+        seq_ids |= {s.seq_id for s in self._live.values() if s.request_id == request_id}
+        self._drop(seq_ids)
+        return bool(seq_ids)
 
     def progress(self, sent: Mapping[str, int] | None = None) -> list[tuple[str, list[int], list[float]]]:
         """(request_id, completion ids, their log-probs) read back so far, for every unfinished sequence: what a

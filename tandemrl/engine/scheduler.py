@@ -52,11 +52,6 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue ``seq``; raises ValueError if it could never run (too long, or larger than the pool)."""
-        self.check_feasible(seq)
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
-
-    def check_feasible(self, seq: Sequence) -> None:  # add()'s ValueError
         total = seq.num_prompt_tokens + seq.params.max_tokens
         limit = self.config.max_model_len
         if limit is not None and total > limit:
@@ -71,6 +66,8 @@ class Scheduler:
                              f"{bm.num_blocks}")
         if seq.params.stop and self.decode is None:
             raise ValueError("stop strings need a tokenizer to decode the completion")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

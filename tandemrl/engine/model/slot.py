@@ -42,10 +42,6 @@ class _Parked:
     graphs: DecodeGraphs
     addresses: tuple  # (num_blocks, pool address, parameter and buffer addresses, adapter state)
 
-    @property
-    def pool_address(self) -> int:
-        return self.addresses[1]
-
 
 class ModelSlot:
     """A model's forward over its own paged KV pool; see the module docstring."""
@@ -133,7 +129,7 @@ class ModelSlot:
     def parked_pool_address(self) -> int:
         """Where the pool of the parked graphs was (0: none parked): the runner allocates the pools in this order,
         as PyTorch's allocator hands out the lowest-addressed of equally sized free blocks."""
-        return self._parked.pool_address if self._parked is not None else 0
+        return self._parked.addresses[1] if self._parked is not None else 0
 
     def _captured_addresses(self) -> tuple:
         """What a captured graph reads by address: the pool, every parameter and buffer (a tensor replaced by the

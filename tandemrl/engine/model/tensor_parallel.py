@@ -182,7 +182,7 @@ class VocabParallelLMHead(nn.Module):
 
 def empty_shard(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
     """Rank ``tp.rank``'s shard of ``model`` (a plain HF decoder; its parameters may be FSDP2 DTensors), frozen, in
-    eval mode, its weights allocated but not filled (``fill_from_full`` or distributed/tp_weights.py fill them).
+    eval mode, its weights allocated but not filled (``shard_for_rank`` or distributed/tp_weights.py fill them).
     Never materialises a full layer: the shard is built on the meta device, then allocated."""
     lm = unwrap_causal_lm(model)
     if lm is not model or any("lora" in name for name, _ in model.named_modules()):
@@ -248,16 +248,11 @@ def shard_params(shard: nn.Module, rank: int) -> list[tuple[str, Tensor, ParamSl
 
 
 @torch.no_grad()
-def fill_from_full(shard: nn.Module, full: nn.Module, tp: TensorParallelGroup) -> None:
-    """Copy rank ``tp.rank``'s slices of ``full``'s plain (not sharded) weights into ``shard``'s own tensors."""
-    sources = dict(unwrap_causal_lm(full).named_parameters())
-    for name, target, piece in shard_params(shard, tp.rank):
-        target_view(target, piece).copy_(take_slice(sources[name], piece))
-
-
 def shard_for_rank(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
     """Rank ``tp.rank``'s shard of a full model held whole on this rank (an engine of its own, tandem's frozen
     model): built, then filled from ``model``'s tensors (no communication)."""
     shard = empty_shard(model, tp)
-    fill_from_full(shard, model, tp)
+    sources = dict(unwrap_causal_lm(model).named_parameters())
+    for name, target, piece in shard_params(shard, tp.rank):
+        target_view(target, piece).copy_(take_slice(sources[name], piece))
     return shard
