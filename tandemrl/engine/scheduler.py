@@ -151,7 +151,8 @@ class Scheduler:
         k, propose = self.speculative.num_tokens, self.speculative.propose
         remaining = [s.params.max_tokens - s.num_completion_tokens for s in running]
         if propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (fewer blocks: fewer)
-            for r in _halvings(self._verify_rounds(running, remaining)):
+            rounds = self._verify_rounds(running, remaining)
+            for r in (rounds >> i for i in range(rounds.bit_length())):  # halved while the free blocks are short
                 budgets = [min(r * (k + 1), left) for left in remaining]
                 if self.block_manager.try_append_all(running, budgets):
                     return VerifyStep(running, budgets, rounds=r, num_proposals=k)
@@ -367,14 +368,6 @@ def _cut_frozen_run(owners: OwnerStream, forced: int, tokens: list[int], lps: li
     if kept == forced or output.own_ids is None or output.own_logprobs is None:
         return tokens, lps, forced
     return tokens[:kept] + [output.own_ids[row][kept]], lps[:kept] + [output.own_logprobs[row][kept]], kept
-
-
-def _halvings(rounds: int) -> list[int]:
-    """rounds, rounds // 2, ... down to 1: the launch sizes tried when the free blocks are short."""
-    sizes = [rounds]
-    while sizes[-1] > 1:
-        sizes.append(sizes[-1] // 2)
-    return sizes
 
 
 def _record_rounds(seq: Sequence, plan: VerifyStep, row: int, accepted: list[int], kept: int) -> None:

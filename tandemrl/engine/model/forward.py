@@ -191,11 +191,6 @@ def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tenso
     return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
 
 
-def compute_logits(spec: DecoderSpec, hidden: Tensor) -> Tensor:
-    """[S, hidden] final-norm states -> [S, vocab] logits, through the model's own lm_head."""
-    return spec.lm_head(hidden)
-
-
 def _self_attention(spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
                     v_cache: Tensor, meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False) -> Tensor:
     """cos, sin: [N, 1, D] on the torch path, [N, D] on the fused path (which rotates q and k in place)."""

@@ -29,7 +29,7 @@ def launch_prefill(context: LaunchContext, slot: ModelSlot, plan: PrefillStep) -
     """The step's pending tokens, and its tokens [B, 1] on the device (the next launch may feed on them)."""
     hidden = _prefill(context, plan.seqs)
     if plan.forced is None:
-        tokens, logprobs = context.sampler.for_rows(plan.seqs)(slot.logits(hidden[slot.name]))
+        tokens, logprobs = context.sampler.for_subsets(plan.seqs)(slot.logits(hidden[slot.name]), slice(None))
         return PendingTokens(tokens[:, None], logprobs[:, None], plan.num_tokens), tokens[:, None]
     proposer = context.slots[plan.proposer]
     sampler = context.sampler_for(proposer)  # on the proposer's device: only its tokens cross

@@ -50,7 +50,7 @@ def launch_rounds(context: LaunchContext, target: ModelSlot, plan: VerifyStep) -
     table = block_tables(seqs, cap, context.block_size, context.num_blocks)
     last_two = int64_array([t for seq in seqs for t in seq.token_ids[-2:]])
     host = launch_columns(lengths, budget, cap, bonus, last_two, table)
-    greedy = context.sampler.all_greedy(seqs)
+    greedy = all(seq.params.temperature <= 0 for seq in seqs)  # known on the host: no random draws
     rule = acceptance_rule(rule_name)
     proposer_slot = context.slots.get(name)
     with eval_mode(proposer_slot.modules if proposer_slot is not None else []):

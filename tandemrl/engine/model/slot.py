@@ -21,7 +21,7 @@ from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta
 from tandemrl.engine.model.attention import query_groups
 from tandemrl.engine.model.cuda_graphs import FORWARD_BUCKETS, DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
-from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder
+from tandemrl.engine.model.forward import DecoderSpec, forward_hidden, inspect_decoder
 from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.placement import on_device
 
@@ -141,7 +141,8 @@ class ModelSlot:
     # ------------------------------------------------------------------ forwards
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return compute_logits(self.spec, hidden)
+        """[S, hidden] final-norm states -> [S, vocab] logits, through the model's own lm_head."""
+        return self.spec.lm_head(hidden)
 
     def forward(self, input_ids: Tensor, meta: PrefillMeta, rows: Tensor | None) -> Tensor:
         """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""

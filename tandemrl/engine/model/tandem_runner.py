@@ -24,7 +24,7 @@ samples cross.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -38,9 +38,6 @@ from tandemrl.engine.model.placement import move
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.step import DecodeStep
 from tandemrl.engine.tandem_burst import TandemBurst
-
-
-Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
 
 
 def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamples | None) -> tuple[Tensor, Tensor]:
@@ -76,10 +73,11 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
         with streams.beside(forward.beside):
             if not forward.hot:
                 read = ahead.pop(f) if f in ahead else move(tokens[index["read"]], frozen.device)
-                drawn = _frozen_forward(frozen, forward_of[False], nth[False], read, far_index,
-                                        frozen_sample if forward.sample else None)
+                hidden = forward_of[False](nth[False], read)  # on the frozen device, as are its samples
                 nth[False] += 1
-                if drawn is not None:
+                if forward.sample:
+                    with frozen.on_device():
+                        drawn, _ = frozen_sample(frozen.logits(hidden[far_index["last"]]), far_index["rows"])
                     tokens[index["write"]] = move(drawn, hot.device)
                 continue
             if frozen.device != hot.device and _frozen_reads_past(burst, f):
@@ -106,18 +104,6 @@ def _frozen_reads_past(burst: TandemBurst, f: int) -> bool:
         return True
     written = burst.column(hot.rows, hot.token[hot.last] + 1)
     return not np.isin(burst.column(frozen.row, frozen.token), written).any()
-
-
-def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
-                    index: dict[str, Tensor], sample: Sampler | None) -> Tensor | None:
-    """The frozen model's ``nth`` forward over ``read`` (on its device), and, when it samples, each served row's next
-    token (on its device too)."""
-    hidden = run(nth, read)
-    if sample is None:
-        return None
-    with frozen.on_device():
-        drawn, _ = sample(frozen.logits(hidden[index["last"]]), index["rows"])
-    return drawn
 
 
 class _Streams:
