@@ -17,9 +17,7 @@ column-major (``[width, bucket]`` viewed as ``[bucket, width]``, so the columns 
 prefix and the copy moves only those; the Triton kernel never reads past a row's context, SDPA graphs copy every
 column); "later steps" holds ``[positions | slots | context_lens]`` of steps 1..K-1. Before step j > 0 one device
 copy moves step j's columns into place and one copies the tokens sampled at step j - 1 into ``ids``: the burst
-needs no host sync until its end. A tandem burst's forwards (each a one-step plan over its own rows) are staged
-all at once by ``stage_forwards`` into a device buffer of their own; ``run_forward`` moves one forward's part into
-place (one device copy) and replays its graph.
+needs no host sync until its end. A tandem burst's forwards are staged all at once (``stage_forwards``).
 
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
 graph's private output stays small and the sampler's generator is never captured (a verify round's graph,
@@ -96,7 +94,6 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # shared by captures
         self._burst = _Staged(0, 0, 0, False, 0, 0)
-        self._staged_size = 0
         self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
         # whole verify rounds (round_graph.py's RoundGraph, typed there: this module imports nothing of the round
         # code), keyed (bucket, width, k, proposer, rule): they read a proposer's pool and weights too
@@ -125,11 +122,8 @@ class DecodeGraphs:
         later = host[staged.head:size].reshape(plan.num_steps - 1, 3, staged.bucket)
         for c, values in enumerate((plan.positions, plan.slots, plan.context_lens)):
             later[:, c, :staged.rows], later[:, c, staged.rows:] = values[1:], self._pad[c + 1]
-        self._burst, self._staged_size = staged, size
-        self._copy_staged()
-
-    def _copy_staged(self) -> None:
-        self.static[:self._staged_size].copy_(self.host[:self._staged_size], non_blocking=True)
+        self._burst = staged
+        self.static[:size].copy_(self.host[:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
 

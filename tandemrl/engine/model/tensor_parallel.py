@@ -18,7 +18,7 @@ The collectives are torch.distributed's in-place all_reduce and all-gather (NCCL
 
 Every rank of the group computes the same hidden states and logits bit for bit (the collectives hand every rank the
 same sums), so the same seeded sampler draws the same tokens on each: the ranks' schedulers stay in step without
-exchanging tokens. ``param_slices`` says which slice of each full parameter a rank holds: the engine fills a shard
+exchanging tokens. ``param_slice`` says which slice of each full parameter a rank holds: the engine fills a shard
 from a full model here (``shard_for_rank``), the trainer from FSDP2 shards (distributed/tp_weights.py).
 """
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -50,15 +51,11 @@ class TensorParallelGroup:
     group: Any = None
 
     def all_reduce_(self, x: Tensor) -> Tensor:
-        import torch.distributed as dist
-
         dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_rows(self, x: Tensor) -> Tensor:
         """[S, ...] on every rank -> [size, S, ...], rank r's rows at [r]."""
-        import torch.distributed as dist
-
         out = x.new_empty((self.size, *x.shape))
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
         gather(out.view(-1, *x.shape[1:]), x.contiguous(), group=self.group)
@@ -66,8 +63,6 @@ class TensorParallelGroup:
 
     def min_int(self, value: int, device: torch.device) -> int:
         """The smallest ``value`` over the group (e.g. KV blocks: every rank's scheduler must see the same pool)."""
-        import torch.distributed as dist
-
         t = torch.tensor([int(value)], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
