@@ -190,19 +190,14 @@ class BlockManager:
     def _register_computed_blocks(self, seq: Sequence) -> None:
         """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
         first back to the last registered one: O(1) per step in steady state."""
-        table, bs = seq.block_table, self.block_size
-        computed = min(_cacheable_tokens(seq) // bs, len(table))
+        table = seq.block_table
+        computed = min(_cacheable_tokens(seq) // self.block_size, len(table))
         first = computed
         while first > 0 and self._digest[table[first - 1]] is None:
             first -= 1
-        root, digests = self._memo(seq)
+        digests = self._full_block_digests(seq, computed)
         for i in range(first, computed):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])  # sliced once: hashed and kept to verify hits
-            if i >= len(digests):  # usually the next digest to compute (else hash the ones before it first)
-                if i > len(digests):
-                    self._full_block_digests(seq, i)
-                digests.append(block_digest(digests[-1] if digests else root, tokens))
-            self._register(table[i], digests[i], tokens)
+            self._register(table[i], digests[i], self._block_tokens(seq, i))
 
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
         return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
