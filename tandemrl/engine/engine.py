@@ -120,8 +120,7 @@ class LLMEngine:
         self.policy_version: int | None = None  # the weights' version (set_policy_version); None: each request's
         # called at the start of every step, before it schedules: where a rollout worker applies a weight push
         self.between_steps: Callable[[], None] | None = None
-        self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
-                        "errors": 0}
+        self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0, "errors": 0}
 
     # ------------------------------------------------------------------ requests
 
@@ -228,9 +227,13 @@ class LLMEngine:
         version = self.policy_version
         for seq, n in zip(plan.seqs, plan.num_tokens):
             seq.add_pending(n, seq.policy_version if version is None else version)
+        self._counts["steps"] += 1
         if plan.is_prefill:
+            self._counts["prefill_steps"] += 1
             _note_first_prefill(plan.seqs, self._clock())
-        self._count_step(plan)
+        else:  # decode tokens computed, including those after a stop inside a burst
+            self._counts["decode_steps"] += max(plan.num_tokens)
+            self._counts["decode_tokens"] += sum(plan.num_tokens)
         return _Launched(plan, pending)
 
     def _complete(self, launched: _Launched) -> list[tuple[int, Rollout]]:
@@ -362,14 +365,6 @@ class LLMEngine:
         }
 
     # ------------------------------------------------------------------ helpers
-
-    def _count_step(self, plan: StepPlan) -> None:
-        self._counts["steps"] += 1
-        if plan.is_prefill:
-            self._counts["prefill_steps"] += 1
-        else:  # decode tokens computed, including those after a stop inside a burst
-            self._counts["decode_steps"] += max(plan.num_tokens)
-            self._counts["decode_tokens"] += sum(plan.num_tokens)
 
     def _decode(self, ids: Seq[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

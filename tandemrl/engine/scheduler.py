@@ -24,7 +24,7 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import Speculation
-from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep, idle_step
+from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep
 from tandemrl.engine.tandem import FROZEN, OwnerStream, TandemRollouts, TandemRows
 from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
@@ -130,7 +130,7 @@ class Scheduler:
         # A sequence whose remaining tokens are all pending on the device only waits for them to be read back.
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
-            return idle_step()
+            return DecodeStep([], [])  # idle
         if self.tandem is not None:
             if any(self.tandem_rows.owners(s) is not None for s in running):
                 tandem = self._schedule_tandem_burst if self.tandem.drawn_ahead else self._schedule_tandem_segments
@@ -225,7 +225,7 @@ class Scheduler:
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
             return DecodeStep(running, [1] * len(running))
         if in_flight:  # a victim may still have tokens on the device: decide once they are read back
-            return idle_step()
+            return DecodeStep([], [])  # idle
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:

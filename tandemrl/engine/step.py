@@ -124,11 +124,6 @@ class VerifyStep(_Rows):
 StepPlan = PrefillStep | DecodeStep | VerifyStep
 
 
-def idle_step() -> DecodeStep:
-    """Nothing to run this step."""
-    return DecodeStep([], [])
-
-
 @dataclass
 class StepOutput:
     """Per row of the plan: the tokens it produced and their log-probs (under the distribution each was sampled

@@ -99,12 +99,7 @@ def _weight(module: nn.Module) -> Tensor:
 
 def _sliding_window(cfg, attn: nn.Module, model_type: str) -> int | None:
     """The window the HF attention of this layer applies (Qwen: per layer attribute; Mistral: the config)."""
-    if model_type == "mistral":
-        window = getattr(cfg, "sliding_window", None)
-    elif model_type in ("qwen2", "qwen3"):
-        window = getattr(attn, "sliding_window", None)
-    else:
-        window = None
+    window = getattr({"mistral": cfg, "qwen2": attn, "qwen3": attn}.get(model_type), "sliding_window", None)
     return int(window) if window else None
 
 

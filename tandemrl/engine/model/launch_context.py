@@ -12,7 +12,6 @@ import torch
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
 from tandemrl.engine.model.tensor_parallel import is_shard
-from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN
 
 
@@ -36,10 +35,6 @@ class LaunchContext:
     def sampler_for(self, slot: ModelSlot) -> StepSampler:
         """The sampler of the slot's device (its rows' sampling columns and generator live there)."""
         return self.samplers[slot.device]
-
-    @property
-    def target(self) -> ModelSlot:
-        return self.slots[TARGET]
 
     @property
     def scratch_slot(self) -> int:

@@ -54,7 +54,9 @@ class ModelRunner:
         self.use_triton, self.fused_kernels, self.enforce_eager = _kernels(config, attention_backend, self.device)
         self.slots = {name: self._slot(name, model, config, attention_backend) for name, model in models.items()}
         self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
-        _check_vocabularies(self.slots)
+        sizes = {name: slot.spec.vocab_size for name, slot in self.slots.items()}
+        if len(set(sizes.values())) > 1:  # slots exchange token ids
+            raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
         self.sampler = StepSampler(self.device, self.fused_kernels)
         # A slot on another device samples there (its rows' sampling columns and generator live there).
         self._samplers = {self.device: self.sampler}
@@ -182,13 +184,6 @@ class ModelRunner:
             return [], []
         out = self.launch(DecodeStep(list(seqs), list(steps))).result()
         return out.token_ids, out.logprobs
-
-
-def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:
-    """Slots exchange token ids: their vocabularies must be the same size."""
-    sizes = {name: slot.spec.vocab_size for name, slot in slots.items()}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
 
 
 def _kernels(config: EngineConfig, attention_backend: str, device: torch.device) -> tuple[bool, bool, bool]:
