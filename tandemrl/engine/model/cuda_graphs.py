@@ -275,4 +275,3 @@ class DecodeGraphs:
             if collecting:
                 gc.enable()
         return graph, out
-

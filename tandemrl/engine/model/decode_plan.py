@@ -87,4 +87,3 @@ def int64_array(values: Seq[int]) -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     struct.pack_into(f"{len(values)}q", out, 0, *values)
     return out
-

@@ -33,7 +33,6 @@ from tandemrl.engine.model.round import Launch, Round, RoundRows, launch_columns
 from tandemrl.engine.model.slot import ModelSlot
 
 
-
 @dataclass
 class RoundGraph:
     """One captured round over a static padded launch (``packed``: its parts, as ``load`` writes them)."""

@@ -39,9 +39,9 @@ class StepSampler:
     def for_subsets(self, seqs: Seq[Sequence], temperature_only: bool = False
                     ) -> Callable[[Tensor, Tensor | slice], tuple[Tensor, Tensor]]:
         """(logits [R, vocab], rows [R] on the device: which of ``seqs`` each logits row is, or ``slice(None)``: all)
-        -> (tokens, log-probs), set up once per burst. The fused Triton sampler (one read of the logits) when no row filters with top-k/top-p on CUDA.
-        ``temperature_only``: top-k/top-p ignored, every row draws from ``softmax(logits / T)`` (a speculative
-        draft: the rejection rule reads that distribution)."""
+        -> (tokens, log-probs), set up once per burst. The fused Triton sampler (one read of the logits) when no row
+        filters with top-k/top-p on CUDA. ``temperature_only``: top-k/top-p ignored, every row draws from
+        ``softmax(logits / T)`` (a speculative draft: the rejection rule reads that distribution)."""
         params = [seq.params for seq in seqs]
         temperature, top_p, top_k = self._columns(params)
         filters = not temperature_only and any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
