@@ -46,11 +46,9 @@ class _Parked:
 class ModelSlot:
     """A model's forward over its own paged KV pool; see the module docstring."""
 
-    def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int,
-                 max_model_len: int | None, *,
-                 use_triton: bool, fused_kernels: bool, enforce_eager: bool,
-                 warmup_stream: torch.cuda.Stream | None, home: torch.device | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
+    def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int, max_model_len: int | None,
+                 *, use_triton: bool, fused_kernels: bool, enforce_eager: bool, warmup_stream: torch.cuda.Stream | None,
+                 home: torch.device | None = None, kv_cache_dtype: str = "auto") -> None:
         self.name = name
         self.model = model
         self.spec: DecoderSpec = inspect_decoder(model)
