@@ -238,15 +238,12 @@ class DecodeGraphs:
 
     def _capture(self, bucket: int, width: int, grouped: bool) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         ids, meta = self.static_inputs(bucket, width, grouped)
-        return self._captured(lambda: self.forward(ids, meta))
+        return self.capture(lambda: self.forward(ids, meta))
 
     def capture(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
-        """``body`` (device work over static tensors) captured in this model's graph pool; see ``_captured``."""
-        return self._captured(body)
-
-    def _captured(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
-        """``body`` captured, after one warm-up run outside the capture (Triton compiles, cuBLAS picks its
-        workspace). The warm-up runs the real step: the K/V it writes are the values the replays write again."""
+        """``body`` (device work over static tensors) captured in this model's graph pool, after one warm-up run
+        outside the capture (Triton compiles, cuBLAS picks its workspace). The warm-up runs the real step: the K/V it
+        writes are the values the replays write again."""
         if self.warmup_stream is None:
             self.warmup_stream = torch.cuda.Stream(self.device)
         side = self.warmup_stream
