@@ -74,9 +74,7 @@ class DecodeGraphs:
                  max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
                  query_capacity: int = 1) -> None:
         self.forward = forward
-        # Warm-ups run on a side stream; a runner passes the same one to each of its DecodeGraphs: cuBLAS keeps a
-        # workspace (32 MiB on Hopper) for every stream it has run on, for the life of the process.
-        self.warmup_stream = warmup_stream
+        self.warmup_stream = warmup_stream  # the slot's capture stream (one cuBLAS workspace each: runner.py)
         self.device = device
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * block_size

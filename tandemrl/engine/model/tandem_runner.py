@@ -49,9 +49,8 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
     hot, frozen = context.slots[plan.slot], context.slots[plan.proposer]
     decode = build_decode_plan(seqs, plan.num_tokens, context.block_size, context.num_blocks, context.max_model_len)
     first = np.array([seq.num_tokens for seq in seqs], dtype=np.int64)  # position of token 0
-    width = burst.width
     linked = link_pending(decode.ids, seqs, last)  # a pending last token: a reference into ``last``
-    buffer = np.zeros((len(seqs), width), dtype=np.int64)
+    buffer = np.zeros((len(seqs), burst.width), dtype=np.int64)
     buffer[:, 0] = decode.ids
     tokens = copy_to_device(torch.from_numpy(buffer.reshape(-1)), hot.device)
     if linked:
