@@ -251,8 +251,9 @@ class Scheduler:
 
     def postprocess(self, plan: StepPlan, output: StepOutput, now: float = 0.0) -> list[Sequence]:
         """Put each row's tokens in place of the placeholders its step reserved, up to the one that finishes it (the
-        rest is dropped); return (and free) the sequences that finished. A sequence finished meanwhile (aborted, or
-        stopped by an earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
+        rest is dropped); return (and free) the sequences that finished. Placeholders of a step launched later stay
+        behind them (a finished sequence drops them too); a sequence finished meanwhile (aborted, or stopped by an
+        earlier step) ignores them. ``now``: the engine's clock, for the request stats."""
         output.check(plan)
         forced = None if isinstance(plan, DecodeStep) else plan.forced  # tandem: the frozen model's runs
         finished: list[Sequence] = []
