@@ -15,7 +15,6 @@ import torch
 
 from bench.engine_throughput import decode_floor_s, measured_bandwidth, random_prompts
 from bench.grpo_step import ARCHITECTURES, build_model
-from tandemrl.engine.model.forward import compute_logits
 from tandemrl.engine.model.runner import ModelRunner
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence
@@ -94,8 +93,8 @@ def main() -> None:
         forward_ms = event_ms(graph.replay, 50)
         hidden = out[:batch]
         with torch.inference_mode():
-            sample = runner.sampler.for_rows(seqs)
-            sample_ms = event_ms(lambda: sample(compute_logits(runner.target.spec, hidden)), 50)
+            sample = runner.sampler.for_subsets(seqs)
+            sample_ms = event_ms(lambda: sample(runner.target.logits(hidden), slice(None)), 50)
         step_ms = wall_ms(lambda: runner.run(seqs, False), 50)
         burst_ms = wall_ms(lambda: runner.decode(seqs, [args.decode_steps] * batch), 10) / args.decode_steps
         floor_ms = decode_floor_s(model, batch, args.prompt_len, 0, bandwidth) * 1e3

@@ -47,13 +47,13 @@ class CaptureCounter:
 
     def __init__(self) -> None:
         self.count = 0
-        capture = DecodeGraphs._captured
+        capture = DecodeGraphs.capture
 
         def counted(graphs: DecodeGraphs, body):
             self.count += 1
             return capture(graphs, body)
 
-        DecodeGraphs._captured = counted
+        DecodeGraphs.capture = counted
 
 
 def measure(model, frozen, tandem: TandemConfig | None, args, device: torch.device, captures: CaptureCounter,

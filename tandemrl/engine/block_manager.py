@@ -29,11 +29,6 @@ from dataclasses import dataclass
 from tandemrl.engine.sequence import Sequence
 
 
-def weights_root(weights_version: int, policy_version: int) -> bytes:
-    """Parent digest of the first block of a sequence allocated under these versions."""
-    return struct.pack("<qq", weights_version, policy_version)
-
-
 def block_digest(parent: bytes, token_ids: list[int]) -> bytes:
     """Stable 128-bit digest of a block's content and everything before it."""
     payload = struct.pack(f"<{len(token_ids)}q", *token_ids)
@@ -195,19 +190,14 @@ class BlockManager:
     def _register_computed_blocks(self, seq: Sequence) -> None:
         """Register the full blocks whose K/V is computed (tokens before the last one), newest unregistered
         first back to the last registered one: O(1) per step in steady state."""
-        table, bs = seq.block_table, self.block_size
-        computed = min(_cacheable_tokens(seq) // bs, len(table))
+        table = seq.block_table
+        computed = min(_cacheable_tokens(seq) // self.block_size, len(table))
         first = computed
         while first > 0 and self._digest[table[first - 1]] is None:
             first -= 1
-        root, digests = self._memo(seq)
+        digests = self._full_block_digests(seq, computed)
         for i in range(first, computed):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])  # sliced once: hashed and kept to verify hits
-            if i >= len(digests):  # usually the next digest to compute (else hash the ones before it first)
-                if i > len(digests):
-                    self._full_block_digests(seq, i)
-                digests.append(block_digest(digests[-1] if digests else root, tokens))
-            self._register(table[i], digests[i], tokens)
+            self._register(table[i], digests[i], self._block_tokens(seq, i))
 
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:
         return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
@@ -230,7 +220,8 @@ class BlockManager:
         return memo
 
     def _root(self, seq: Sequence) -> bytes:
-        return weights_root(self.weights_version, seq.policy_version)
+        """Parent digest of the first block of ``seq`` allocated now: the weights and policy versions."""
+        return struct.pack("<qq", self.weights_version, seq.policy_version)
 
     def _plan(self, seq: Sequence) -> _Plan:
         """(For a sequence holding no blocks.)"""

@@ -9,12 +9,7 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # engine.kv_cache_dtype: the model's dty
 
 @dataclass
 class EngineConfig:
-    """How the rollout engine sizes its KV cache and its batches.
-
-    ``num_blocks=None`` lets the model runner size the cache: a ``gpu_memory_utilization`` share of the GPU
-    (on CPU, the runner's own default). ``max_num_batched_tokens`` bounds the tokens COMPUTED by one prefill
-    step (prefix-cache hits are free); a single sequence longer than it still runs, alone in its step.
-    ``max_model_len=None`` means no limit beyond the pool's size (the backend fills in the model's own).
+    """How the rollout engine sizes its KV cache and its batches; each field says what it does.
 
     The main config nests this class as its ``engine`` section (validated there by pydantic, which reads the field
     types; ``__pydantic_config__`` makes an unknown key an error), and it reaches the engine and the model runner
@@ -67,30 +62,23 @@ class EngineConfig:
                        "engine over the whole model"})
 
     def validate(self) -> None:
-        _positive_int("block_size", self.block_size)
-        if self.num_blocks is not None:
-            _positive_int("num_blocks", self.num_blocks)
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "decode_steps",
+                     "tensor_parallel_size", "max_model_len"):
+            value = getattr(self, name)
+            if value is None and name in ("num_blocks", "max_model_len"):  # sized from memory / no limit
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], "
                              f"got {self.gpu_memory_utilization}")
-        _positive_int("max_num_seqs", self.max_num_seqs)
-        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive_int("decode_steps", self.decode_steps)
-        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_num_batched_tokens < self.max_num_seqs:
             # a decode step computes one token per running sequence; it must fit the budget
             raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({self.max_num_seqs})")
-        if self.max_model_len is not None:
-            _positive_int("max_model_len", self.max_model_len)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
         for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")

@@ -42,10 +42,8 @@ from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 
 class PendingStep(Protocol):
-    """A launched step's output, on its way to the host."""
-
     def result(self) -> StepOutput:
-        """Waits for the device."""
+        """The launched step's output; waits for the device."""
         ...
 
 
@@ -53,8 +51,7 @@ class ModelRunnerProtocol(Protocol):
     """What the engine needs from the model side (model slots with their KV pools, forwards, sampling)."""
 
     def launch(self, plan: StepPlan) -> PendingStep:
-        """Start ``plan`` (step.py). A sequence's pending placeholders stand for tokens of the runner's previous
-        launch, fed on the device."""
+        """Start ``plan`` (step.py); pending placeholders are the previous launch's tokens, fed on the device."""
         ...
 
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
@@ -63,24 +60,16 @@ class ModelRunnerProtocol(Protocol):
 
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int: ...
 
-    def bytes_per_block(self) -> int:
-        """KV bytes of one block over every model slot."""
-        ...
+    def bytes_per_block(self) -> int: ...  # KV bytes of one block over every model slot
 
-    def weights_version(self) -> Hashable:
-        """Changes whenever the weights change (cached K/V is tied to it)."""
-        ...
+    def weights_version(self) -> Hashable: ...  # changes whenever the weights change (cached K/V is tied to it)
 
     @property
-    def pairs_tandem_forwards(self) -> bool:
-        """Whether tandem bursts run in paired ticks, both models' forwards at once (tandem_burst.py)."""
-        ...
+    def pairs_tandem_forwards(self) -> bool: ...  # tandem bursts in paired ticks (tandem_burst.py)
 
 
 @dataclasses.dataclass
-class _Launched:
-    """A step the runner has launched, its tokens not yet read back."""
-
+class _Launched:  # a step the runner has launched, its tokens not yet read back
     plan: StepPlan
     pending: PendingStep
 
@@ -131,8 +120,7 @@ class LLMEngine:
         self.policy_version: int | None = None  # the weights' version (set_policy_version); None: each request's
         # called at the start of every step, before it schedules: where a rollout worker applies a weight push
         self.between_steps: Callable[[], None] | None = None
-        self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0,
-                        "errors": 0}
+        self._counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0, "errors": 0}
 
     # ------------------------------------------------------------------ requests
 
@@ -169,13 +157,10 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """Stop generating ``request_id`` (every sequence with that id) and free its blocks; no rollout
         comes back for it. Returns False if no unfinished request has that id."""
-        found = any(r.request_id == request_id for _, r in self._ready)
-        self._ready = [(i, r) for i, r in self._ready if r.request_id != request_id]
-        for seq in [s for s in self._live.values() if s.request_id == request_id]:
-            del self._live[seq.seq_id]
-            self.scheduler.abort(seq)
-            found = True
-        return found
+        seq_ids = {i for i, r in self._ready if r.request_id == request_id}
+        seq_ids |= {s.seq_id for s in self._live.values() if s.request_id == request_id}
+        self._drop(seq_ids)
+        return bool(seq_ids)
 
     def progress(self, sent: Mapping[str, int] | None = None) -> list[tuple[str, list[int], list[float]]]:
         """(request_id, completion ids, their log-probs) read back so far, for every unfinished sequence: what a
@@ -209,30 +194,27 @@ class LLMEngine:
 
     def _step(self) -> list[tuple[int, Rollout]]:
         with self._on_device():
-            return self._one_step()
-
-    def _one_step(self) -> list[tuple[int, Rollout]]:
-        if self._asleep:
-            raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
-        if self.between_steps is not None:
-            self.between_steps()
-        out, self._ready = self._ready, []
-        try:
-            if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
-                self._sync_weights_version()
-            plan = self.scheduler.schedule(in_flight=self._in_flight is not None)
-            launched = self._launch(plan) if plan else None
-            if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
-                raise RuntimeError("scheduler made no progress with requests waiting")  # add() rules this out
-            previous, self._in_flight = self._in_flight, launched
-            if previous is not None:
-                out += self._complete(previous)
-            if self._synchronous:
-                self._drain(out)
-        except BaseException:
-            self._ready = out + self._ready  # still to be returned
-            raise
-        return out
+            if self._asleep:
+                raise RuntimeError("the engine is asleep (its KV cache is freed); call wake() first")
+            if self.between_steps is not None:
+                self.between_steps()
+            out, self._ready = self._ready, []
+            try:
+                if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
+                    self._sync_weights_version()
+                plan = self.scheduler.schedule(in_flight=self._in_flight is not None)
+                launched = self._launch(plan) if plan else None
+                if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
+                    raise RuntimeError("scheduler made no progress with requests waiting")  # add() rules this out
+                previous, self._in_flight = self._in_flight, launched
+                if previous is not None:
+                    out += self._complete(previous)
+                if self._synchronous:
+                    self._drain(out)
+            except BaseException:
+                self._ready = out + self._ready  # still to be returned
+                raise
+            return out
 
     def _launch(self, plan: StepPlan) -> _Launched:
         try:
@@ -245,9 +227,13 @@ class LLMEngine:
         version = self.policy_version
         for seq, n in zip(plan.seqs, plan.num_tokens):
             seq.add_pending(n, seq.policy_version if version is None else version)
+        self._counts["steps"] += 1
         if plan.is_prefill:
+            self._counts["prefill_steps"] += 1
             _note_first_prefill(plan.seqs, self._clock())
-        self._count_step(plan)
+        else:  # decode tokens computed, including those after a stop inside a burst
+            self._counts["decode_steps"] += max(plan.num_tokens)
+            self._counts["decode_tokens"] += sum(plan.num_tokens)
         return _Launched(plan, pending)
 
     def _complete(self, launched: _Launched) -> list[tuple[int, Rollout]]:
@@ -379,14 +365,6 @@ class LLMEngine:
         }
 
     # ------------------------------------------------------------------ helpers
-
-    def _count_step(self, plan: StepPlan) -> None:
-        self._counts["steps"] += 1
-        if plan.is_prefill:
-            self._counts["prefill_steps"] += 1
-        else:  # decode tokens computed, including those after a stop inside a burst
-            self._counts["decode_steps"] += max(plan.num_tokens)
-            self._counts["decode_tokens"] += sum(plan.num_tokens)
 
     def _decode(self, ids: Seq[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -6,11 +6,8 @@ the last sampled token back on the device; a sequence's burst never passes its `
 whenever a waiting sequence fits the token budget, ``max_num_seqs`` and the free blocks; the first sequence of a
 prefill is admitted whatever its length, so a long prompt is never starved by the budget.
 
-With asynchronous scheduling (engine.py) the next step is scheduled while the last one's tokens are still on the
-device: sequences count them as pending placeholders, and ``postprocess`` puts the real ones in their place (a row
-may return fewer or more tokens than planned: step.py). A tandem burst with writers drawn ahead is scheduled so
-too: its writers are those after the pending positions, and postprocess moves the owner stream step by step, in
-launch order.
+With asynchronous scheduling (engine.py) sequences count a launched step's tokens as pending placeholders, and
+``postprocess`` puts the real ones in their place; a tandem row's owner stream moves there too, in launch order.
 
 Preemption is by recomputation: when a decode step cannot give a sequence its next block, the most recently
 added running sequence gives all its blocks back and returns to the FRONT of the waiting queue, keeping its
@@ -27,7 +24,7 @@ from tandemrl.engine.block_manager import BlockManager
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import Speculation
-from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep, idle_step
+from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep
 from tandemrl.engine.tandem import FROZEN, OwnerStream, TandemRollouts, TandemRows
 from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
@@ -55,11 +52,6 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue ``seq``; raises ValueError if it could never run (too long, or larger than the pool)."""
-        self.check_feasible(seq)
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
-
-    def check_feasible(self, seq: Sequence) -> None:
         total = seq.num_prompt_tokens + seq.params.max_tokens
         limit = self.config.max_model_len
         if limit is not None and total > limit:
@@ -74,6 +66,8 @@ class Scheduler:
                              f"{bm.num_blocks}")
         if seq.params.stop and self.decode is None:
             raise ValueError("stop strings need a tokenizer to decode the completion")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -136,7 +130,7 @@ class Scheduler:
         # A sequence whose remaining tokens are all pending on the device only waits for them to be read back.
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
-            return idle_step()
+            return DecodeStep([], [])  # idle
         if self.tandem is not None:
             if any(self.tandem_rows.owners(s) is not None for s in running):
                 tandem = self._schedule_tandem_burst if self.tandem.drawn_ahead else self._schedule_tandem_segments
@@ -151,14 +145,14 @@ class Scheduler:
         return self._schedule_single_steps(running, in_flight)
 
     def _schedule_verify(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Speculative decoding (speculative.py): every row proposes up to ``num_tokens`` tokens a round (never past
-        its ``max_tokens``) and the target verifies them; a draft model's rounds run several to a launch, each row's
-        blocks reserved for its budget (every proposal kept). If the free blocks cannot cover that, half the rounds,
-        down to one, then a step with no proposals, which may preempt."""
+        """Speculative decoding (speculative.py), each row's blocks reserved for its budget (every proposal kept). If
+        the free blocks cannot cover that, half the rounds, down to one, then a step with no proposals, which may
+        preempt."""
         k, propose = self.speculative.num_tokens, self.speculative.propose
         remaining = [s.params.max_tokens - s.num_completion_tokens for s in running]
         if propose is None:  # the draft proposes on the device, ``rounds`` rounds a launch (fewer blocks: fewer)
-            for r in _halvings(self._verify_rounds(running, remaining)):
+            rounds = self._verify_rounds(running, remaining)
+            for r in (rounds >> i for i in range(rounds.bit_length())):  # halved while the free blocks are short
                 budgets = [min(r * (k + 1), left) for left in remaining]
                 if self.block_manager.try_append_all(running, budgets):
                     return VerifyStep(running, budgets, rounds=r, num_proposals=k)
@@ -182,10 +176,9 @@ class Scheduler:
         return min(self.speculative.rounds, need)
 
     def _schedule_tandem_burst(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards of the two models in turns
-        or in pairs (tandem_burst.py; about 2.5 x / 2 x ``decode_steps`` positions: longer than a plain burst, as
-        each ends with two catch-up forwards); if the free blocks cannot cover it, one token each, which may
-        preempt."""
+        """Tandem with writers drawn ahead: a burst of up to 4 x ``decode_steps`` forwards (tandem_burst.py; about
+        2.5 x / 2 x ``decode_steps`` positions: longer than a plain burst, as each ends with two catch-up forwards);
+        if the free blocks cannot cover it, one token each, which may preempt."""
         forwards = 4 * self.config.decode_steps
         burst = plan_tandem_burst([self._writers(s, min(forwards, s.params.max_tokens - s.num_completion_tokens))
                                    for s in running], forwards, paired=self.paired_tandem)
@@ -199,9 +192,8 @@ class Scheduler:
                         tandem=plan_tandem_burst([self._writers(s, 1) for s in plan.seqs], 0))
 
     def _schedule_tandem_segments(self, running: list[Sequence], in_flight: bool) -> StepPlan:
-        """Tandem with writers that depend on the tokens (sentence, word): each row's next segment from its owner
-        stream, a run of frozen tokens and maybe the hot token after it; if the free blocks cannot cover that, one
-        token each, which may preempt."""
+        """Tandem with writers that depend on the tokens (sentence, word): each row's next segment (tandem.py); if
+        the free blocks cannot cover that, one token each, which may preempt."""
         cap = self.tandem.max_run_tokens
         segments = [self._next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
         planned = [r + hot for r, hot in segments]
@@ -233,7 +225,7 @@ class Scheduler:
         if bm.try_append_all(running):  # one step for everyone: nobody is preempted
             return DecodeStep(running, [1] * len(running))
         if in_flight:  # a victim may still have tokens on the device: decide once they are read back
-            return idle_step()
+            return DecodeStep([], [])  # idle
         batch: list[Sequence] = []
         pending = self.running  # oldest first; victims come from its end
         while pending:
@@ -377,14 +369,6 @@ def _cut_frozen_run(owners: OwnerStream, forced: int, tokens: list[int], lps: li
     if kept == forced or output.own_ids is None or output.own_logprobs is None:
         return tokens, lps, forced
     return tokens[:kept] + [output.own_ids[row][kept]], lps[:kept] + [output.own_logprobs[row][kept]], kept
-
-
-def _halvings(rounds: int) -> list[int]:
-    """rounds, rounds // 2, ... down to 1: the launch sizes tried when the free blocks are short."""
-    sizes = [rounds]
-    while sizes[-1] > 1:
-        sizes.append(sizes[-1] // 2)
-    return sizes
 
 
 def _record_rounds(seq: Sequence, plan: VerifyStep, row: int, accepted: list[int], kept: int) -> None:

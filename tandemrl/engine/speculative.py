@@ -1,12 +1,6 @@
-"""Speculative decoding as the engine runs it: which rows propose how many tokens each step, and who proposes.
-
-Each decode step of a speculative engine is a VERIFY step (step.py): every running sequence proposes up to
-``num_tokens`` tokens, the target model checks them in one forward and keeps them up to the first rejection
-(model/rejection.py: the output distribution is the target's). Proposals come from a draft model in the runner's
-``draft`` slot (it proposes on the device, inside the launch, for ``rounds`` verify rounds in a row:
-model/rounds.py) or are known on the host (``propose``: e.g. prompt lookup, tandemrl/speculative/ngram.py).
-Scheduling is synchronous: what a launch kept decides the next one's positions. The policy (the config, the
-n-gram index) lives above the engine, in tandemrl/speculative/.
+"""Speculative decoding as the engine runs it: each decode step is a VERIFY step (step.py, model/rounds.py), its
+proposals from the runner's ``draft`` slot or known on the host (``propose``: e.g. prompt lookup). Scheduling is
+synchronous: what a launch kept decides the next one's positions. The policy lives in tandemrl/speculative/.
 """
 
 from __future__ import annotations

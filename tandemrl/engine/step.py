@@ -7,10 +7,9 @@ many tokens the row is planned to produce:
   ``tandem``, two models take turns writing the rows, each position by the model the plan names (a row returns
   exactly its ``num_tokens[i]``, so a later step may be in flight; the one exception to "tandem is rounds": see
   docs/tandem.md);
-- VERIFY: rounds of a proposer and an acceptance rule (model/rounds.py): each round the row's last token and its
-  proposals are computed in one forward, the rule keeps a prefix of the proposals (rejection sampling: the output
-  follows the model's distribution; greedy match; all of a forced run) and adds the model's own token after it. A
-  row may thus return fewer tokens than planned, and ``num_accepted`` says how many proposals each round kept.
+- VERIFY: rounds of a proposer and an acceptance rule (model/rounds.py): the rule keeps a prefix of each round's
+  proposals and adds the model's own token after it, so a row may return fewer tokens than planned;
+  ``num_accepted`` says how many proposals each round kept.
 
 The engine reserves ``num_tokens[i]`` pending placeholders per row at launch (sequence.py) and replaces them with
 however many tokens the row returns, fewer or more (a step that writes a run of forced tokens may return more).
@@ -123,11 +122,6 @@ class VerifyStep(_Rows):
 
 
 StepPlan = PrefillStep | DecodeStep | VerifyStep
-
-
-def idle_step() -> DecodeStep:
-    """Nothing to run this step."""
-    return DecodeStep([], [])
 
 
 @dataclass

@@ -28,12 +28,8 @@ def validate_stop(stop: str | Iterable[str] | None) -> tuple[str, ...]:
 
 def find_stop(text: str, stop: Sequence[str]) -> int | None:
     """Index in ``text`` where the earliest stop string starts, or None if none occurs."""
-    best: int | None = None
-    for s in stop:
-        i = text.find(s)
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best
+    starts = [i for i in (text.find(s) for s in stop) if i != -1]
+    return min(starts) if starts else None
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -42,9 +38,7 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text, False) if i is None else (text[:i], True)
 
 
-def tokens_to_keep(
-    ids: Sequence[int], decode: Callable[[Sequence[int]], str], stop: Sequence[str]
-) -> int | None:
+def tokens_to_keep(ids: Sequence[int], decode: Callable[[Sequence[int]], str], stop: Sequence[str]) -> int | None:
     """Number of leading tokens to keep so the completion ends with the token that completed a stop string.
 
     That is the smallest ``n`` such that ``decode(ids[:n])`` contains a stop string; None if even the whole

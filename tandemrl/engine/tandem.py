@@ -1,19 +1,11 @@
 """Tandem rollouts as the engine runs them: a trained "hot" model and a frozen one write each sequence together.
 
 Whose token is kept where is policy, decided above the engine (tandemrl/tandem/: the selectors); the engine reads
-it through each request's owner stream (``OwnerStream``), seeded per request, so rollouts are reproducible. Both
-models' caches hold every kept token, and each model reads each token once, in one forward with the others it has
-not read: never a forward per token of the other model's.
-
-- Writers that do not depend on the tokens (``drawn_ahead``: bernoulli, chunk, alternating) are drawn ahead for a
-  whole burst: the models take turns over the batch in one planned burst of forwards with no host sync
-  (tandem_burst.py, run by model/tandem_runner.py).
-- Writers that switch at boundary tokens (sentence, word) make a step one segment per row (VERIFY with ``forced``):
-  the frozen model (the runner's ``frozen`` slot) proposes its run, cut on the host where ``resolve`` says, and the
-  hot model reads it in one forward and samples its own token after it.
-
-Every kept token carries the hot model's log-prob of it and its writer (``Rollout.token_sources``), which the trainer
-turns into loss weights.
+it through each request's owner stream (``OwnerStream``), seeded per request, so rollouts are reproducible. Writers
+that do not depend on the tokens (``drawn_ahead``) make tandem bursts (tandem_burst.py); writers that switch at
+boundary tokens make a step one segment per row (VERIFY with ``forced``: the frozen run, cut on the host where
+``resolve`` says, then the hot model's token). Every kept token carries the hot model's log-prob and its writer
+(``Rollout.token_sources``), which the trainer turns into loss weights.
 """
 
 from __future__ import annotations
@@ -48,9 +40,7 @@ class OwnerStream(Protocol):
 
 @dataclass(frozen=True)
 class TandemRollouts:
-    """What a tandem engine needs: ``owner_stream(request_id, seed)``, each tandem request's stream; whether the
-    writers are drawn ahead (bursts) or depend on the tokens (segments of at most ``max_run_tokens`` frozen tokens
-    a step)."""
+    """What a tandem engine needs (``max_run_tokens``: frozen tokens a segment step holds at most)."""
 
     owner_stream: Callable[[str, int | None], OwnerStream]
     drawn_ahead: bool
@@ -59,8 +49,7 @@ class TandemRollouts:
 
 @dataclass
 class TandemRow:
-    """A sequence's tandem state: its owner stream (None: a request outside tandem, the hot model's alone) and, per
-    completion token, whether the hot model wrote it."""
+    """A sequence's owner stream (None: a request outside tandem) and, per completion token, whether hot wrote it."""
 
     owners: OwnerStream | None = None
     sources: list[bool] = field(default_factory=list)

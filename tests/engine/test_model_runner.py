@@ -486,7 +486,7 @@ def test_a_graph_collected_as_garbage_during_a_capture_does_not_break_it():
     thresholds = gc.get_threshold()
     gc.set_threshold(1, 1, 1)
     try:
-        graph, out = graphs._captured(body)
+        graph, out = graphs.capture(body)
     finally:
         gc.set_threshold(*thresholds)
     x.fill_(3)

@@ -179,7 +179,7 @@ def test_verify_rounds_through_graphs_equal_eager_forwards(monkeypatch, temperat
     """The verify rounds' forwards through the graphs (inputs computed on the device and copied into the graphs'
     static buffer: ModelSlot.column_forward; the graphs and the fused sampler stood in on the CPU) give the rollouts
     of the eager forwards with the same seeds."""
-    monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _EagerBody(body)), g.out))
+    monkeypatch.setattr(DecodeGraphs, "capture", lambda self, body: ((g := _EagerBody(body)), g.out))
     monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
     monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample", _seeded_sample)
     monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample_available", lambda device: True)
@@ -222,7 +222,7 @@ def _graphed_runner(monkeypatch, target, draft, **cfg) -> ModelRunner:
     """A runner whose slots use CUDA graphs; on the CPU eager stand-ins of them (forwards and whole rounds)."""
     if DEVICE == "cpu":
         monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, *key: ((g := _EagerGraph(self, *key)), g.out))
-        monkeypatch.setattr(DecodeGraphs, "_captured", lambda self, body: ((g := _WeakEagerBody(body)), g.out))
+        monkeypatch.setattr(DecodeGraphs, "capture", lambda self, body: ((g := _WeakEagerBody(body)), g.out))
         monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample", _seeded_sample)
         monkeypatch.setattr("tandemrl.engine.model.step_sampler.fused_sample_available", lambda device: True)
     runner = ModelRunner({TARGET: target, DRAFT: draft}, config(**cfg), DEVICE)

@@ -45,10 +45,8 @@ def gather_kv(cache: Tensor, block_tables: Tensor) -> Tensor:
     return cache[block_tables].view(B, W * block_size, kv_heads, head_dim).transpose(1, 2)
 
 
-def build_prefill_meta(
-    query_lens: list[int], context_lens: list[int], block_tables: Tensor, block_size: int, device: torch.device,
-    use_triton: bool = False,
-) -> PrefillMeta:
+def build_prefill_meta(query_lens: list[int], context_lens: list[int], block_tables: Tensor, block_size: int,
+                       device: torch.device, use_triton: bool = False) -> PrefillMeta:
     """Metadata for sequences that each compute their last query_lens[s] tokens of a context_lens[s]-token context.
 
     Index arithmetic runs on the host in numpy (prefill is eager; these are small integer arrays), then every
@@ -84,9 +82,8 @@ def build_prefill_meta(
                        use_triton=use_triton)
 
 
-def prefill_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, scale: float, window: int | None
-) -> Tensor:
+def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, scale: float,
+                      window: int | None) -> Tensor:
     """q [N, H, D] (packed new tokens) -> [N, H, D], causal over each sequence's whole cached context.
 
     With ``meta.use_triton`` one Triton launch (`triton_paged_prefill`). Else sequences are padded to Q queries
@@ -105,9 +102,8 @@ def prefill_attention(
     return out.view(S * Q, H, D)[meta.unpad_index]
 
 
-def _prefill_chunk(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, seqs: slice, scale: float, window: int | None
-) -> Tensor:
+def _prefill_chunk(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, seqs: slice, scale: float,
+                   window: int | None) -> Tensor:
     """Attention for the sequences `seqs` of the batch: [s, Q, H, D] in the padded layout."""
     _, H, D = q.shape
     rows, qpos = meta.query_rows[seqs], meta.query_pos[seqs]
@@ -128,9 +124,8 @@ def _prefill_chunk(
     return out.view(S, kv_heads, Q, G, D).permute(0, 2, 1, 3, 4).reshape(S, Q, H, D)
 
 
-def decode_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta, scale: float, window: int | None
-) -> Tensor:
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta, scale: float,
+                     window: int | None) -> Tensor:
     """q [B, H, D] (one token per sequence, at position context_len - 1) -> [B, H, D]."""
     if meta.use_triton:
         return triton_paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window,
@@ -138,10 +133,8 @@ def decode_attention(
     return sdpa_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window)
 
 
-def sdpa_decode(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float,
-    window: int | None,
-) -> Tensor:
+def sdpa_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float,
+                window: int | None) -> Tensor:
     """Reference decode: gather the padded contexts, mask positions >= context_len, one SDPA call."""
     B, H, D = q.shape
     kv_heads = k_cache.shape[2]

@@ -17,9 +17,7 @@ column-major (``[width, bucket]`` viewed as ``[bucket, width]``, so the columns 
 prefix and the copy moves only those; the Triton kernel never reads past a row's context, SDPA graphs copy every
 column); "later steps" holds ``[positions | slots | context_lens]`` of steps 1..K-1. Before step j > 0 one device
 copy moves step j's columns into place and one copies the tokens sampled at step j - 1 into ``ids``: the burst
-needs no host sync until its end. A tandem burst's forwards (each a one-step plan over its own rows) are staged
-all at once by ``stage_forwards`` into a device buffer of their own; ``run_forward`` moves one forward's part into
-place (one device copy) and replays its graph.
+needs no host sync until its end. A tandem burst's forwards are staged all at once (``stage_forwards``).
 
 The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
 graph's private output stays small and the sampler's generator is never captured (a verify round's graph,
@@ -72,15 +70,11 @@ def batch_bucket(batch: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int | 
 class DecodeGraphs:
     """Captured decode forwards over one static input buffer; see the module docstring."""
 
-    def __init__(
-        self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
-        max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
-        query_capacity: int = 1,
-    ) -> None:
+    def __init__(self, forward: DecodeForward, device: torch.device, *, scratch_block: int, block_size: int,
+                 max_width: int, fixed_width: bool, use_triton: bool, warmup_stream: torch.cuda.Stream | None = None,
+                 query_capacity: int = 1) -> None:
         self.forward = forward
-        # Warm-ups run on a side stream; a runner passes the same one to each of its DecodeGraphs: cuBLAS keeps a
-        # workspace (32 MiB on Hopper) for every stream it has run on, for the life of the process.
-        self.warmup_stream = warmup_stream
+        self.warmup_stream = warmup_stream  # the slot's capture stream (one cuBLAS workspace each: runner.py)
         self.device = device
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * block_size
@@ -98,7 +92,6 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # shared by captures
         self._burst = _Staged(0, 0, 0, False, 0, 0)
-        self._staged_size = 0
         self._forwards: tuple[Tensor, list[_Staged]] | None = None  # stage_forwards' device buffer and layout
         # whole verify rounds (round_graph.py's RoundGraph, typed there: this module imports nothing of the round
         # code), keyed (bucket, width, k, proposer, rule): they read a proposer's pool and weights too
@@ -127,11 +120,8 @@ class DecodeGraphs:
         later = host[staged.head:size].reshape(plan.num_steps - 1, 3, staged.bucket)
         for c, values in enumerate((plan.positions, plan.slots, plan.context_lens)):
             later[:, c, :staged.rows], later[:, c, staged.rows:] = values[1:], self._pad[c + 1]
-        self._burst, self._staged_size = staged, size
-        self._copy_staged()
-
-    def _copy_staged(self) -> None:
-        self.static[:self._staged_size].copy_(self.host[:self._staged_size], non_blocking=True)
+        self._burst = staged
+        self.static[:size].copy_(self.host[:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
 
@@ -183,8 +173,8 @@ class DecodeGraphs:
         head[_COLUMNS * bucket:].view(-1, bucket).fill_(self.scratch_block)[:w, :rows] = table.t()
         return staged, head, columns[0, :rows], columns[1:4, :rows]  # the last two: where each forward's inputs go
 
-    def run_columns(self, prepared: tuple[_Staged, Tensor, Tensor, Tensor], input_ids: Tensor, columns: Tensor
-                    ) -> Tensor:
+    def run_columns(self, prepared: tuple[_Staged, Tensor, Tensor, Tensor], input_ids: Tensor,
+                    columns: Tensor) -> Tensor:
         """The forward ``prepare_columns`` laid out, over ``input_ids`` [B] and ``columns`` [3, B] (positions, slots,
         context lengths), all on the device: device copies and one replay. Hidden [B, hidden], as ``step``."""
         staged, head, ids_part, columns_part = prepared
@@ -246,15 +236,12 @@ class DecodeGraphs:
 
     def _capture(self, bucket: int, width: int, grouped: bool) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         ids, meta = self.static_inputs(bucket, width, grouped)
-        return self._captured(lambda: self.forward(ids, meta))
+        return self.capture(lambda: self.forward(ids, meta))
 
     def capture(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
-        """``body`` (device work over static tensors) captured in this model's graph pool; see ``_captured``."""
-        return self._captured(body)
-
-    def _captured(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
-        """``body`` captured, after one warm-up run outside the capture (Triton compiles, cuBLAS picks its
-        workspace). The warm-up runs the real step: the K/V it writes are the values the replays write again."""
+        """``body`` (device work over static tensors) captured in this model's graph pool, after one warm-up run
+        outside the capture (Triton compiles, cuBLAS picks its workspace). The warm-up runs the real step: the K/V it
+        writes are the values the replays write again."""
         if self.warmup_stream is None:
             self.warmup_stream = torch.cuda.Stream(self.device)
         side = self.warmup_stream
@@ -283,4 +270,3 @@ class DecodeGraphs:
             if collecting:
                 gc.enable()
         return graph, out
-

@@ -24,10 +24,10 @@ def launch_decode_burst(context: LaunchContext, slot: ModelSlot, step: DecodeSte
     linked = link_pending(plan.ids, seqs, last)
     run_step, staged_ids = slot.decode_steps(plan)
     tokens = resolve_pending(staged_ids, last) if linked else None
-    sample = context.sampler.for_rows(seqs)
+    sample, every_row = context.sampler.for_subsets(seqs), slice(None)
     all_tokens, all_logprobs = [], []
     for j in range(plan.num_steps):
-        tokens, logprobs = sample(slot.logits(run_step(j, tokens)))
+        tokens, logprobs = sample(slot.logits(run_step(j, tokens)), every_row)
         all_tokens.append(tokens)  # stacked once after the loop: no extra launches per step
         all_logprobs.append(logprobs)
     return torch.stack(all_tokens, 1), torch.stack(all_logprobs, 1)

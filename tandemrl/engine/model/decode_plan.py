@@ -47,7 +47,7 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
     for i in np.flatnonzero((n < 1) | (live_steps < 1) | (last >= max_model_len)):
         raise ValueError(f"sequence {seqs[i].seq_id} has {n[i]} tokens and {live_steps[i]} decode steps: "
                          f"needs 1 <= tokens, 1 <= steps and tokens - 1 + steps <= max_model_len {max_model_len}")
-    tables = block_tables(seqs, last, steps, block_size, num_blocks)
+    tables = block_tables(seqs, last, block_size, num_blocks)
     step = np.arange(int(live_steps.max()))[:, None]
     live = step < live_steps
     positions = np.minimum(n - 1 + step, last)  # a dead step repeats the row's last position (RoPE stays in range)
@@ -59,37 +59,26 @@ def build_decode_plan(seqs: Seq[Sequence], steps: Seq[int], block_size: int, num
     return DecodePlan(ids, positions, slots, context_lens, tables, list(steps))
 
 
-def block_tables(seqs: Seq[Sequence], last: np.ndarray, steps: Seq[int], block_size: int,
-                 num_blocks: int) -> np.ndarray:
+def block_tables(seqs: Seq[Sequence], last: np.ndarray, block_size: int, num_blocks: int) -> np.ndarray:
     """[B, W] the block ids of each sequence up to the one holding position ``last[i]``, padded with the scratch
-    block (id ``num_blocks``); ValueError naming a sequence with too few blocks (``steps``: its decode steps, for the
-    message) or an id out of range."""
+    block (id ``num_blocks``); ValueError naming a sequence with too few blocks or an id out of range."""
     widths = last // block_size + 1
     held = np.arange(int(widths.max())) < widths[:, None]
     tables = np.full(held.shape, num_blocks, dtype=np.int64)  # the scratch block pads every row
-    tables[held] = _held_blocks(seqs, widths, steps, block_size, num_blocks)
-    return tables
-
-
-def _held_blocks(seqs: Seq[Sequence], widths: np.ndarray, steps: Seq[int], block_size: int,
-                 num_blocks: int) -> np.ndarray:
-    """Each sequence's first ``widths[i]`` block ids, concatenated; ValueError naming the first sequence that
-    holds fewer, or one outside [0, num_blocks)."""
     concatenated: list[int] = []
     for seq, width in zip(seqs, widths.tolist()):
         table = seq.block_table
         concatenated += table if len(table) == width else table[:width]  # usually exact: no copy
     flat = int64_array(concatenated)
-    if len(flat) != int(widths.sum()):  # some table is short
-        i = next(i for i, (seq, w) in enumerate(zip(seqs, widths.tolist())) if len(seq.block_table) < w)
-        raise ValueError(f"sequence {seqs[i].seq_id} has {len(seqs[i].token_ids)} tokens and {steps[i]} decode "
-                         f"steps but only {len(seqs[i].block_table)} blocks of {block_size}")
-    if ((flat < 0) | (flat >= num_blocks)).any():
-        i = next(i for i, (seq, w) in enumerate(zip(seqs, widths.tolist()))
-                 if any(not 0 <= b < num_blocks for b in seq.block_table[:w]))
-        raise ValueError(f"sequence {seqs[i].seq_id} has block ids outside [0, {num_blocks}): "
-                         f"{seqs[i].block_table}")
-    return flat
+    if len(flat) != int(widths.sum()) or ((flat < 0) | (flat >= num_blocks)).any():  # find the culprit
+        for seq, width, pos in zip(seqs, widths.tolist(), last.tolist()):
+            if len(seq.block_table) < width:  # the steps of a decode writing up to ``pos`` (a prefill: 1)
+                raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens} tokens and {pos - seq.num_tokens + 2} "
+                                 f"decode steps but only {len(seq.block_table)} blocks of {block_size}")
+            if any(not 0 <= b < num_blocks for b in seq.block_table[:width]):
+                raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {num_blocks}): {seq.block_table}")
+    tables[held] = flat
+    return tables
 
 
 def int64_array(values: Seq[int]) -> np.ndarray:
@@ -98,4 +87,3 @@ def int64_array(values: Seq[int]) -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     struct.pack_into(f"{len(values)}q", out, 0, *values)
     return out
-

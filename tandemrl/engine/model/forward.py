@@ -99,19 +99,12 @@ def _weight(module: nn.Module) -> Tensor:
 
 def _sliding_window(cfg, attn: nn.Module, model_type: str) -> int | None:
     """The window the HF attention of this layer applies (Qwen: per layer attribute; Mistral: the config)."""
-    if model_type == "mistral":
-        window = getattr(cfg, "sliding_window", None)
-    elif model_type in ("qwen2", "qwen3"):
-        window = getattr(attn, "sliding_window", None)
-    else:
-        window = None
+    window = getattr({"mistral": cfg, "qwen2": attn, "qwen3": attn}.get(model_type), "sliding_window", None)
     return int(window) if window else None
 
 
-def forward_hidden(
-    spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | DecodeMeta, k_caches: list[Tensor],
-    v_caches: list[Tensor], rows: Tensor | None = None, fused: bool = False,
-) -> Tensor:
+def forward_hidden(spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | DecodeMeta, k_caches: list[Tensor],
+                   v_caches: list[Tensor], rows: Tensor | None = None, fused: bool = False) -> Tensor:
     """Run the decoder on packed tokens input_ids [N]; write their K/V to the caches.
 
     Returns the final-norm hidden states of `rows` (default: all tokens) — the only positions we take logits of.
@@ -119,43 +112,27 @@ def forward_hidden(
     """
     hidden = spec.embed(input_ids)
     cos, sin = spec.rotary(hidden, meta.positions.unsqueeze(0))  # [1, N, D], cast to hidden's dtype by HF
-    if fused and fk.fused_available(hidden.device):
-        return _forward_fused(spec, hidden, cos[0], sin[0], meta, k_caches, v_caches, rows)
-    cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]: broadcast over heads
-    for i, layer in enumerate(spec.layers):
-        residual = hidden
-        x = layer.input_layernorm(hidden)
-        x = _self_attention(spec, layer.self_attn, x, cos, sin, k_caches[i], v_caches[i], meta, spec.windows[i])
-        hidden = residual + x
-        residual = hidden
-        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
-    if rows is not None:
-        hidden = hidden[rows]
-    return spec.norm(hidden)  # a per-row op: normalising only the rows we keep is exact
-
-
-def _forward_fused(
-    spec: DecoderSpec, hidden: Tensor, cos: Tensor, sin: Tensor, meta: PrefillMeta | DecodeMeta,
-    k_caches: list[Tensor], v_caches: list[Tensor], rows: Tensor | None,
-) -> Tensor:
-    """The same maths with each sublayer's residual add fused into the next norm: `hidden` is a sublayer's
-    output still to be added to `residual` (None before the first layer). cos, sin: [N, D]."""
+    fused = fused and fk.fused_available(hidden.device)
+    # [N, D] on the fused path (which rotates q and k in place); [N, 1, D] on the torch path: broadcast over heads
+    cos, sin = (cos[0], sin[0]) if fused else (cos[0].unsqueeze(1), sin[0].unsqueeze(1))
+    # Each sublayer's residual add goes into the next norm (one kernel on the fused path): `hidden` is a sublayer's
+    # output still to be added to `residual` (None before the first layer).
     residual: Tensor | None = None
     for i, layer in enumerate(spec.layers):
-        x, residual = _add_norm(layer.input_layernorm, hidden, residual)
+        x, residual = _add_norm(layer.input_layernorm, hidden, residual, fused)
         hidden = _self_attention(spec, layer.self_attn, x, cos, sin, k_caches[i], v_caches[i], meta,
-                                 spec.windows[i], fused=True)
-        x, residual = _add_norm(layer.post_attention_layernorm, hidden, residual)
-        hidden = _mlp(layer.mlp, x)
-    if rows is not None:
+                                 spec.windows[i], fused)
+        x, residual = _add_norm(layer.post_attention_layernorm, hidden, residual, fused)
+        hidden = _mlp(layer.mlp, x) if fused else layer.mlp(x)
+    if rows is not None:  # the final norm is a per-row op: normalising only the rows we keep is exact
         hidden = hidden[rows]
         residual = None if residual is None else residual[rows]
-    return _add_norm(spec.norm, hidden, residual)[0]
+    return _add_norm(spec.norm, hidden, residual, fused)[0]
 
 
-def _add_norm(norm: nn.Module, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(norm(residual + x), residual + x); one kernel for a plain RMSNorm, else the module itself."""
-    if fk.is_plain_rmsnorm(norm):
+def _add_norm(norm: nn.Module, x: Tensor, residual: Tensor | None, fused: bool) -> tuple[Tensor, Tensor]:
+    """(norm(residual + x), residual + x); one kernel for a plain RMSNorm on the fused path, else the module."""
+    if fused and fk.is_plain_rmsnorm(norm):
         return fk.add_rmsnorm(x, residual, norm.weight, norm.variance_epsilon)
     new_residual = x if residual is None else residual + x
     return norm(new_residual), new_residual
@@ -195,15 +172,8 @@ def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tenso
     return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
 
 
-def compute_logits(spec: DecoderSpec, hidden: Tensor) -> Tensor:
-    """[S, hidden] final-norm states -> [S, vocab] logits, through the model's own lm_head."""
-    return spec.lm_head(hidden)
-
-
-def _self_attention(
-    spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-    meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False,
-) -> Tensor:
+def _self_attention(spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                    v_cache: Tensor, meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False) -> Tensor:
     """cos, sin: [N, 1, D] on the torch path, [N, D] on the fused path (which rotates q and k in place)."""
     N = x.shape[0]
     q, k, v = _qkv(attn, x, fused)

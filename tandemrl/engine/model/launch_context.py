@@ -1,6 +1,5 @@
-"""What a launch's verify, round and tandem code reads of the runner: its slots, samplers, KV geometry and
-acceptance rule. runner.py hands one to rounds.py, round.py, proposers.py, round_graph.py and tandem_runner.py
-instead of itself, so they import nothing back from it (no import circle through the runner).
+"""What a launch reads of the runner (slots, samplers, KV geometry, acceptance rule), handed over instead of the
+runner itself, so the launch code imports nothing back from it (no import circle through the runner).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import torch
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
 from tandemrl.engine.model.tensor_parallel import is_shard
-from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN
 
 
@@ -37,10 +35,6 @@ class LaunchContext:
     def sampler_for(self, slot: ModelSlot) -> StepSampler:
         """The sampler of the slot's device (its rows' sampling columns and generator live there)."""
         return self.samplers[slot.device]
-
-    @property
-    def target(self) -> ModelSlot:
-        return self.slots[TARGET]
 
     @property
     def scratch_slot(self) -> int:

@@ -1,12 +1,6 @@
-"""What lets the model runner launch a step without waiting for the device (asynchronous scheduling, engine.py).
-
-- ``PendingTokens``: a launched step's sampled tokens, copied to pinned host memory behind the step's kernels;
-  ``result()`` waits for that copy only and returns the step's ``StepOutput``.
-- ``LastSamples`` / ``link_pending`` / ``resolve_pending``: a sequence whose last token is still pending (sampled by
-  the previous launch, not read back) gets it on the device: its input id is staged as a reference ``-1 - i`` to
-  flat index i of the previous launch's tokens, and one gather on the device replaces the references.
-- ``copy_to_device``: host-to-device copies from pinned memory. From pageable memory CUDA may make the copy wait
-  for the stream, i.e. for the whole step in flight, which would undo the overlap.
+"""What lets the model runner launch a step without waiting for the device (asynchronous scheduling, engine.py):
+its tokens copied to pinned host memory behind its kernels (``PendingTokens``), and a sequence's last token, still
+pending, fed from the previous launch on the device (``link_pending`` / ``resolve_pending``).
 """
 
 from __future__ import annotations
@@ -101,7 +95,8 @@ def resolve_pending(ids: Tensor, last: LastSamples) -> Tensor:
 
 
 def copy_to_device(host: Tensor, device: torch.device) -> Tensor:
-    """``host.to(device)`` without waiting for the work in flight: through pinned memory on CUDA."""
+    """``host.to(device)`` without waiting for the work in flight: through pinned memory on CUDA (from pageable
+    memory CUDA may make the copy wait for the whole step in flight, which would undo the overlap)."""
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

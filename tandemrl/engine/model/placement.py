@@ -1,16 +1,5 @@
 """Model slots on different devices (e.g. tandem's frozen model on ``cuda:1`` or on the CPU beside a hot model on
 ``cuda:0``): each slot computes on its own device and only small tensors cross (token ids in, sampled tokens out).
-
-- ``move``: a cross-device copy that keeps the device streams ordered without a host sync where that is possible.
-  Between two GPUs PyTorch's copy already makes the two devices' current streams wait for each other (a two-way
-  event barrier in ATen's device-to-device copy), so ``non_blocking=True`` is enough; CPU -> GPU goes through
-  pinned memory (pending.py's ``copy_to_device``); GPU -> CPU waits for the GPU, since the CPU reads the values at
-  once (the one host sync of this placement, per hand-over).
-- ``on_device``: makes a slot's device the current CUDA device while its work is launched: Triton kernels, CUDA
-  graph captures and events use the current device, not the tensors'.
-- ``canonical``: ``cuda`` -> ``cuda:<current>``, so devices compare equal when they are the same.
-- ``kv_budget``: the bytes a device gives the KV pools of the slots on it (the runner takes the smallest count of
-  blocks over its devices: every slot holds the same block ids).
 """
 
 from __future__ import annotations
@@ -30,6 +19,7 @@ _SAMPLER_ROWS, _SAMPLER_TEMPS, _SLACK_BYTES = 256, 12, 512 * 1024 * 1024
 
 
 def canonical(device: torch.device | str) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, so devices compare equal when they are the same."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
@@ -37,7 +27,10 @@ def canonical(device: torch.device | str) -> torch.device:
 
 
 def move(tensor: Tensor, device: torch.device) -> Tensor:
-    """``tensor`` on ``device`` (itself when it is there already); see the module docstring for the syncs."""
+    """``tensor`` on ``device``, the device streams kept ordered without a host sync where possible. Between two GPUs
+    ATen's device-to-device copy already makes the two current streams wait for each other (a two-way event
+    barrier), so ``non_blocking=True`` is enough; CPU -> GPU goes through pinned memory; GPU -> CPU waits for the GPU,
+    since the CPU reads the values at once (the one host sync of this placement, per hand-over)."""
     if tensor.device == device:
         return tensor
     if device.type == "cuda":
@@ -48,8 +41,8 @@ def move(tensor: Tensor, device: torch.device) -> Tensor:
 
 
 def on_device(device: torch.device, home: torch.device) -> ContextManager:
-    """``device`` as the current CUDA device for work launched inside; nothing when it is ``home`` (the runner's
-    device, current already) or not a GPU."""
+    """``device`` as the current CUDA device for work launched inside (Triton kernels, graph captures and events use
+    the current device, not the tensors'); nothing when it is ``home`` (current already) or not a GPU."""
     if device == home or device.type != "cuda":
         return contextlib.nullcontext()
     return torch.cuda.device(device)
@@ -57,7 +50,8 @@ def on_device(device: torch.device, home: torch.device) -> ContextManager:
 
 def kv_budget(device: torch.device, gpu_memory_utilization: float, vocab: int) -> float:
     """Bytes the KV pools may take on ``device``. CUDA: a ``gpu_memory_utilization`` share of its memory, bounded by
-    what is free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB."""
+    what is free now (the trainer's tensors stay where they are) minus room for activations; CPU: 256 MiB. The runner
+    takes the smallest count of blocks over its devices: every slot holds the same block ids."""
     if device.type != "cuda":
         return CPU_KV_BUDGET_BYTES
     free, total = torch.cuda.mem_get_info(device)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Sequence as Seq
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from tandemrl.engine.kernels.paged_kv import PrefillMeta
 from tandemrl.engine.model.acceptance import Verdict, keep_forced
 from tandemrl.engine.model.attention import build_prefill_meta
+from tandemrl.engine.model.decode_plan import block_tables, int64_array
 from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import PendingTokens, copy_to_device
 from tandemrl.engine.model.placement import move
@@ -27,7 +29,7 @@ def launch_prefill(context: LaunchContext, slot: ModelSlot, plan: PrefillStep) -
     """The step's pending tokens, and its tokens [B, 1] on the device (the next launch may feed on them)."""
     hidden = _prefill(context, plan.seqs)
     if plan.forced is None:
-        tokens, logprobs = context.sampler.for_rows(plan.seqs)(slot.logits(hidden[slot.name]))
+        tokens, logprobs = context.sampler.for_subsets(plan.seqs)(slot.logits(hidden[slot.name]), slice(None))
         return PendingTokens(tokens[:, None], logprobs[:, None], plan.num_tokens), tokens[:, None]
     proposer = context.slots[plan.proposer]
     sampler = context.sampler_for(proposer)  # on the proposer's device: only its tokens cross
@@ -48,16 +50,19 @@ def _prefill(context: LaunchContext, seqs: Seq[Sequence]) -> dict[str, Tensor]:
     ids: list[int] = []
     query_lens, context_lens = [], []
     for seq in seqs:
-        _check(context, seq)
+        if seq.num_pending:
+            raise RuntimeError(f"sequence {seq.seq_id} cannot be prefilled with {seq.num_pending} tokens pending")
         # A fully cached sequence still recomputes its last token: we need that position's logits.
         start = min(seq.num_cached_tokens, seq.num_tokens - 1)
         ids += seq.token_ids[start:]
         query_lens.append(seq.num_tokens - start)
         context_lens.append(seq.num_tokens)
-    bs, pad = context.block_size, context.num_blocks  # rows padded with the scratch block (a valid id nobody owns)
-    tables = [seq.block_table[:-(-seq.num_tokens // bs)] for seq in seqs]
-    width = max(len(t) for t in tables)
-    tables = torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.long)
+    last = int64_array(context_lens) - 1
+    for i in np.flatnonzero((last < 0) | (last >= context.max_model_len)):
+        raise ValueError(f"sequence {seqs[i].seq_id} has {last[i] + 1} tokens: a prefill needs 1 to max_model_len "
+                         f"{context.max_model_len}")
+    # rows padded with the scratch block (a valid id nobody owns); ValueError for a short table or a bad block id
+    tables = torch.from_numpy(block_tables(seqs, last, context.block_size, context.num_blocks))
     host_ids = torch.tensor(ids, dtype=torch.long)
     inputs: dict[tuple[torch.device, bool], tuple[Tensor, PrefillMeta]] = {}  # staged once per device
     hidden = {}
@@ -65,24 +70,9 @@ def _prefill(context: LaunchContext, seqs: Seq[Sequence]) -> dict[str, Tensor]:
         key = (other.device, other.use_triton)
         if key not in inputs:
             inputs[key] = (copy_to_device(host_ids, other.device),
-                           build_prefill_meta(query_lens, context_lens, tables, bs, other.device,
+                           build_prefill_meta(query_lens, context_lens, tables, context.block_size, other.device,
                                               use_triton=other.use_triton))
         input_ids, meta = inputs[key]
         with eval_mode(other.modules):
             hidden[name] = other.forward(input_ids, meta, rows=meta.last_rows)
     return hidden
-
-
-def _check(context: LaunchContext, seq: Sequence) -> None:
-    """Clear errors for what would otherwise be an out-of-bounds write on the device."""
-    n, bs, num_blocks = seq.num_tokens, context.block_size, context.num_blocks
-    if n == 0:
-        raise ValueError(f"sequence {seq.seq_id} has no tokens")
-    if seq.num_pending:
-        raise RuntimeError(f"sequence {seq.seq_id} cannot be prefilled with {seq.num_pending} tokens pending")
-    if n > context.max_model_len:
-        raise ValueError(f"sequence {seq.seq_id} has {n} tokens, more than max_model_len {context.max_model_len}")
-    if len(seq.block_table) * bs < n:
-        raise ValueError(f"sequence {seq.seq_id} has {n} tokens but {len(seq.block_table)} blocks of {bs}")
-    if any(not 0 <= b < num_blocks for b in seq.block_table):
-        raise ValueError(f"sequence {seq.seq_id} has block ids outside [0, {num_blocks}): {seq.block_table}")

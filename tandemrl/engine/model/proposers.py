@@ -23,6 +23,7 @@ from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.placement import move
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.sequence import Sequence
+from tandemrl.engine.step import TARGET
 
 Sample = Callable[[Tensor, slice], tuple[Tensor, Tensor]]  # (logits, rows) -> (tokens, log-probs)
 
@@ -124,7 +125,7 @@ def host_proposer(name: str, args: ProposerArgs) -> HostProposer:
     tokens = args.host_tokens
     if tokens is None:
         tokens = copy_to_device(torch.from_numpy(host_tokens(args.feed, args.k, len(args.feed))), args.context.device)
-    return HostProposer(tokens, args.context.target.spec.vocab_size)
+    return HostProposer(tokens, args.context.slots[TARGET].spec.vocab_size)
 
 
 def host_tokens(feed: Seq[Seq[int]], k: int, rows: int) -> np.ndarray:

@@ -42,15 +42,9 @@ class RejectionResult:
         return self.num_accepted + 1
 
 
-def rejection_sample(
-    target_logits: Tensor,
-    draft_probs: Tensor,
-    draft_tokens: Tensor,
-    num_draft: Tensor,
-    temperature: Tensor,
-    generator: torch.Generator | None = None,
-    greedy_only: bool = False,
-) -> RejectionResult:
+def rejection_sample(target_logits: Tensor, draft_probs: Tensor, draft_tokens: Tensor, num_draft: Tensor,
+                     temperature: Tensor, generator: torch.Generator | None = None,
+                     greedy_only: bool = False) -> RejectionResult:
     """Verify each row's drafted tokens against the target (module docstring).
 
     target_logits [B, k+1, V] (any float dtype; float32 arithmetic); draft_probs [B, k, V], what each draft token was
@@ -91,9 +85,8 @@ def rejection_sample(
         last_logp = logp.gather(1, num_accepted[:, None, None].expand(batch, 1, vocab)).squeeze(1)
         last_token, last_logp = last_token.squeeze(1), last_logp.gather(-1, last_token).squeeze(-1)
     else:
-        last_token, last_logp = _final_token(
-            logp, draft_probs, target_argmax, num_accepted, num_accepted < n, greedy, generator
-        )
+        last_token, last_logp = _final_token(logp, draft_probs, target_argmax, num_accepted, num_accepted < n, greedy,
+                                             generator)
     tokens, logprobs = _assemble(x, draft_logp, last_token, last_logp, num_accepted)
     return RejectionResult(tokens=tokens, logprobs=logprobs, num_accepted=num_accepted)
 
@@ -112,14 +105,8 @@ def _check_shapes(target_logits: Tensor, draft_probs: Tensor, draft_tokens: Tens
     return batch, positions, vocab
 
 
-def _accept_mask(
-    draft_logp: Tensor,
-    draft_probs: Tensor,
-    x: Tensor,
-    target_argmax: Tensor,
-    greedy: Tensor,
-    generator: torch.Generator | None,
-) -> Tensor:
+def _accept_mask(draft_logp: Tensor, draft_probs: Tensor, x: Tensor, target_argmax: Tensor, greedy: Tensor,
+                 generator: torch.Generator | None) -> Tensor:
     """[B, k] bool: whether each drafted token passes its own test, before the "stop at the first rejection"
     prefix is taken. Sampled rows: ``u * q(x) < p(x)``, ``u ~ U[0, 1)``, i.e. probability ``min(1, p/q)``
     without a division (q(x) == 0 accepts iff p(x) > 0). Greedy rows: ``x == argmax``."""
@@ -129,15 +116,8 @@ def _accept_mask(
     return torch.where(greedy[:, None], x == target_argmax, sampled_ok)
 
 
-def _final_token(
-    logp: Tensor,
-    draft_probs: Tensor,
-    target_argmax: Tensor,
-    num_accepted: Tensor,
-    rejected: Tensor,
-    greedy: Tensor,
-    generator: torch.Generator | None,
-) -> tuple[Tensor, Tensor]:
+def _final_token(logp: Tensor, draft_probs: Tensor, target_argmax: Tensor, num_accepted: Tensor, rejected: Tensor,
+                 greedy: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """The one token the target adds after the accepted prefix, at position ``a = num_accepted``, and its
     log-prob under ``p``: from ``norm(max(0, p - q))`` where the draft at ``a`` was rejected, from ``p`` where
     every draft was accepted (bonus) or the residual is empty, the argmax for greedy rows. Returns ([B], [B])."""
@@ -169,9 +149,8 @@ def _sample_from_log_weights(log_weights: Tensor, generator: torch.Generator | N
     return (log_weights + neg_log_noise).argmax(dim=-1)
 
 
-def _assemble(
-    x: Tensor, draft_logp: Tensor, last_token: Tensor, last_logp: Tensor, num_accepted: Tensor
-) -> tuple[Tensor, Tensor]:
+def _assemble(x: Tensor, draft_logp: Tensor, last_token: Tensor, last_logp: Tensor,
+              num_accepted: Tensor) -> tuple[Tensor, Tensor]:
     """Rows of ``[accepted drafts..., last token, PAD...]``: tokens [B, k+1] long and logprobs [B, k+1]
     float32 (0.0 at padding)."""
     batch, k = x.shape

@@ -145,7 +145,6 @@ def round_inputs(context: LaunchContext, target: ModelSlot, name: str, args: Pro
     return RoundInputs(make_proposer(name, args), verify, rule, temperature, generator, args.greedy)
 
 
-
 def _last_two(result: RejectionResult, last_two: Tensor) -> Tensor:
     """[B, 2] each row's last two tokens after a round: the last kept ones (the one before the last is the previous
     last token when the round kept no proposal)."""

@@ -33,7 +33,6 @@ from tandemrl.engine.model.round import Launch, Round, RoundRows, launch_columns
 from tandemrl.engine.model.slot import ModelSlot
 
 
-
 @dataclass
 class RoundGraph:
     """One captured round over a static padded launch (``packed``: its parts, as ``load`` writes them)."""
@@ -92,13 +91,12 @@ def round_graph(context: LaunchContext, name: str, target: ModelSlot, k: int, ba
     proposer_graphs = proposer.decode_graphs() if proposer is not None else None
     if isinstance(found, RoundGraph) and found.proposer_graphs is proposer_graphs:
         return found
-    found = graphs.rounds[key] = _capture(context, name, target, graphs, k, bucket, width, rule)
-    found.proposer_graphs = proposer_graphs
+    found = graphs.rounds[key] = _capture(context, name, target, graphs, k, bucket, width, rule, proposer_graphs)
     return found
 
 
 def _capture(context: LaunchContext, name: str, target: ModelSlot, graphs: DecodeGraphs, k: int, bucket: int,
-             width: int, rule: str) -> RoundGraph:
+             width: int, rule: str, proposer_graphs: DecodeGraphs | None) -> RoundGraph:
     """Captured over a launch of dead rows: the warm-up run before the capture writes only the scratch block."""
     device = target.device
     launch_size = bucket * (6 + width)
@@ -120,4 +118,4 @@ def _capture(context: LaunchContext, name: str, target: ModelSlot, graphs: Decod
         return done.tokens, done.logprobs, done.accepted, done.emitted
 
     graph, out = graphs.capture(body)
-    return RoundGraph(graph, packed, launch, out, None, graphs.scratch_block, k, body)
+    return RoundGraph(graph, packed, launch, out, proposer_graphs, graphs.scratch_block, k, body)

@@ -47,10 +47,10 @@ def launch_rounds(context: LaunchContext, target: ModelSlot, plan: VerifyStep) -
     for i in np.flatnonzero((lengths < 2) | (cap >= context.max_model_len)):
         raise ValueError(f"sequence {seqs[i].seq_id} has {lengths[i]} tokens and plans {budget[i]}: a verify step "
                          f"needs >= 2 tokens and at most max_model_len {context.max_model_len} after it")
-    table = block_tables(seqs, cap, plan.num_tokens, context.block_size, context.num_blocks)
+    table = block_tables(seqs, cap, context.block_size, context.num_blocks)
     last_two = int64_array([t for seq in seqs for t in seq.token_ids[-2:]])
     host = launch_columns(lengths, budget, cap, bonus, last_two, table)
-    greedy = context.sampler.all_greedy(seqs)
+    greedy = all(seq.params.temperature <= 0 for seq in seqs)  # known on the host: no random draws
     rule = acceptance_rule(rule_name)
     proposer_slot = context.slots.get(name)
     with eval_mode(proposer_slot.modules if proposer_slot is not None else []):

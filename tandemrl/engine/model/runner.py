@@ -1,14 +1,9 @@
 """The model runner: hosts the model slots (slot.py), turns a step plan into forwards and samples its tokens.
 
 ``launch(plan)`` runs one step (step.py) on the plan's slot under inference mode with the model in eval mode and
-returns before the device is done (pending.py):
-- PREFILL (prefill.py): packed uncached tokens through every slot, one token per row after its last;
-- DECODE: a burst of steps of the target (decode_burst.py), each step's sampled tokens the next step's input on the
-  device; or a tandem burst (tandem_runner.py: the hot and the frozen slot in turns or in paired ticks, as planned
-  on the host); either's first input fed from the previous launch;
-- VERIFY: rounds of a proposer and an acceptance rule back to back on the device (rounds.py): a draft's
-  ``plan.rounds`` rounds, one of proposals known on the host (n-gram) or of a tandem segment's frozen run.
-``run`` and ``decode`` are the same launches on the target slot, waited for (benches and tests).
+returns before the device is done (pending.py): PREFILL in prefill.py, DECODE in decode_burst.py (or tandem_runner.py
+for a tandem burst), VERIFY in rounds.py. ``run`` and ``decode`` are the same launches on the target slot, waited for
+(benches and tests).
 
 Block ids 0 .. num_blocks-1 belong to the block manager in every slot's pool; the scratch block is past them.
 """
@@ -40,13 +35,10 @@ from tandemrl.engine.step import TARGET, DecodeStep, PrefillStep, StepPlan, Veri
 class ModelRunner:
     """Forwards + sampling over paged KV pools for Qwen2/Qwen3/Llama/Mistral models (maybe peft-wrapped).
 
-    models: the trainer's model (the ``target`` slot), or slot name -> model; each used in place. config: the
-    engine's config, read whole (block_size, max_model_len, cuda_graphs, fused_kernels). device: where the models
-    live (default: the target's embedding's device). attention_backend: "auto" (Triton kernels on CUDA when
-    available), "triton" or "sdpa". fused_kernels: the Triton kernels of kernels/ (RMSNorm + residual add, RoPE
-    with the K/V store, SiLU product, grouped q/k/v and gate/up, the one-read sampler) on CUDA when Triton is
-    importable; CPU keeps torch ops. acceptance: the rule that checks speculative proposals, by name
-    (acceptance.py; a benchmark registers and names its own).
+    models: the trainer's model (the ``target`` slot), or slot name -> model; each used in place. device: where the
+    models live (default: the target's). attention_backend: "auto" (Triton kernels on CUDA when available), "triton"
+    or "sdpa". acceptance: the rule that checks speculative proposals, by name (acceptance.py; a benchmark registers
+    and names its own).
     """
 
     def __init__(self, models: nn.Module | Mapping[str, nn.Module], config: EngineConfig | None = None,
@@ -59,12 +51,12 @@ class ModelRunner:
             raise ValueError(f"the runner needs a {TARGET!r} slot, got {sorted(models)}")
         self.device = canonical(device if device is not None else next(models[TARGET].parameters()).device)
         self.block_size = config.block_size
-        self.enforce_eager = not config.cuda_graphs or self.device.type != "cuda"
-        self.use_triton = _pick_backend(attention_backend, self.device)
-        self.fused_kernels = config.fused_kernels and fused_available(self.device)
+        self.use_triton, self.fused_kernels, self.enforce_eager = _kernels(config, attention_backend, self.device)
         self.slots = {name: self._slot(name, model, config, attention_backend) for name, model in models.items()}
         self.max_model_len = min(slot.max_model_len for slot in self.slots.values())
-        _check_vocabularies(self.slots)
+        sizes = {name: slot.spec.vocab_size for name, slot in self.slots.items()}
+        if len(set(sizes.values())) > 1:  # slots exchange token ids
+            raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
         self.sampler = StepSampler(self.device, self.fused_kernels)
         # A slot on another device samples there (its rows' sampling columns and generator live there).
         self._samplers = {self.device: self.sampler}
@@ -84,12 +76,8 @@ class ModelRunner:
         # (32 MiB on an H100), and a graph keeps the workspace of the stream it was captured on. Two slots' graphs
         # replaying at once (tandem's paired ticks) must not share one: their GEMMs would race in it.
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if device == self.device:
-            use_triton, fused, eager = self.use_triton, self.fused_kernels, self.enforce_eager
-        else:
-            use_triton = _pick_backend(attention_backend if device.type == self.device.type else "auto", device)
-            fused = config.fused_kernels and fused_available(device)
-            eager = not config.cuda_graphs or device.type != "cuda"
+        backend = attention_backend if device.type == self.device.type else "auto"
+        use_triton, fused, eager = _kernels(config, backend, device)
         return ModelSlot(name, model, device, self.block_size, config.max_model_len, use_triton=use_triton,
                          fused_kernels=fused, enforce_eager=eager, warmup_stream=stream,
                          home=self.device, kv_cache_dtype=config.kv_cache_dtype)
@@ -126,8 +114,6 @@ class ModelRunner:
     def num_blocks_that_fit(self, block_size: int, gpu_memory_utilization: float) -> int:
         """Blocks the pools may have: on each device what its budget (placement.kv_budget) holds of its slots'
         blocks, the smallest of these (every slot holds the same block ids)."""
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         vocab = max(slot.spec.vocab_size for slot in self.slots.values())
         fits = []
         for device in {slot.device for slot in self.slots.values()}:
@@ -137,8 +123,6 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate every slot's pool: `num_blocks` blocks plus the scratch block each."""
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self._last = None
         for slot in sorted(self.slots.values(), key=lambda slot: slot.parked_pool_address):
             slot.allocate(num_blocks)
@@ -202,11 +186,10 @@ class ModelRunner:
         return out.token_ids, out.logprobs
 
 
-def _check_vocabularies(slots: Mapping[str, ModelSlot]) -> None:
-    """Slots exchange token ids: their vocabularies must be the same size."""
-    sizes = {name: slot.spec.vocab_size for name, slot in slots.items()}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
+def _kernels(config: EngineConfig, attention_backend: str, device: torch.device) -> tuple[bool, bool, bool]:
+    """(Triton decode attention, the fused kernels, eager: no CUDA graphs) on ``device``."""
+    return (_pick_backend(attention_backend, device), config.fused_kernels and fused_available(device),
+            not config.cuda_graphs or device.type != "cuda")
 
 
 def _pick_backend(name: str, device: torch.device) -> bool:

@@ -11,15 +11,8 @@ import torch
 from torch import Tensor
 
 
-def sample_tokens(
-    logits: Tensor,
-    temperature: Tensor,
-    top_p: Tensor,
-    top_k: Tensor,
-    generator: torch.Generator | None = None,
-    *,
-    apply_filters: bool = True,
-) -> tuple[Tensor, Tensor]:
+def sample_tokens(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor,
+                  generator: torch.Generator | None = None, *, apply_filters: bool = True) -> tuple[Tensor, Tensor]:
     """Sample one token per row.
 
     logits: [B, V] float. temperature, top_p: [B] float; top_k: [B] long, 0 disables top-k.

@@ -21,7 +21,7 @@ from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta
 from tandemrl.engine.model.attention import query_groups
 from tandemrl.engine.model.cuda_graphs import FORWARD_BUCKETS, DecodeGraphs, batch_bucket
 from tandemrl.engine.model.decode_plan import DecodePlan
-from tandemrl.engine.model.forward import DecoderSpec, compute_logits, forward_hidden, inspect_decoder
+from tandemrl.engine.model.forward import DecoderSpec, forward_hidden, inspect_decoder
 from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.placement import on_device
 
@@ -42,19 +42,13 @@ class _Parked:
     graphs: DecodeGraphs
     addresses: tuple  # (num_blocks, pool address, parameter and buffer addresses, adapter state)
 
-    @property
-    def pool_address(self) -> int:
-        return self.addresses[1]
-
 
 class ModelSlot:
     """A model's forward over its own paged KV pool; see the module docstring."""
 
-    def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int,
-                 max_model_len: int | None, *,
-                 use_triton: bool, fused_kernels: bool, enforce_eager: bool,
-                 warmup_stream: torch.cuda.Stream | None, home: torch.device | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
+    def __init__(self, name: str, model: nn.Module, device: torch.device, block_size: int, max_model_len: int | None,
+                 *, use_triton: bool, fused_kernels: bool, enforce_eager: bool, warmup_stream: torch.cuda.Stream | None,
+                 home: torch.device | None = None, kv_cache_dtype: str = "auto") -> None:
         self.name = name
         self.model = model
         self.spec: DecoderSpec = inspect_decoder(model)
@@ -133,7 +127,7 @@ class ModelSlot:
     def parked_pool_address(self) -> int:
         """Where the pool of the parked graphs was (0: none parked): the runner allocates the pools in this order,
         as PyTorch's allocator hands out the lowest-addressed of equally sized free blocks."""
-        return self._parked.pool_address if self._parked is not None else 0
+        return self._parked.addresses[1] if self._parked is not None else 0
 
     def _captured_addresses(self) -> tuple:
         """What a captured graph reads by address: the pool, every parameter and buffer (a tensor replaced by the
@@ -145,7 +139,8 @@ class ModelSlot:
     # ------------------------------------------------------------------ forwards
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return compute_logits(self.spec, hidden)
+        """[S, hidden] final-norm states -> [S, vocab] logits, through the model's own lm_head."""
+        return self.spec.lm_head(hidden)
 
     def forward(self, input_ids: Tensor, meta: PrefillMeta, rows: Tensor | None) -> Tensor:
         """Packed tokens through the decoder, their K/V written; the final hidden states of ``rows`` (all: None)."""

@@ -36,19 +36,12 @@ class StepSampler:
         self._rng = None
         self._seed_stream = None
 
-    def for_rows(self, seqs: Seq[Sequence]) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
-        """logits [B, vocab] -> (tokens, log-probs) for these rows (a sequence may fill several); set up once per
-        burst."""
-        sample = self.for_subsets(seqs)
-        return lambda logits: sample(logits, slice(None))
-
     def for_subsets(self, seqs: Seq[Sequence], temperature_only: bool = False
                     ) -> Callable[[Tensor, Tensor | slice], tuple[Tensor, Tensor]]:
         """(logits [R, vocab], rows [R] on the device: which of ``seqs`` each logits row is, or ``slice(None)``: all)
-        -> (tokens, log-probs), for steps that each serve a subset of one batch (tandem bursts, a draft's
-        proposals). The fused Triton sampler (one read of the logits) when no row filters with top-k/top-p on CUDA.
-        ``temperature_only``: top-k/top-p ignored, every row draws from ``softmax(logits / T)`` (a speculative
-        draft: the rejection rule reads that distribution)."""
+        -> (tokens, log-probs), set up once per burst. The fused Triton sampler (one read of the logits) when no row
+        filters with top-k/top-p on CUDA. ``temperature_only``: top-k/top-p ignored, every row draws from
+        ``softmax(logits / T)`` (a speculative draft: the rejection rule reads that distribution)."""
         params = [seq.params for seq in seqs]
         temperature, top_p, top_k = self._columns(params)
         filters = not temperature_only and any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
@@ -68,13 +61,8 @@ class StepSampler:
         """[B] float32 on the device."""
         return self._columns([seq.params for seq in seqs])[0]
 
-    @staticmethod
-    def all_greedy(seqs: Seq[Sequence]) -> bool:
-        """Whether every row decodes greedily (known on the host: such a step needs no random draws)."""
-        return all(seq.params.temperature <= 0 for seq in seqs)
-
     def generator(self, seqs: Seq[Sequence]) -> torch.Generator | None:
-        """The torch generator of these rows (seeded by the first seeded one), for samplers beside ``for_rows``."""
+        """The torch generator of these rows (seeded by the first seeded one), for samplers beside ``for_subsets``."""
         return self._generator([seq.params for seq in seqs])
 
     def _columns(self, params: list[SamplingParams]) -> tuple[Tensor, ...]:

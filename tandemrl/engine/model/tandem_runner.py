@@ -1,17 +1,16 @@
 """Runs a tandem burst (engine/tandem_burst.py) on the device: its forwards in order, with no host sync.
 
 Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
-tokens it reads from the buffer, runs its model over them as one decode step of a row per token (decode_plan.py's
-``as_one_step`` layout: CUDA graphs apply), samples each served row's next token from the logits of its last one and
+tokens it reads from the buffer, runs its model over them as one decode step of a row per token (``_one_step``:
+CUDA graphs apply), samples each served row's next token from the logits of its last one and
 writes it into the buffer. In paired ticks a tick's frozen forward runs beside the hot one: on the frozen slot's
 stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it
 reads the successor of: the hot model's log-prob of each kept token, whoever wrote it, goes into a second buffer.
 Every index a forward uses is planned on the host and copied to the device once per burst.
 
-Asynchronous scheduling (engine.py): a burst may be launched before the previous launch's tokens are read back. A
-burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
-that last token (buffer column 0), which may still be pending: it is fed on the device from the previous launch's
-tokens (pending.py's ``link_pending`` / ``resolve_pending``), like the first step of a plain decode burst.
+A burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
+that last token (buffer column 0), which may still be pending (asynchronous scheduling): it is fed on the device from
+the previous launch's tokens (pending.py), like the first step of a plain decode burst.
 
 The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
 stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
@@ -25,7 +24,7 @@ samples cross.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -41,9 +40,6 @@ from tandemrl.engine.step import DecodeStep
 from tandemrl.engine.tandem_burst import TandemBurst
 
 
-Sampler = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, their batch rows) -> (tokens, log-probs)
-
-
 def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamples | None) -> tuple[Tensor, Tensor]:
     """Run ``plan.tandem`` for ``plan.seqs`` on the runner's target (hot) and ``plan.proposer`` (frozen) slots; each
     row's last token, if pending, is fed from ``last`` (the previous launch's tokens) on the device. Returns the
@@ -53,9 +49,8 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
     hot, frozen = context.slots[plan.slot], context.slots[plan.proposer]
     decode = build_decode_plan(seqs, plan.num_tokens, context.block_size, context.num_blocks, context.max_model_len)
     first = np.array([seq.num_tokens for seq in seqs], dtype=np.int64)  # position of token 0
-    width = burst.width
     linked = link_pending(decode.ids, seqs, last)  # a pending last token: a reference into ``last``
-    buffer = np.zeros((len(seqs), width), dtype=np.int64)
+    buffer = np.zeros((len(seqs), burst.width), dtype=np.int64)
     buffer[:, 0] = decode.ids
     tokens = copy_to_device(torch.from_numpy(buffer.reshape(-1)), hot.device)
     if linked:
@@ -77,10 +72,11 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
         with streams.beside(forward.beside):
             if not forward.hot:
                 read = ahead.pop(f) if f in ahead else move(tokens[index["read"]], frozen.device)
-                drawn = _frozen_forward(frozen, forward_of[False], nth[False], read, far_index,
-                                        frozen_sample if forward.sample else None)
+                hidden = forward_of[False](nth[False], read)  # on the frozen device, as are its samples
                 nth[False] += 1
-                if drawn is not None:
+                if forward.sample:
+                    with frozen.on_device():
+                        drawn, _ = frozen_sample(frozen.logits(hidden[far_index["last"]]), far_index["rows"])
                     tokens[index["write"]] = move(drawn, hot.device)
                 continue
             if frozen.device != hot.device and _frozen_reads_past(burst, f):
@@ -107,18 +103,6 @@ def _frozen_reads_past(burst: TandemBurst, f: int) -> bool:
         return True
     written = burst.column(hot.rows, hot.token[hot.last] + 1)
     return not np.isin(burst.column(frozen.row, frozen.token), written).any()
-
-
-def _frozen_forward(frozen: ModelSlot, run: Callable[[int, Tensor], Tensor], nth: int, read: Tensor,
-                    index: dict[str, Tensor], sample: Sampler | None) -> Tensor | None:
-    """The frozen model's ``nth`` forward over ``read`` (on its device), and, when it samples, each served row's next
-    token (on its device too)."""
-    hidden = run(nth, read)
-    if sample is None:
-        return None
-    with frozen.on_device():
-        drawn, _ = sample(frozen.logits(hidden[index["last"]]), index["rows"])
-    return drawn
 
 
 class _Streams:
@@ -187,19 +171,15 @@ def _device_indices(burst: TandemBurst, device: torch.device) -> list[dict[str, 
     """Per forward, its flat buffer indices on the device (one copy for the whole burst): ``read`` (tokens it reads),
     ``next`` (their successors), ``write`` (where each row's sample goes), ``last`` (the index of each row's last
     token among those read), ``rows`` (the batch row of each sample), ``row`` (the batch row of each token read)."""
-    parts: list[tuple[str, int, np.ndarray]] = []
-    for f, forward in enumerate(burst.forwards):
-        last = forward.last
-        parts += [(f"{f}read", f, burst.column(forward.row, forward.token)),
-                  (f"{f}next", f, burst.column(forward.row, forward.token + 1)),
-                  (f"{f}write", f, burst.column(forward.rows, forward.token[last] + 1)),
-                  (f"{f}last", f, last), (f"{f}rows", f, forward.rows), (f"{f}row", f, forward.row)]
-    flat = copy_to_device(torch.from_numpy(np.concatenate([p for _, _, p in parts]).astype(np.int64)), device)
-    pieces = flat.split([len(p) for _, _, p in parts])
-    indices: list[dict[str, Tensor]] = [{} for _ in burst.forwards]
-    for (name, f, _), piece in zip(parts, pieces):
-        indices[f][name[len(str(f)):]] = piece
-    return indices
+    parts = [part for forward in burst.forwards for part in (
+        burst.column(forward.row, forward.token), burst.column(forward.row, forward.token + 1),
+        burst.column(forward.rows, forward.token[forward.last] + 1), forward.last, forward.rows, forward.row)]
+    flat = copy_to_device(torch.from_numpy(np.concatenate(parts).astype(np.int64)), device)
+    pieces = iter(flat.split([len(p) for p in parts]))
+    return [{name: next(pieces) for name in _INDEX_NAMES} for _ in burst.forwards]
+
+
+_INDEX_NAMES = ("read", "next", "write", "last", "rows", "row")  # a forward's parts, in ``_device_indices``' order
 
 
 def _grid(burst: TandemBurst) -> tuple[np.ndarray, np.ndarray]:

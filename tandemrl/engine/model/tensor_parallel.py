@@ -18,7 +18,7 @@ The collectives are torch.distributed's in-place all_reduce and all-gather (NCCL
 
 Every rank of the group computes the same hidden states and logits bit for bit (the collectives hand every rank the
 same sums), so the same seeded sampler draws the same tokens on each: the ranks' schedulers stay in step without
-exchanging tokens. ``param_slices`` says which slice of each full parameter a rank holds: the engine fills a shard
+exchanging tokens. ``param_slice`` says which slice of each full parameter a rank holds: the engine fills a shard
 from a full model here (``shard_for_rank``), the trainer from FSDP2 shards (distributed/tp_weights.py).
 """
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -50,15 +51,11 @@ class TensorParallelGroup:
     group: Any = None
 
     def all_reduce_(self, x: Tensor) -> Tensor:
-        import torch.distributed as dist
-
         dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_rows(self, x: Tensor) -> Tensor:
         """[S, ...] on every rank -> [size, S, ...], rank r's rows at [r]."""
-        import torch.distributed as dist
-
         out = x.new_empty((self.size, *x.shape))
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
         gather(out.view(-1, *x.shape[1:]), x.contiguous(), group=self.group)
@@ -66,8 +63,6 @@ class TensorParallelGroup:
 
     def min_int(self, value: int, device: torch.device) -> int:
         """The smallest ``value`` over the group (e.g. KV blocks: every rank's scheduler must see the same pool)."""
-        import torch.distributed as dist
-
         t = torch.tensor([int(value)], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
@@ -130,16 +125,12 @@ def param_slice(name: str, sizes: ShardSizes, rank: int) -> ParamSlice:
 
 
 def take_slice(full: Tensor, piece: ParamSlice) -> Tensor:
-    if piece.dim is None:
-        return full
-    return full.narrow(piece.dim, piece.start, piece.stop - piece.start)
+    return full if piece.dim is None else full.narrow(piece.dim, piece.start, piece.stop - piece.start)
 
 
 def target_view(shard_param: Tensor, piece: ParamSlice) -> Tensor:
     """Where the slice lands in the shard's tensor (a vocabulary shard past the vocabulary's end is padding)."""
-    if piece.dim is None:
-        return shard_param
-    return shard_param.narrow(piece.dim, 0, piece.stop - piece.start)
+    return shard_param if piece.dim is None else shard_param.narrow(piece.dim, 0, piece.stop - piece.start)
 
 
 class RowParallelLinear(nn.Module):
@@ -186,7 +177,7 @@ class VocabParallelLMHead(nn.Module):
 
 def empty_shard(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
     """Rank ``tp.rank``'s shard of ``model`` (a plain HF decoder; its parameters may be FSDP2 DTensors), frozen, in
-    eval mode, its weights allocated but not filled (``fill_from_full`` or distributed/tp_weights.py fill them).
+    eval mode, its weights allocated but not filled (``shard_for_rank`` or distributed/tp_weights.py fill them).
     Never materialises a full layer: the shard is built on the meta device, then allocated."""
     lm = unwrap_causal_lm(model)
     if lm is not model or any("lora" in name for name, _ in model.named_modules()):
@@ -252,16 +243,11 @@ def shard_params(shard: nn.Module, rank: int) -> list[tuple[str, Tensor, ParamSl
 
 
 @torch.no_grad()
-def fill_from_full(shard: nn.Module, full: nn.Module, tp: TensorParallelGroup) -> None:
-    """Copy rank ``tp.rank``'s slices of ``full``'s plain (not sharded) weights into ``shard``'s own tensors."""
-    sources = dict(unwrap_causal_lm(full).named_parameters())
-    for name, target, piece in shard_params(shard, tp.rank):
-        target_view(target, piece).copy_(take_slice(sources[name], piece))
-
-
 def shard_for_rank(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
     """Rank ``tp.rank``'s shard of a full model held whole on this rank (an engine of its own, tandem's frozen
     model): built, then filled from ``model``'s tensors (no communication)."""
     shard = empty_shard(model, tp)
-    fill_from_full(shard, model, tp)
+    sources = dict(unwrap_causal_lm(model).named_parameters())
+    for name, target, piece in shard_params(shard, tp.rank):
+        target_view(target, piece).copy_(take_slice(sources[name], piece))
     return shard
