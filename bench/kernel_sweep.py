@@ -7,7 +7,7 @@ cuBLAS's in the engine, not timed) at each row count three ways: cuBLAS (F.linea
 grouped kernel with the tiles the engine picks, and the best of a tile sweep (`linear_grid`), each as µs per layer,
 TB/s of weight bytes, TFLOP/s and the multiple of the roofline floor (bench.linear_roofline), with the winner and
 the proposed dispatch; a markdown table beside the JSON (same name, .md). Our kernel is timed where the engine
-does not use it today (o/down, and q/k/v, gate/up above 64 rows at K > 1024): that is the question.
+does not use it (o/down; above 64 rows the reductions beyond fused_linear._MAX_K_ABOVE_GEMV) too: the question.
 `--compile-only --shard i/n` runs each variant once untimed so that n such processes in parallel fill Triton's
 disk cache before the timed run (bench/gpu_linear_ab.sh).
 

@@ -92,21 +92,15 @@ def _linears(k: int, widths: tuple[int, ...]) -> list[nn.Linear]:
     return [nn.Linear(k, n, bias=False, device="meta") for n in widths]
 
 
-@pytest.mark.parametrize("rows, k, grouped", [(64, 3584, True), (256, 1536, True), (256, 2048, True),
-                                              (256, 3584, False), (fl.GROUPED_LINEAR_MAX_ROWS + 1, 896, False)])
-def test_qkv_launcher_follows_the_rule(no_launch, rows, k, grouped):
+@pytest.mark.parametrize("op, rows, k, grouped", [
+    ("qkv", 64, 3584, True), ("qkv", 256, 1536, True), ("qkv", 256, 2048, True), ("qkv", 256, 3584, False),
+    ("qkv", fl.GROUPED_LINEAR_MAX_ROWS + 1, 896, False),
+    ("gate_up", 64, 3584, True), ("gate_up", 256, 896, True), ("gate_up", 256, 1536, False)])
+def test_launchers_follow_the_rule(no_launch, op, rows, k, grouped):
+    widths = (k, 128, 128) if op == "qkv" else (4 * k, 4 * k)
     x = torch.empty(rows, k, device="meta")
     with torch.no_grad():
-        operands = fl._group_operands("qkv", _linears(k, (k, 128, 128)), x, None)
-    assert (operands is not None) == grouped
-
-
-@pytest.mark.parametrize("rows, k, grouped", [(64, 3584, True), (256, 896, True), (256, 1536, False)])
-def test_gate_up_launcher_follows_the_rule(no_launch, rows, k, grouped):
-    x = torch.empty(rows, k, device="meta")
-    with torch.no_grad():
-        operands = fl._group_operands("gate_up", _linears(k, (4 * k, 4 * k)), x, None)
-    assert (operands is not None) == grouped
+        assert (fl._group_operands(op, _linears(k, widths), x, None) is not None) == grouped
 
 
 def test_plain_projection_launcher_declines(no_launch):
