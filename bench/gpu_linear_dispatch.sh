@@ -9,7 +9,7 @@
 #   rm -rf .ab/base && mkdir -p .ab/base && git archive 972a81a tandemrl bench | tar -x -C .ab/base
 # The call: run  command "bash bench/gpu_linear_dispatch.sh"  kind nvidia-h100-x1  carry [".whl", ".ab"]
 # timeout_s 540 (the steps' caps add up to 450 s). Results: $OUT/summary.md (the tests' status and the A/B table),
-# logs and JSON in $OUT/raw.tar.gz. ROUNDS=2 repeats the A/B (about 350 s more: two calls).
+# logs and JSON in $OUT/raw.tar.gz.
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_linear_dispatch}
 mkdir -p "$OUT/raw"
@@ -26,34 +26,29 @@ logged_step 100 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test
 tail -n 1 "$OUT/raw/tests.log" >> "$SUMMARY"
 grep -E "^(FAILED|ERROR)" "$OUT/raw/tests.log" | head -10 >> "$SUMMARY"
 
-# side <base|new> <arch> <KV GiB> <cap s> <round>: one engine_throughput run of that tree
+# side <base|new> <arch> <KV GiB> <cap s>: one engine_throughput run of that tree
 side() {
   local tree=$ROOT
   [ "$1" = base ] && tree=$ROOT/.ab/base
-  (cd "$tree" && export PYTHONPATH=/tmp/site:$tree && logged_step "$4" "$2-$1-$5" python3 -m bench.engine_throughput \
-      --arch "qwen2.5-$2" --batches 1 64 256 --skip-hf --warmup-tokens 48 --kv-gib "$3" --out "$OUT/raw/$2-$1-$5.json")
+  (cd "$tree" && export PYTHONPATH=/tmp/site:$tree && logged_step "$4" "$2-$1" python3 -m bench.engine_throughput \
+      --arch "qwen2.5-$2" --batches 1 64 256 --skip-hf --warmup-tokens 48 --kv-gib "$3" --out "$OUT/raw/$2-$1.json")
 }
-for r in $(seq 1 "${ROUNDS:-1}"); do
-  side base 0.5b 4 45 "$r"; side new 0.5b 4 45 "$r"
-  side new 1.5b 6 55 "$r"; side base 1.5b 6 55 "$r"  # the order flips per arch: neither side always goes first
-  side base 7b 12 75 "$r"; side new 7b 12 75 "$r"
-done
+side base 0.5b 4 45; side new 0.5b 4 45
+side new 1.5b 6 55; side base 1.5b 6 55  # the order flips per arch: neither side always goes first
+side base 7b 12 75; side new 7b 12 75
 
 python3 - "$OUT/raw" >> "$SUMMARY" <<'EOF'
 import json, sys
 from pathlib import Path
 rows = {}
 for f in sorted(Path(sys.argv[1]).glob("*.json")):
-    arch, side, _ = f.stem.split("-")
+    arch, side = f.stem.split("-")
     for e in json.loads(f.read_text())["engine"]:
-        rows.setdefault((arch, e["batch"]), {}).setdefault(side, []).append(e)
+        rows.setdefault((arch, e["batch"]), {})[side] = e
 print("\n| arch | batch | base tok/s | new tok/s | new / base | base step ms (/ floor) | new step ms (/ floor) |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for (arch, batch), sides in sorted(rows.items(), key=lambda kv: (float(kv[0][0][:-1]), kv[0][1])):
-    def best(side):  # the fastest run of a side (ROUNDS > 1)
-        runs = sides.get(side)
-        return min(runs, key=lambda e: e["decode_step_ms"]) if runs else None
-    b, n = best("base"), best("new")
+    b, n = sides.get("base"), sides.get("new")
     cell = lambda e: f"{e['decode_step_ms']:.3f} ({e['step_over_floor']:.2f}x)" if e else "-"
     tok = lambda e: f"{e['engine_tok_s']:,.0f}" if e else "-"
     ratio = f"{n['engine_tok_s'] / b['engine_tok_s']:.3f}" if b and n else "-"
