@@ -7,7 +7,7 @@ cuBLAS's in the engine, not timed) at each row count three ways: cuBLAS (F.linea
 grouped kernel with the tiles the engine picks, and the best of a tile sweep (`linear_grid`), each as µs per layer,
 TB/s of weight bytes, TFLOP/s and the multiple of the roofline floor (bench.linear_roofline), with the winner and
 the proposed dispatch; a markdown table beside the JSON (same name, .md). Our kernel is timed where the engine
-does not use it today (o/down, and q/k/v, gate/up above 64 rows at K > 1024): that is the question.
+does not use it (o/down; above 64 rows the reductions beyond fused_linear._MAX_K_ABOVE_GEMV) too: the question.
 `--compile-only --shard i/n` runs each variant once untimed so that n such processes in parallel fill Triton's
 disk cache before the timed run (bench/gpu_linear_ab.sh).
 
@@ -121,6 +121,11 @@ def _ours_single(module, x, variant: Variant):
     return out
 
 
+def _ours_everywhere():
+    """Our launchers at every K above 64 rows too (the engine's dispatch sends long reductions to cuBLAS there)."""
+    return mock.patch.dict(fused_linear._MAX_K_ABOVE_GEMV, dict.fromkeys(fused_linear._MAX_K_ABOVE_GEMV, 1 << 30))
+
+
 def _applied(result):
     if result is None:  # the launcher declined: timing cuBLAS under our name would be a lie
         raise RuntimeError("our launcher does not apply to this input")
@@ -188,7 +193,7 @@ def sweep_linear_ab(layers, config: dict, rows_list: list[int], budget_s: float,
     inputs = {(rows, name): torch.randn(rows, op.shape.k, device="cuda", dtype=torch.bfloat16)
               for rows in rows_list for name, op in ops[rows].items()}
     results = {(rows, name): OpResult() for rows in rows_list for name in OP_NAMES}
-    with mock.patch.object(fused_linear, "_LARGE_ROWS_MAX_K", 1 << 30):  # our kernel at every K, rows > 64 too
+    with _ours_everywhere():
         for (rows, name), res in results.items():
             op, x = ops[rows][name], inputs[rows, name]
             res.cublas_us, res.default_us = _time(op, x, None, reps), _time(op, x, Variant(), reps)
@@ -237,7 +242,7 @@ def compile_only(layers, config: dict, rows_list: list[int], shard: int, shards:
     a timed run in another process after several such shards in parallel spends its budget timing, not compiling."""
     plan = [(rows, name, variant) for rows in rows_list for name in OP_NAMES
             for variant in [Variant(), *linear_grid(rows, name)]]
-    with mock.patch.object(fused_linear, "_LARGE_ROWS_MAX_K", 1 << 30):
+    with _ours_everywhere():
         for rows, name, variant in plan[shard::shards]:
             op = linear_ops(layers, config, rows)[name]
             x = torch.randn(rows, op.shape.k, device="cuda", dtype=torch.bfloat16)

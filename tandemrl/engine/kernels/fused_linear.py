@@ -9,17 +9,29 @@ trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py)
 computes x @ A^T of every adapter of the group (`_lora_shrink`, [rows, sum of ranks]), and the base projection's
 epilogue adds (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B are peft's parameters, nothing is
 merged. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters; mixed dtypes;
-autograd; too many rows) and the caller uses the modules.
+autograd; too many rows; shapes where cuBLAS wins) and the caller uses the modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
 (each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
-tile choice (`pick_tiles`) keeps one row tile (every weight read once) and shrinks BLOCK_N until the column tiles
-fill the SMs. Decode batches of 128 and 256 rows use tiles measured on an H100 (`python -m bench.kernel_sweep`):
-there the grouped launches beat cuBLAS's separate GEMMs (q/k/v 5.9 vs 14.1 us, gate/up + SiLU 15.1 vs 19.8 us
-per layer at 256 rows), but only the hidden size 896 was measured, so wider models keep cuBLAS above 64 rows.
-At those batches gate/up is a compute-bound GEMM, and on Hopper its tiles come through the bulk tensor copy engine
-(TMA, host tensor descriptors; `python -m bench.tma_probe`: 13.8 vs 15.3 us per layer at 256 rows, 10.8 vs
-13.7 at 128); the GEMV range keeps plain loads, as do inputs whose pointers or strides TMA cannot take.
+tile choice (`pick_tiles`) keeps one row tile (every weight read once) and sizes the column tiles by a rule measured
+at Qwen2.5-1.5B and 7B shapes. Decode batches of 128 and 256 rows use tiles measured on an H100 at hidden 896
+(`python -m bench.kernel_sweep`). At those batches gate/up is a compute-bound GEMM, and on Hopper its tiles come
+through the bulk tensor copy engine (TMA, host tensor descriptors; `python -m bench.tma_probe`: 13.8 vs 15.3 us per
+layer at 256 rows, 10.8 vs 13.7 at 128); the GEMV range keeps plain loads, as do inputs whose pointers or strides
+TMA cannot take.
+
+Which kernel runs (`grouped_launch_wins`; H100 A/Bs against cuBLAS of every linear op at Qwen2.5-1.5B/7B shapes,
+rows 1/64/256, bench/results/session-1126g/linear-ab/, and at 0.5B, rows 64/128/256, engine-v5/kernel_sweep.json):
+- o_proj, down_proj (one weight, no adapter): cuBLAS, always. One GEMM has no launch to save; ours never beat it by
+  more than 4 % (1.5B o_proj) and lost by up to 1.6x (1.5B down_proj at 1 row: 22.2 vs 13.8 us per layer).
+- q/k/v and gate/up + SiLU up to 64 rows: ours at every size (q/k/v 1.5-2.9x faster than cuBLAS's three GEMMs,
+  gate/up + SiLU 1.1-1.3x): one launch instead of two or three, each weight read once.
+- above 64 rows, ours for reductions (the hidden size) up to `_MAX_K_ABOVE_GEMV[op]`: cuBLAS's larger GEMMs reach
+  1.3-1.6x our kernel's TFLOP/s (7B, 256 rows), so the launches ours saves pay only while the GEMMs are short.
+  q/k/v at 256 rows: ours at K 896 (5.9 vs 14.1 us) and 1536 (7.9 vs 17.5), cuBLAS at 3584 (32.7 vs 40.9);
+  gate/up: ours at 896 (15.1 vs 19.8), a tie at 1536 (38.2 vs 38.2: cuBLAS), cuBLAS at 3584 (146.9 vs 201.9).
+  An adapter keeps these limits (o_proj/down_proj with one: up to 1024; LoRA at 1.5B batch 256 through our
+  kernels measured 26.3k tok/s against 38k through cuBLAS + peft).
 """
 
 from __future__ import annotations
@@ -47,7 +59,14 @@ except Exception:  # pragma: no cover - missing or broken install
 # Inputs with more rows go to the modules (prefill-size GEMMs are cuBLAS's); the largest decode batch bucket.
 GROUPED_LINEAR_MAX_ROWS = 256
 _GEMV_ROWS = 64  # up to here the tiles follow the GEMV rule of `pick_tiles`
-_LARGE_ROWS_MAX_K = 1024  # above _GEMV_ROWS rows only reductions this short were measured to beat cuBLAS
+# Above _GEMV_ROWS rows, the longest reduction (K) at which each op's grouped launch was measured to beat cuBLAS
+# (see the module doc): "proj" is o_proj / down_proj with a peft adapter (without one they are always cuBLAS's).
+_MAX_K_ABOVE_GEMV = {"qkv": 2048, "gate_up": 1024, "proj": 1024}
+# GEMV tiles: the widest column tile (at most 64 weight columns per program) that still gives a launch at least
+# SMs / this many programs. H100 sweeps at Qwen2.5-1.5B/7B shapes (session-1126g/linear-ab): at 16 rows the fastest
+# tiles ran 48-72 programs (1.5B q/k/v 6.2 us with 64 programs vs 10.6 with 256), at 64 rows 72-128.
+_GEMV_SM_DIVISOR = {16: 3, 32: 3, 64: 2}
+_GEMV_MAX_COLUMNS = 64
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 _DEFAULT_SMS = 132  # H100 SXM; used where the device cannot be asked (interpreter)
 _SMEM_BUDGET = 96 * 1024  # bytes of pipelined tiles per program: two programs fit an SM's shared memory
@@ -67,7 +86,8 @@ class LinearTiles:
 
 
 # (weights per tile, rows up to) -> the fastest tiles of the H100 sweep at hidden 896: q/k/v (1) and gate/up (2).
-# Fewer, larger tiles win there (72-300 programs); x is re-read from L2 by each column tile.
+# Fewer, larger tiles win there (72-300 programs); x is re-read from L2 by each column tile. At hidden 1536
+# (Qwen2.5-1.5B q/k/v, 256 rows, session-1126g/linear-ab) (1, 256) was again the sweep's fastest: 7.9 us.
 _LARGE_BATCH_TILES = {
     (1, 128): LinearTiles(64, 32, 128, num_warps=4, num_stages=4),
     (1, 256): LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
@@ -96,22 +116,28 @@ def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weigh
     """Tiles for `rows` x [sum(widths)] output columns over a reduction of length k.
 
     BLOCK_M: the smallest of 16/32/64 holding all rows (tl.dot wants >= 16; extra rows are masked, never read),
-    so up to 64 rows every weight byte is read once. BLOCK_N: the largest whose tile count still fills the SMs
-    (qkv of Qwen2.5-0.5B at batch 1: 1152 columns -> 8, 144 programs; gate/up: 4864 -> 32, 152 programs), but
-    not below BLOCK_M / 4, where re-reading x per column tile would cost more L2 traffic than the weights.
-    More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket (128 or 256; 256's beyond).
+    so up to 64 rows every weight byte is read once. BLOCK_N: the largest of 64/32/16/8 with at most
+    _GEMV_MAX_COLUMNS weight columns per program (gate/up: 32) whose launch still has sms / _GEMV_SM_DIVISOR
+    programs (Qwen2.5-1.5B q/k/v at batch 1: 2048 columns -> 32, 64 programs; 7B: 4608 -> 64, 72 programs), not below
+    BLOCK_M / 4, where re-reading x per column tile would cost more L2 traffic than the weights. BLOCK_K 128 (64 for
+    gate/up at 64 rows, two accumulators per program: 23.6 vs 25.8 us per layer at 1.5B, a tie at 7B), and as many
+    stages (2-4) as _SMEM_BUDGET holds. More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket
+    (128 or 256).
     """
     if rows > _GEMV_ROWS:
         return for_element_size(_LARGE_BATCH_TILES[(weights_per_tile, _bucket(rows))], elem_size)
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_tiles = -(-rows // block_m)
-    min_n = max(8, block_m // 4)
+    min_n, max_n = max(8, block_m // 4), _GEMV_MAX_COLUMNS // weights_per_tile
+    min_programs = sms // _GEMV_SM_DIVISOR[block_m]
     block_n = min_n
     for bn in _BLOCK_N_CHOICES:
-        if bn >= min_n and row_tiles * sum(-(-w // bn) for w in widths) >= sms:
+        if min_n <= bn <= max_n and row_tiles * sum(-(-w // bn) for w in widths) >= min_programs:
             block_n = bn
             break
     block_k = max(16, min(128 if elem_size <= 2 else 64, 1 << max(0, (k - 1).bit_length())))
+    if weights_per_tile > 1 and block_m == 64:
+        block_k = max(16, block_k // 2)
     stage_bytes = (block_m + weights_per_tile * block_n) * block_k * elem_size
     num_stages = max(2, min(4, _SMEM_BUDGET // stage_bytes))
     return LinearTiles(block_m, block_n, block_k, num_warps=4, num_stages=num_stages)
@@ -138,17 +164,23 @@ def _plain_linear(module: nn.Module, x: Tensor) -> bool:
                                              or (bias is not None and bias.requires_grad)))
 
 
+def grouped_launch_wins(op: str, rows: int, k: int, adapted: bool) -> bool:
+    """The dispatch rule (module doc): whether our grouped launch serves `op` for rows x k inputs, rather than
+    cuBLAS (the module calls). op: "qkv" (q/k/v), "gate_up" (gate/up + SiLU) or "proj" (o_proj / down_proj);
+    adapted: a peft adapter on one of its projections (a plain projection alone is always cuBLAS's)."""
+    if op == "proj" and not adapted:
+        return False
+    return rows <= _GEMV_ROWS or k <= _MAX_K_ABOVE_GEMV[op]
+
+
 def _launchable(x: Tensor, max_rows: int | None) -> bool:
-    """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows
-    (beyond the GEMV range only for short reductions, see _LARGE_ROWS_MAX_K: with or without an adapter, since
-    LoRA at batch 256 of 1.5B measured 26.3k tok/s through these kernels against 38k through cuBLAS + peft)."""
+    """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows."""
     if triton is None or not (x.is_cuda or _INTERPRET):
         return False
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dim() < 1 or x.stride(-1) != 1:
         return False
     limit = GROUPED_LINEAR_MAX_ROWS if max_rows is None else max_rows
-    rows = x.numel() // max(1, x.shape[-1])
-    return rows <= limit and (rows <= _GEMV_ROWS or x.shape[-1] <= _LARGE_ROWS_MAX_K)
+    return x.numel() // max(1, x.shape[-1]) <= limit
 
 
 def _no_global_hooks() -> bool:
@@ -194,7 +226,7 @@ def qkv_projection(
     tiles: None picks them (`pick_tiles`); benchmarks pass their own.
     """
     projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    operands = _group_operands(projs, x, max_rows)
+    operands = _group_operands("qkv", projs, x, max_rows)
     if operands is None:
         return None
     K = x.shape[-1]
@@ -215,8 +247,8 @@ def qkv_projection(
 def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
     """A peft LoRA Linear's output, base and adapter in one launch (after `_lora_shrink`); None for anything else
     (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply."""
-    operands = _group_operands([module], x, max_rows)
-    if operands is None or operands[0][1] is None:
+    operands = _group_operands("proj", [module], x, max_rows)
+    if operands is None:
         return None
     (base, parts), = operands
     x2 = x.reshape(-1, x.shape[-1])
@@ -226,12 +258,11 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
     return out.view(*x.shape[:-1], base.weight.shape[0])
 
 
-def _group_operands(modules: list[nn.Module | None], x: Tensor, max_rows: int | None
+def _group_operands(op: str, modules: list[nn.Module | None], x: Tensor, max_rows: int | None
                     ) -> list[tuple[nn.Linear, LoraParts | None]] | None:
     """(base Linear, LoRA parts or None) of each module, or None where a launch cannot serve them all: a module
     missing, hooked or neither a plain nn.Linear nor a plain peft LoRA Linear over one (lora.py), adapters of mixed
-    dtypes, or an input the kernels do not take. With an adapter, reductions of any length up to max_rows
-    (the alternative is peft's chain of small kernels per module)."""
+    dtypes, an input the kernels do not take, or a shape where cuBLAS wins (`grouped_launch_wins`)."""
     if not _no_global_hooks():
         return None
     operands = []
@@ -247,6 +278,9 @@ def _group_operands(modules: list[nn.Module | None], x: Tensor, max_rows: int | 
         operands.append((parts.base, parts))
     adapters = [parts for _, parts in operands if parts is not None]
     if len({parts.a.dtype for parts in adapters}) > 1:
+        return None
+    rows = x.numel() // max(1, x.shape[-1])
+    if not grouped_launch_wins(op, rows, x.shape[-1], bool(adapters)):
         return None
     return operands if _launchable(x, max_rows) else None
 
@@ -293,7 +327,7 @@ def _lora_shrink(x2: Tensor, adapters: list[LoraParts]) -> Tensor:
     """x2 @ [A_1; A_2; ...]^T [rows, sum of ranks] in the adapters' dtype (peft's lora_A(x) output), one launch."""
     rows = x2.shape[0]
     xa = torch.empty(rows, sum(p.rank for p in adapters), dtype=adapters[0].a.dtype, device=x2.device)
-    tiles = None if rows <= _GEMV_ROWS else _LARGE_SHRINK_TILES  # the GEMV rule fills the SMs up to 64 rows
+    tiles = None if rows <= _GEMV_ROWS else _LARGE_SHRINK_TILES  # the GEMV rule up to 64 rows
     _grouped_linear(x2, [p.a for p in adapters], [None] * len(adapters), xa, tiles, [None] * len(adapters))
     return xa
 
@@ -310,7 +344,7 @@ def gate_up_silu(
     with the measured `_TMA_GATE_UP_TILES`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
     (for whichever kernel runs) and may force descriptors (tma=True) or plain loads (tma=False).
     """
-    operands = _group_operands([mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
+    operands = _group_operands("gate_up", [mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
     if operands is None:
         return None
     (gate, gate_lora), (up, up_lora) = operands
