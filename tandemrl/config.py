@@ -53,6 +53,9 @@ class ModelConfig(Section):
                                             "compilation; see docs/update.md); unset: transformers' choice")
     trust_remote_code: bool = Field(False, description="let transformers run model and tokenizer code from the "
                                     "model's repository")
+    compile: bool = Field(False, description="compile the training forward with torch.compile, decoder layer by "
+                          "decoder layer (regional compilation, shapes dynamic: one compile for all micro-batch "
+                          "lengths; generation stays eager; single-process runs only; see docs/update.md)")
     cpu_threads: int | None = Field(None, ge=1, description="torch's CPU threads; unset: 1 for models under 50M "
                                     "parameters (a tiny model's operators are too small to split, and spinning "
                                     "threads crawl when another process holds a core), else torch's default")

@@ -69,7 +69,10 @@ def _sequences(kwargs: dict, rows: int, length: int, device: torch.device) -> Se
         return sequences_from_positions(kwargs.get("position_ids"), rows, length, device)
     longest = kwargs.get("max_length_q")
     cu_seq_lens = cu_seq_lens.to(device=device, dtype=torch.int32)
-    return Sequences(cu_seq_lens, int(longest) if longest is not None else int(cu_seq_lens.diff().max()))
+    if longest is None:
+        return Sequences(cu_seq_lens, int(cu_seq_lens.diff().max()))
+    # An int stays as it is: under model.compile it is symbolic, and int() would specialise the graph on its value.
+    return Sequences(cu_seq_lens, longest if isinstance(longest, (int, torch.SymInt)) else int(longest))
 
 
 def _check_plain_causal(module: nn.Module, dropout: float, sliding_window: int | None) -> None:

@@ -76,6 +76,7 @@ def flash_varlen_attention(varlen_attn: Callable[..., Tensor], query: Tensor, ke
     return varlen_attn(query, key, value, cu, cu, longest, longest, **options)
 
 
+@torch.compiler.disable  # a Python loop over the offsets: traced, it would recompile per sequence count (model.compile)
 def per_sequence_attention(query: Tensor, key: Tensor, value: Tensor, sequences: Sequences, scale: float) -> Tensor:
     """The reference: scaled_dot_product_attention(is_causal=True) on each sequence in turn."""
     key, value = _repeat_kv(key, query.shape[1]), _repeat_kv(value, query.shape[1])

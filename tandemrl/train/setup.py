@@ -21,6 +21,7 @@ from tandemrl.data.loading import check_batch_fits
 from tandemrl.distributed.env import RankInfo
 from tandemrl.distributed.launch import make_parallel
 from tandemrl.distributed.parallel import Parallel, SingleProcess
+from tandemrl.models.compile import compile_training_forward
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.rewards.composite import CompositeReward, build_reward
@@ -177,6 +178,8 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     if cfg.train.kl_beta > 0 and not cfg.model.lora.enabled:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     engine_model, engine_weights, reduce_gradients, tensor_parallel = model, None, None, None
+    if cfg.model.compile:  # after the reference copy, which stays eager
+        compile_training_forward(model, distributed=rank is not None)
     if rank is not None:  # replicated or FSDP2-sharded (distributed.strategy; train/sharding.py)
         from tandemrl.train.sharding import distribute_model
 

@@ -1,0 +1,68 @@
+"""``model.compile``: regional compilation of the training forward, one decoder layer at a time.
+
+Each decoder layer's call is compiled with ``torch.compile(dynamic=True)``: the token count of a packed micro-batch
+(and the rows' offsets) are symbolic, so ragged micro-batches reuse one graph, and since torch inlines the layer's
+parameters as graph inputs, every layer of one class runs the same compiled code. The compiled call runs only where
+autograd records (the training forward and its gradient-checkpointing recompute); under ``torch.no_grad`` (Hugging
+Face generate, the old and reference log-probs) the layer runs eagerly as before. The compiled layers are the model's
+own modules: parameters, state dicts and the rollout engine's weight tensors are shared, not copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tandemrl.models.unwrap import unwrap_causal_lm
+
+COMPILE_KEY = "model.compile"
+COMPILED = "_tandemrl_compiled_layers"  # set on the causal LM once its layers are compiled
+
+
+class CompileError(ValueError):
+    """``model.compile`` cannot be combined with what was asked; the message names the key."""
+
+
+class GradGatedCall:
+    """A layer's ``_compiled_call_impl``: the compiled call where autograd records, the eager one elsewhere."""
+
+    def __init__(self, compiled: Callable, eager: Callable) -> None:
+        self.compiled, self.eager = compiled, eager
+
+    def __call__(self, *args, **kwargs):
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            return self.compiled(*args, **kwargs)
+        return self.eager(*args, **kwargs)
+
+
+def compile_training_forward(model: nn.Module, distributed: bool) -> int:
+    """What ``model.compile = true`` does to the policy; refused under torchrun, whose FSDP2 shards (DTensors and
+    per-layer hooks) and replicas the compiled layers have not been checked against."""
+    if distributed:
+        raise CompileError(f"{COMPILE_KEY} runs in a single process for now, not under torchrun "
+                           "(distributed.strategy): set model.compile = false")
+    return compile_decoder_layers(model)
+
+
+def compile_decoder_layers(model: nn.Module, backend: str = "inductor") -> int:
+    """Compiles each decoder layer of ``model`` (a causal LM, LoRA-wrapped or not) in place; the layer count."""
+    causal_lm = unwrap_causal_lm(model)
+    if getattr(causal_lm, COMPILED, False):
+        return 0
+    layers = _decoder_layers(causal_lm)
+    for layer in layers:
+        # torch.compile of the bound _call_impl, as nn.Module.compile does: hooks and forward both run compiled.
+        layer._compiled_call_impl = GradGatedCall(torch.compile(layer._call_impl, backend=backend, dynamic=True),
+                                                  layer._call_impl)
+    setattr(causal_lm, COMPILED, True)
+    return len(layers)
+
+
+def _decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
+    layers = getattr(causal_lm.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise CompileError(f"{COMPILE_KEY} compiles the decoder's layers, and {type(causal_lm).__name__}'s decoder "
+                           "has no `layers` list: set model.compile = false")
+    return list(layers)
