@@ -22,6 +22,7 @@ from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.backends.hf_backend import HFBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.config import TrainConfig
+from tandemrl.models.compile import compile_decoder_layers
 from tandemrl.models.varlen_attention import VARLEN, register_varlen_attention
 from tandemrl.train.batch import build_batch
 from tandemrl.train.optim import build_optimizer, build_scheduler
@@ -161,18 +162,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["hf", "engine"], default="hf")
     parser.add_argument("--kv-gib", type=float, default=1.0, help="engine KV cache size")
     parser.add_argument("--attn", default=None, help="model.attn_implementation (default: transformers' choice)")
+    parser.add_argument("--compile", action="store_true", help="model.compile: the decoder layers compiled for the "
+                        "update (the warm-up step pays the compile: cold_train_s)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/grpo_step.json"))
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, args.gradient_checkpointing, args.attn)
+    if args.compile:
+        compile_decoder_layers(model)
     backend = make_backend(args, model, device)
     cfg = TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch, max_steps=args.repeats + 1)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
     # Warm-up at full shape: allocator pools, kernels and the optimizer state are all in place before timing.
-    one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=1000)
+    warm_up = one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=1000)
     timings = [one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=s) for s in range(args.repeats)]
     # The median step (not the best): machines and runs vary by 10-30 % in the update's time.
     median = sorted(timings, key=lambda t: t.rollout_s + t.train_s)[len(timings) // 2]
@@ -183,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         "arch": args.arch, "backend": args.backend, "prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "micro_batch": args.micro_batch,
         "attn_implementation": model.config._attn_implementation,
-        "gradient_checkpointing": args.gradient_checkpointing,
+        "gradient_checkpointing": args.gradient_checkpointing, "compile": args.compile,
+        "cold_train_s": warm_up.train_s,  # the warm-up step's update: with --compile, the cold compile's time too
         "runs": [t.__dict__ for t in timings],
         "rollout_s": median.rollout_s, "train_s": median.train_s, "step_s": median.rollout_s + median.train_s,
         "peak_gib": max(t.peak_gib for t in timings),

@@ -24,6 +24,7 @@ import torch
 from bench.grpo_step import ARCHITECTURES, build_model, make_backend
 from tandemrl.algo.advantages import ADVANTAGES
 from tandemrl.config import TrainConfig
+from tandemrl.models.compile import compile_decoder_layers
 from tandemrl.train.batch import build_batch
 from tandemrl.train.micro_batches import micro_batch_limits, plan_micro_batches
 from tandemrl.train.optim import build_optimizer, build_scheduler
@@ -145,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--padded-too", action="store_true", help="also time the padded update on the same batch")
     parser.add_argument("--padded-micro-batch", type=int, default=4, help="rows per forward of --padded-too")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="model.compile: the decoder layers compiled for the "
+                        "update (the warm-up step pays the compile: cold_update_s)")
     parser.add_argument("--kv-gib", type=float, default=16.0, help="engine KV cache size")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU)")
     parser.add_argument("--repeats", type=int, default=2)
@@ -165,18 +168,21 @@ def main(argv: list[str] | None = None) -> None:
     args.attn = args.attn or ("flex_attention" if device.type == "cuda" else "sdpa")
     args.peak_tflops = peak_tflops(device, args.peak_tflops)
     model = build_model(args.model, device, dtype, args.gradient_checkpointing, args.attn)
+    if args.compile:
+        compile_decoder_layers(model)
     backend = make_backend(args, model, device)
     cfg = TrainConfig(lr=1e-6, max_steps=args.repeats + 2, max_tokens_per_micro_batch=args.max_tokens_per_micro_batch)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg)
     # Warm-up at full shape: kernels (flex_attention compiles), allocator pools and optimizer state in place.
-    one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=1000)
+    warm_up = one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=1000)
     runs = [one_step(model, backend, optimizer, scheduler, cfg, args, device, seed=s) for s in range(args.repeats)]
     median = sorted(runs, key=lambda r: r.step_s)[len(runs) // 2]
     result = {
         "date": date.today().isoformat(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "model": args.model, "attn_implementation": args.attn,
+        "compile": args.compile, "cold_update_s": warm_up.update_s,  # with --compile: the cold compile's time too
         "shape": {"prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len, "median": args.median,
                   "sigma": args.sigma, "cap": args.cap},
         "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch, "peak_bf16_tflops": args.peak_tflops,
@@ -191,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _print_table(result: dict, m: StepResult, args: argparse.Namespace) -> None:
     padded = f"{m.padded_update_s:.2f}" if m.padded_update_s is not None else "-"
-    print(f"MFU against a dense bf16 peak of {args.peak_tflops} TFLOP/s; attention: {args.attn}")
+    print(f"MFU against a dense bf16 peak of {args.peak_tflops} TFLOP/s; attention: {args.attn}; compiled layers: "
+          f"{args.compile} (warm-up update {result['cold_update_s']:.1f} s)")
     print("| device | model | shape | rollout s | tail s | update s | step s | peak GiB | update MFU | "
           "tokens trained | padded tokens (waste) | padded update s |")
     print(f"| {result['device']} | {args.model} | {args.prompts}x{args.group}, median {args.median:.0f}, cap "

@@ -2,7 +2,8 @@
 the model's weights, leaves no-grad forwards eager, and traces the varlen GPU call in one graph.
 
 The CPU runs here compile with the ``aot_eager`` backend (the autograd graphs inductor would get, run by eager
-kernels): inductor's C++ code generation takes minutes per graph on this CPU; bench/gpu_mfu.sh runs inductor.
+kernels), and one with inductor itself (its C++ code generation takes the better part of a minute per graph on a
+CPU); bench/gpu_mfu.sh runs inductor on the GPU.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from tandemrl.models.varlen_kernel import Sequences, flash_varlen_attention, tor
 from tests.train.test_update import _assert_same_deltas, _batch, _model, _update_delta
 
 
-def _compiled(model, counter: CompileCounterWithBackend | None = None):
-    compile_decoder_layers(model, backend=counter or "aot_eager")
+def _compiled(model, backend: str | CompileCounterWithBackend = "aot_eager"):
+    compile_decoder_layers(model, backend=backend)
     return model
 
 
@@ -30,11 +31,11 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("attn", ["sdpa", VARLEN])
-def test_the_compiled_update_equals_the_eager_update(attn):
+@pytest.mark.parametrize(("attn", "backend"), [("sdpa", "aot_eager"), (VARLEN, "aot_eager"), ("sdpa", "inductor")])
+def test_the_compiled_update_equals_the_eager_update(attn, backend):
     train = dict(aggregation="seq-mean-token-mean", kl_beta=0.1, max_tokens_per_micro_batch=40)
     eager = _update_delta(_model(attn=attn), _batch(), **train)
-    compiled = _update_delta(_compiled(_model(attn=attn)), _batch(), **train)
+    compiled = _update_delta(_compiled(_model(attn=attn), backend), _batch(), **train)
     _assert_same_deltas(compiled, eager)
     assert any(delta.abs().max() > 0 for delta in compiled.values())
 
@@ -70,6 +71,17 @@ def test_compiled_layers_share_the_weights_and_no_grad_forwards_run_eagerly():
     assert counter.frame_count == 0  # generation and no-grad log-probs are not compiled
     torch.testing.assert_close(model(input_ids=ids).logits, eager_logits)
     assert counter.frame_count > 0
+
+
+def test_the_compiled_update_equals_the_eager_update_under_gradient_checkpointing():
+    """The checkpointed layer's recompute in the backward runs compiled as its forward did."""
+    def checkpointed(model):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.train()
+
+    eager = _update_delta(checkpointed(_model()), _batch())
+    compiled = _update_delta(_compiled(checkpointed(_model())), _batch())
+    _assert_same_deltas(compiled, eager)
 
 
 def test_the_compiled_update_trains_a_lora_adapter_as_the_eager_one():
