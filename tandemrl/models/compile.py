@@ -18,7 +18,6 @@ from torch import nn
 from tandemrl.models.unwrap import unwrap_causal_lm
 
 COMPILE_KEY = "model.compile"
-COMPILED = "_tandemrl_compiled_layers"  # set on the causal LM once its layers are compiled
 
 
 class CompileError(ValueError):
@@ -37,27 +36,23 @@ class GradGatedCall:
         return self.eager(*args, **kwargs)
 
 
-def compile_training_forward(model: nn.Module, distributed: bool) -> int:
+def compile_training_forward(model: nn.Module, distributed: bool) -> None:
     """What ``model.compile = true`` does to the policy; refused under torchrun, whose FSDP2 shards (DTensors and
     per-layer hooks) and replicas the compiled layers have not been checked against."""
     if distributed:
         raise CompileError(f"{COMPILE_KEY} runs in a single process for now, not under torchrun "
                            "(distributed.strategy): set model.compile = false")
-    return compile_decoder_layers(model)
+    compile_decoder_layers(model)
 
 
-def compile_decoder_layers(model: nn.Module, backend: str = "inductor") -> int:
-    """Compiles each decoder layer of ``model`` (a causal LM, LoRA-wrapped or not) in place; the layer count."""
-    causal_lm = unwrap_causal_lm(model)
-    if getattr(causal_lm, COMPILED, False):
-        return 0
-    layers = _decoder_layers(causal_lm)
-    for layer in layers:
-        # torch.compile of the bound _call_impl, as nn.Module.compile does: hooks and forward both run compiled.
-        layer._compiled_call_impl = GradGatedCall(torch.compile(layer._call_impl, backend=backend, dynamic=True),
-                                                  layer._call_impl)
-    setattr(causal_lm, COMPILED, True)
-    return len(layers)
+def compile_decoder_layers(model: nn.Module, backend: str | Callable = "inductor") -> None:
+    """Compiles each decoder layer of ``model`` (a causal LM, LoRA-wrapped or not) in place, once. A deep copy of
+    the model (the reference policy) is eager: nn.Module drops ``_compiled_call_impl`` when copied."""
+    for layer in _decoder_layers(unwrap_causal_lm(model)):
+        if not isinstance(layer._compiled_call_impl, GradGatedCall):
+            # torch.compile of the bound _call_impl, as nn.Module.compile does: hooks and forward run compiled.
+            layer._compiled_call_impl = GradGatedCall(
+                torch.compile(layer._call_impl, backend=backend, dynamic=True), layer._call_impl)
 
 
 def _decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:

@@ -8,6 +8,8 @@ CPU); bench/gpu_mfu.sh runs inductor on the GPU.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -64,6 +66,7 @@ def test_compiled_layers_share_the_weights_and_no_grad_forwards_run_eagerly():
     _compiled(model, counter)
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == pointers
     assert list(model.state_dict()) == keys  # checkpoints save and load as before
+    assert all(layer._compiled_call_impl is None for layer in copy.deepcopy(model).model.layers)  # the reference
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         eager_logits = model(input_ids=ids).logits
