@@ -97,6 +97,7 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
             console.print("rollout.max_staleness > 0 without train.tis_cap: stale rollouts are used uncorrected and "
                           "learn less (docs/async.md); set train.tis_cap, e.g. 2.0", style="yellow", markup=False)
         run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
+        run.backend.sleep()  # the trainer's own engine only evaluates now: its cache is freed until then
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt, \
             closing(run.rollouts) if run.rollouts is not None else nullcontext():  # the worker stops with the steps
         # every rank stops after the same step (a signal or the time budget may reach them at different moments)
@@ -201,7 +202,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     batch = build_batch(scored.rollouts[rows], advantages[rows], run.tokenizer.pad_token_id, run.device)
     batch.loss_mask *= valid[rows].to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
     version_lag = batch.policy_version_lag(state.policy_version)
-    run.backend.sleep()  # the rollout cache is not needed while the trainer steps
+    if run.rollouts is None:  # async: the trainer's engine sleeps from one evaluation to the next
+        run.backend.sleep()  # the rollout cache is not needed while the trainer steps
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
@@ -210,7 +212,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     if run.engine_weights is not None:  # torchrun, sharded: all-gather the new shards into the engine's weights
         with times.measure("weight_gather"):
             run.engine_weights.refresh()
-    run.backend.wake()
+    if run.rollouts is None:
+        run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
     with times.measure("sync"):
@@ -294,8 +297,13 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
 
 def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
     was_training = run.model.training
+    asleep_between = run.rollouts is not None  # async: the trainer's engine wakes for evaluations only
+    if asleep_between:
+        run.backend.wake()
     result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
                       agent=run.agent, metric=run.metric, parallel=run.parallel)
+    if asleep_between:
+        run.backend.sleep()
     run.model.train(was_training)
     return result
 
