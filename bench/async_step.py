@@ -38,6 +38,7 @@ from bench.serve_process import child_env, save_model_dir
 from tandemrl.config import load_config
 from tandemrl.train.loop import train
 
+PHASES = ("prepare", "sync", "weight_gather", "record")  # time/<phase>: what a step spends outside rollout and train
 MODES = ("sync-dp", "sync", "async")  # the order they run in: sync-dp's ranks start with both GPUs free
 DP_RANKS = 2
 
@@ -92,6 +93,8 @@ def measure(args: argparse.Namespace, model_dir: Path, mode: str, workdir: Path)
               "samples_per_s": samples / step_s if step_s else None,
               "rollout_wait_s": steady(rows, args.warmup, "time/rollout"),
               "train_s": steady(rows, args.warmup, "time/train"),
+              # the rest of a step, host side: the batch assembled, the push (async) or weight gather, the records
+              **{f"{phase}_s": steady(rows, args.warmup, f"time/{phase}") for phase in PHASES},
               # torchrun: rank 0 writes its own half of each step's rollouts
               "lengths": length_stats(out / "samples.jsonl", args.warmup)}
     if mode == "async":
@@ -102,6 +105,7 @@ def measure(args: argparse.Namespace, model_dir: Path, mode: str, workdir: Path)
                       worker_pause_s=steady(rows, args.warmup, "async/worker_pause_s"))
     if result["rollout_wait_s"] is not None and step_s:
         result["rollout_share"] = result["rollout_wait_s"] / step_s  # sync: sampling; async: the trainer waiting
+        result["other_s"] = step_s - result["rollout_wait_s"] - (result["train_s"] or 0.0)  # outside both
     return result
 
 

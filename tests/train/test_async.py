@@ -388,7 +388,8 @@ def test_the_trainers_engine_sleeps_through_async_updates_and_wakes_for_evaluati
     """Async: the worker samples, so the trainer's engine holds no cache while it updates; evaluations still run."""
     import tandemrl.train.loop as loop
     runs, asleep = [], {"batch": [], "update": [], "eval": []}
-    build_run, build_batch, policy_update, evaluate = loop.build_run, loop.build_batch, loop.policy_update, loop.evaluate
+    build_run, build_batch, policy_update, evaluate = (loop.build_run, loop.build_batch, loop.policy_update,
+                                                       loop.evaluate)
     monkeypatch.setattr(loop, "build_run", lambda *a, **k: runs.append(build_run(*a, **k)) or runs[-1])
 
     def batch(*args, **kwargs):  # a step's start: no wake since the last update
