@@ -13,7 +13,9 @@ model's near-flat logits then stop a completion with probability ~1/M a token: g
 measured lengths (mean, p50, p99, max, from samples.jsonl). --mean-tokens 0: every completion runs --new-tokens
 tokens (EOS ignored). Each run's steady-state step time (the steps after --warmup) gives samples/s; rollout_share is,
 in sync, the share of a step spent sampling, in async the share the trainer waited for rollouts (its idle share);
-the async run also reports the worker's busy share.
+the async run also reports the worker's busy share. other_s is the rest of a step (neither the wait for rollouts nor
+the update), with its host-side parts: prepare_s (the batch assembled), sync_s (the weight push), weight_gather_s and
+record_s (samples.jsonl and the metrics).
 
 GPU (2):  python -m bench.async_step --out $OUT/async_step.json        (all three modes)
 CPU:      python -m bench.async_step --arch tiny --steps 3 --warmup 1 --new-tokens 16 --mean-tokens 4 --prompts 2 \
