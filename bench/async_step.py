@@ -13,7 +13,9 @@ model's near-flat logits then stop a completion with probability ~1/M a token: g
 measured lengths (mean, p50, p99, max, from samples.jsonl). --mean-tokens 0: every completion runs --new-tokens
 tokens (EOS ignored). Each run's steady-state step time (the steps after --warmup) gives samples/s; rollout_share is,
 in sync, the share of a step spent sampling, in async the share the trainer waited for rollouts (its idle share);
-the async run also reports the worker's busy share.
+the async run also reports the worker's busy share. other_s is the rest of a step (neither the wait for rollouts nor
+the update), with its host-side parts: prepare_s (the batch assembled), sync_s (the weight push), weight_gather_s and
+record_s (samples.jsonl and the metrics).
 
 GPU (2):  python -m bench.async_step --out $OUT/async_step.json        (all three modes)
 CPU:      python -m bench.async_step --arch tiny --steps 3 --warmup 1 --new-tokens 16 --mean-tokens 4 --prompts 2 \
@@ -38,6 +40,7 @@ from bench.serve_process import child_env, save_model_dir
 from tandemrl.config import load_config
 from tandemrl.train.loop import train
 
+PHASES = ("prepare", "sync", "weight_gather", "record")  # time/<phase>: what a step spends outside rollout and train
 MODES = ("sync-dp", "sync", "async")  # the order they run in: sync-dp's ranks start with both GPUs free
 DP_RANKS = 2
 
@@ -92,6 +95,8 @@ def measure(args: argparse.Namespace, model_dir: Path, mode: str, workdir: Path)
               "samples_per_s": samples / step_s if step_s else None,
               "rollout_wait_s": steady(rows, args.warmup, "time/rollout"),
               "train_s": steady(rows, args.warmup, "time/train"),
+              # the rest of a step, host side: the batch assembled, the push (async) or weight gather, the records
+              **{f"{phase}_s": steady(rows, args.warmup, f"time/{phase}") for phase in PHASES},
               # torchrun: rank 0 writes its own half of each step's rollouts
               "lengths": length_stats(out / "samples.jsonl", args.warmup)}
     if mode == "async":
@@ -102,6 +107,7 @@ def measure(args: argparse.Namespace, model_dir: Path, mode: str, workdir: Path)
                       worker_pause_s=steady(rows, args.warmup, "async/worker_pause_s"))
     if result["rollout_wait_s"] is not None and step_s:
         result["rollout_share"] = result["rollout_wait_s"] / step_s  # sync: sampling; async: the trainer waiting
+        result["other_s"] = step_s - result["rollout_wait_s"] - (result["train_s"] or 0.0)  # outside both
     return result
 
 

@@ -75,8 +75,9 @@ class StepTimes:
         self.durations: dict[str, float] = {}
 
     @contextmanager
-    def measure(self, name: str) -> Iterator[Timer]:
-        timer = Timer(sync=self.sync)
+    def measure(self, name: str, sync: bool | None = None) -> Iterator[Timer]:
+        """``sync``: this block's own setting (False: host work, no device synchronisation); None: the default."""
+        timer = Timer(sync=self.sync if sync is None else sync)
         with timer:
             yield timer
         self.add(name, timer.elapsed)

@@ -39,7 +39,7 @@ from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.logprobs import batch_logprobs
 from tandemrl.train.async_rollouts import start_async_rollouts
 from tandemrl.train.rollout_jobs import draw_job, run_job
-from tandemrl.train.rollouts import group_advantages, weigh_frozen_tokens
+from tandemrl.train.rollouts import ScoredRollouts, group_advantages, weigh_frozen_tokens
 from tandemrl.train.scored_groups import group_count
 from tandemrl.train.sample_log import show_completions
 from tandemrl.train.inputs import RunInputs, write_inline_datasets
@@ -97,6 +97,7 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
             console.print("rollout.max_staleness > 0 without train.tis_cap: stale rollouts are used uncorrected and "
                           "learn less (docs/async.md); set train.tis_cap, e.g. 2.0", style="yellow", markup=False)
         run.rollouts = start_async_rollouts(run, state.step, state.policy_version)
+        run.backend.sleep()  # the trainer's own engine only evaluates now: its cache is freed until then
     with TrainDisplay(cfg.train.max_steps, state.step, console) as display, GracefulInterrupt() as interrupt, \
             closing(run.rollouts) if run.rollouts is not None else nullcontext():  # the worker stops with the steps
         # every rank stops after the same step (a signal or the time budget may reach them at different moments)
@@ -191,17 +192,19 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         else:
             job = draw_job(run, state.step)
             scored, async_metrics = run_job(run, job, run.backend, run.agent, state.policy_version), {}
-    weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
-    check_rewards(run, state, scored.reward, display)
-    if run.curriculum is not None:  # torchrun: every rank's rewards, so every rank keeps the same curriculum
-        records = run.parallel.all_shares(list(zip([s.index for s in scored.samples], scored.reward.total)))
-        run.curriculum.record([i for i, _ in records], [r for _, r in records])
-    advantages, valid = group_advantages(scored, cfg.train.advantage)
-    rows = run.parallel.train_rows(len(scored.rollouts))  # engine.tensor_parallel_size > 1: this rank's share
-    batch = build_batch(scored.rollouts[rows], advantages[rows], run.tokenizer.pad_token_id, run.device)
-    batch.loss_mask *= valid[rows].to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
-    version_lag = batch.policy_version_lag(state.policy_version)
-    run.backend.sleep()  # the rollout cache is not needed while the trainer steps
+    with times.measure("prepare", sync=False):  # host work: rewards checked, advantages, the batch on the device
+        weigh_frozen_tokens(scored.rollouts, cfg.tandem.frozen_token_weight)
+        check_rewards(run, state, scored.reward, display)
+        if run.curriculum is not None:  # torchrun: every rank's rewards, so every rank keeps the same curriculum
+            records = run.parallel.all_shares(list(zip([s.index for s in scored.samples], scored.reward.total)))
+            run.curriculum.record([i for i, _ in records], [r for _, r in records])
+        advantages, valid = group_advantages(scored, cfg.train.advantage)
+        rows = run.parallel.train_rows(len(scored.rollouts))  # engine.tensor_parallel_size > 1: this rank's share
+        batch = build_batch(scored.rollouts[rows], advantages[rows], run.tokenizer.pad_token_id, run.device)
+        batch.loss_mask *= valid[rows].to(run.device).unsqueeze(1)  # samples without a reward stay out of the loss
+        version_lag = batch.policy_version_lag(state.policy_version)
+    if run.rollouts is None:  # async: the trainer's engine sleeps from one evaluation to the next
+        run.backend.sleep()  # the rollout cache is not needed while the trainer steps
     with times.measure("train"):
         attach_fixed_logprobs(run, batch)
         update = policy_update(run.model, batch, run.optimizer, run.scheduler, cfg.train,
@@ -210,7 +213,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
     if run.engine_weights is not None:  # torchrun, sharded: all-gather the new shards into the engine's weights
         with times.measure("weight_gather"):
             run.engine_weights.refresh()
-    run.backend.wake()
+    if run.rollouts is None:
+        run.backend.wake()
     state.step += 1
     state.policy_version += int(update.optimizer_steps > 0)
     with times.measure("sync"):
@@ -218,17 +222,29 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         if run.rollouts is not None:
             async_metrics.update(run.rollouts.publish(state.policy_version))
     check_nonfinite(run, state, update.skipped_nonfinite, update.optimizer_steps, display)
-    if run.sample_log is not None:
-        run.sample_log.write(state.step, scored)
-    show_completions(display, cfg.log, state.step, scored)
+    with times.measure("record", sync=False):  # host work: samples.jsonl, the printed completions, the metrics
+        if run.sample_log is not None:
+            run.sample_log.write(state.step, scored)
+        show_completions(display, cfg.log, state.step, scored)
+        metrics = step_metrics(run, state, scored, update.metrics, version_lag, async_metrics, times)
+    metrics.update({**synced.metrics(), **times.metrics(), "time/step": sum(times.durations.values()),
+                    "time/step_wall": time.perf_counter() - started,  # all of it: with async rollouts, a step's cost
+                    "memory/peak_gb": peak_memory_gb(run.device), "skipped_nonfinite": update.skipped_nonfinite})
+    return run.parallel.reduce_metrics(metrics)  # torchrun: means over ranks (sums for rates, max for peaks)
+
+
+def step_metrics(run: Run, state: TrainerState, scored: ScoredRollouts, update_metrics: dict[str, float],
+                 version_lag: int, async_metrics: dict[str, float], times: StepTimes) -> dict[str, float]:
+    """What a step's batch and update say (its timings and memory are added by the caller)."""
+    cfg = run.cfg
     lengths = [len(r.completion_ids) for r in scored.rollouts]
-    metrics = {
+    return {
         "step": state.step, "epoch": run.train_prompts.epoch, "policy_version": state.policy_version,
         **reward_metrics(scored.reward),
         **reward_stats(scored.reward.components, scored.reward.total, scored.group_ids),
         **clipped_ratio([r.finish_reason for r in scored.rollouts]),
         **({"accuracy": sum(scored.correct) / len(scored.correct)} if scored.correct is not None else {}),
-        **update.metrics, "mismatch/policy_version_lag": version_lag,
+        **update_metrics, "mismatch/policy_version_lag": version_lag,
         "response_length/mean": sum(lengths) / len(lengths), "response_length/max": max(lengths),
         "rollouts_per_prompt/mean": len(scored.rollouts) / group_count(scored),
         # async: over the worker's sampling time (the trainer's wait for it says nothing of the engine's speed)
@@ -236,12 +252,8 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
         **request_metrics(scored.rollouts),
         **(tandem_metrics([r.token_sources for r in scored.rollouts]) if cfg.tandem.enabled else {}),
         **(tool_metrics(scored.trajectories) if scored.trajectories is not None else {}),
-        **synced.metrics(), **async_metrics, **times.metrics(), "time/step": sum(times.durations.values()),
-        "time/step_wall": time.perf_counter() - started,  # all of it: with async rollouts, what a step costs
-        "memory/peak_gb": peak_memory_gb(run.device),
-        "skipped_nonfinite": update.skipped_nonfinite,
+        **async_metrics,
     }
-    return run.parallel.reduce_metrics(metrics)  # torchrun: means over ranks (sums for rates, max for peaks)
 
 
 def attach_fixed_logprobs(run: Run, batch: TrainBatch) -> None:
@@ -294,8 +306,13 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
 
 def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
     was_training = run.model.training
+    asleep_between = run.rollouts is not None  # async: the trainer's engine wakes for evaluations only
+    if asleep_between:
+        run.backend.wake()
     result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
                       agent=run.agent, metric=run.metric, parallel=run.parallel)
+    if asleep_between:
+        run.backend.sleep()
     run.model.train(was_training)
     return result
 

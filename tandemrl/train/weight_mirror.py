@@ -30,6 +30,10 @@ class WeightMirror:
         sources = dict(source.named_parameters())
         self._pairs = [(sources[n], target_params[n]) for n in names]
         self._staging = [torch.empty_like(dst) for _, dst in self._pairs]
+        # the push's own stream on the worker's device: its copies then wait for none of the engine steps the worker
+        # has queued there (on the device's default stream), only for the trainer's update
+        staging_device = self._staging[0].device if self._staging else torch.device("cpu")
+        self._push_stream = torch.cuda.Stream(staging_device) if staging_device.type == "cuda" else None
         self._lock = threading.Lock()
         self._staged: int | None = None
         self.applied = version
@@ -48,11 +52,24 @@ class WeightMirror:
         """Trainer thread: stage the source's current weights as ``version``; the seconds it took."""
         started = time.perf_counter()
         with self._lock, torch.no_grad():
-            for (src, _), stage in zip(self._pairs, self._staging):
-                stage.copy_(src.detach(), non_blocking=True)
-            _synchronize(self._staging)
+            if self._push_stream is None:
+                for (src, _), stage in zip(self._pairs, self._staging):
+                    stage.copy_(src.detach())
+            else:
+                self._push_on_stream(self._push_stream)
             self._staged = version
         return time.perf_counter() - started
+
+    def _push_on_stream(self, stream: torch.cuda.Stream) -> None:
+        """The copies, after the trainer's update, and back once they are done. On the staging device they run on
+        ``stream``; from another GPU on the source's stream, waiting for the destination's current stream (then
+        ``stream``, idle) and making it wait for them."""
+        for device in {src.device for src, _ in self._pairs if src.device.type == "cuda"}:
+            stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for (src, _), stage in zip(self._pairs, self._staging):
+                stage.copy_(src.detach(), non_blocking=True)
+        stream.synchronize()
 
     def apply(self) -> int:
         """Worker thread, between two engine steps: take the staged weights if newer; the version it now holds."""

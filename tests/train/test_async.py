@@ -382,3 +382,32 @@ def test_the_stepping_worker_runs_the_next_batch_beside_the_last_and_a_push_spli
     q.put(QueuedGroups(scored_group(2, 1), 1))
     kept = q.take(1, trainer_version=1, max_staleness=0)  # its newest tokens are current, its oldest are not
     assert kept.dropped_groups == 1 and [p.version for p in kept.parts] == [1]
+
+
+def test_the_trainers_engine_sleeps_through_async_updates_and_wakes_for_evaluations(tmp_path, monkeypatch):
+    """Async: the worker samples, so the trainer's engine holds no cache while it updates; evaluations still run."""
+    import tandemrl.train.loop as loop
+    runs, asleep = [], {"batch": [], "update": [], "eval": []}
+    build_run, build_batch, policy_update, evaluate = (loop.build_run, loop.build_batch, loop.policy_update,
+                                                       loop.evaluate)
+    monkeypatch.setattr(loop, "build_run", lambda *a, **k: runs.append(build_run(*a, **k)) or runs[-1])
+
+    def batch(*args, **kwargs):  # a step's start: no wake since the last update
+        asleep["batch"].append(runs[0].backend.engine.is_asleep)
+        return build_batch(*args, **kwargs)
+
+    def update(*args, **kwargs):
+        asleep["update"].append(runs[0].backend.engine.is_asleep)
+        return policy_update(*args, **kwargs)
+
+    def evaluation(backend, *args, **kwargs):
+        asleep["eval"].append(backend.engine.is_asleep)
+        return evaluate(backend, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "build_batch", batch)
+    monkeypatch.setattr(loop, "policy_update", update)
+    monkeypatch.setattr(loop, "evaluate", evaluation)
+    summary = train(small_config(tmp_path, "train.max_steps=4", "checkpoint.every_steps=0", "eval.every_steps=2",
+                                 "rollout.mode=async", "rollout.max_staleness=1"), tmp_path / "run")
+    assert asleep == {"batch": [True] * 4, "update": [True] * 4, "eval": [False] * 3}  # evals: initial, step 2, final
+    assert summary["steps"] == 4 and runs[0].backend.engine.is_asleep

@@ -1,5 +1,7 @@
 """build_batch: rollout data (loss weights, sampling log-probs, policy versions) reaches the training tensors."""
 
+import random
+
 import pytest
 import torch
 
@@ -55,3 +57,37 @@ def test_empty_completion_with_empty_logprobs_still_counts_as_having_them():
 def test_loss_weights_of_the_wrong_length_are_refused():
     with pytest.raises(ValueError, match="2 loss weights for 3 completion tokens"):
         _batch([_rollout([1], [2, 3, 4], [-0.1] * 3, weights=[1.0, 0.5])])
+
+
+def _reference_rows(rollouts, pad):
+    """build_batch's rows written out token by token, as the padding is defined (the vectorised copy must match)."""
+    prompt_width = max(len(r.prompt_ids) for r in rollouts)
+    width = max(1, max(len(r.completion_ids) for r in rollouts))
+    rows, masks, weights, logprobs = [], [], [], []
+    for r in rollouts:
+        left, right = prompt_width - len(r.prompt_ids), width - len(r.completion_ids)
+        rows.append([pad] * left + r.prompt_ids + r.completion_ids + [pad] * right)
+        masks.append([0] * left + [1] * (len(r.prompt_ids) + len(r.completion_ids)) + [0] * right)
+        weights.append(r.token_weights() + [0.0] * right)
+        logprobs.append(r.logprobs + [0.0] * right)
+    return rows, masks, weights, logprobs, width
+
+
+def test_ragged_rows_are_padded_as_written_token_by_token():
+    rng = random.Random(0)
+    rollouts = []
+    for i in range(40):
+        n = rng.choice([0, 1, 2, rng.randrange(3, 60)])
+        weights = [rng.choice([0.0, 0.3, 1.0]) for _ in range(n)] if i % 3 == 0 else []
+        rollouts.append(_rollout([rng.randrange(1, 500) for _ in range(rng.randrange(1, 9))],
+                                 [rng.randrange(1, 500) for _ in range(n)], [-rng.random() * 5 for _ in range(n)],
+                                 weights, version=rng.randrange(4)))
+    batch = build_batch(rollouts, torch.arange(40.0), 7, CPU)
+    rows, masks, weights, logprobs, width = _reference_rows(rollouts, 7)
+    assert batch.input_ids.tolist() == rows and batch.attention_mask.tolist() == masks
+    assert batch.input_ids.dtype == batch.attention_mask.dtype == batch.completion_ids.dtype == torch.long
+    assert batch.completion_ids.tolist() == [row[batch.prompt_width:] for row in rows]
+    assert batch.position_ids.tolist() == [[max(0, sum(m[:j + 1]) - 1) for j in range(len(m))] for m in masks]
+    assert torch.equal(batch.loss_mask, torch.tensor(weights, dtype=torch.float32))
+    assert torch.equal(batch.rollout_logprobs, torch.tensor(logprobs, dtype=torch.float32))
+    assert batch.completion_ids.shape[1] == width and batch.advantages.tolist() == list(range(40))

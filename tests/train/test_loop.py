@@ -54,6 +54,9 @@ def test_run_writes_everything_a_user_expects(tmp_path):
     for key in ("reward/mean", "reward/std", "reward/accuracy/mean", "accuracy", "loss",
                 "kl", "clip_frac", "entropy", "response_length/mean", "tokens_per_s", "time/step", "memory/peak_gb"):
         assert key in rows[3], key
+    phases = ("time/rollout", "time/prepare", "time/train", "time/sync", "time/record")  # a step's wall time, in parts
+    assert all(rows[3][key] >= 0 for key in phases) and rows[3]["time/prepare"] > 0 and rows[3]["time/record"] > 0
+    assert sum(rows[3][key] for key in phases) <= rows[3]["time/step_wall"]
     assert find_latest(run / "checkpoints").name == "step-00000003"
     loaded = load_config(run / "config.toml")
     assert loaded == cfg
