@@ -1,4 +1,4 @@
-"""/metrics in Prometheus' text format: the queue, running sequences, KV use, tokens/s, request counts, version."""
+"""/metrics in Prometheus' text format: the queues, running sequences, KV use, tokens/s, request counts, version."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def prometheus_text(state: ServerState) -> str:
     engine = loop.engine.stats()
     kv = load["kv_blocks_used"] / load["kv_blocks"] if load["kv_blocks"] else 0.0
     gauges = {
+        "requests_queued": ("sequences received that the engine thread has not taken yet (it is stepping or "
+                            "applying a weight push)", loop.queued),
         "requests_waiting": ("sequences waiting for their first prefill", load["waiting"]),
         "requests_running": ("sequences being decoded", load["running"]),
         "kv_cache_usage": ("fraction of the KV cache's blocks in use", kv),

@@ -1,0 +1,64 @@
+"""/metrics under load: the queue depth (requests the engine thread has not taken yet), the staleness of running
+requests (weight pushes they outlived) and tokens/s, read while a stream runs and after it ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.serve.conftest import MODEL_NAME, serve_config, start_server
+
+
+@pytest.fixture()
+def running(tiny_dir):
+    server = start_server(serve_config(tiny_dir))  # its own: this test pushes a version
+    yield server
+    server.stop()
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f"tandemrl_{name} "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def wait_for(url: str, name: str, value: float) -> None:
+    deadline = time.monotonic() + 20
+    while metric(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} stayed {metric(url, name)}, expected {value}"
+        time.sleep(0.01)
+
+
+def test_metrics_show_queue_depth_staleness_and_tokens_per_second(running):
+    url, loop = running.url, running.state.loop
+    generated = metric(url, "generated_tokens_total")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    stream = client.completions.create(model=MODEL_NAME, prompt="1+2=", max_tokens=480, stream=True,
+                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+    chunks = [next(stream)]  # it runs
+    hold = threading.Event()
+    loop.between_steps(hold.wait)  # the engine thread waits here: what arrives now queues
+    other = threading.Thread(target=lambda: client.completions.create(
+        model=MODEL_NAME, prompt="3+4=", max_tokens=4, extra_body={"ignore_eos": True}))
+    other.start()
+    wait_for(url, "requests_queued", 1)
+    assert metric(url, "running_version_lag") == 0
+    pusher = threading.Thread(target=lambda: running.state.weights.set_version("test", 1))
+    pusher.start()
+    time.sleep(0.05)
+    hold.set()  # the queued request is added under version 0, then the push lands before the next step
+    pusher.join(20)
+    wait_for(url, "running_version_lag", 1)  # the stream started under version 0 and outlived one push
+    assert metric(url, "requests_queued") == 0
+    chunks += list(stream)
+    other.join(20)
+    assert sum(len(c.choices[0].model_extra.get("token_ids", [])) for c in chunks) == 480
+    assert metric(url, "generated_tokens_total") - generated == 480 + 4
+    assert metric(url, "tokens_per_second") > 0
+    wait_for(url, "running_version_lag", 0)
+    assert metric(url, "requests_queued") == 0 and metric(url, "requests_waiting") == 0
