@@ -182,7 +182,20 @@ async def load_test(url: str, prompts: list[list[int]], new_tokens: int) -> dict
 
 def server_load(bench: Bench, server: ServerProcess) -> None:
     asyncio.run(load_test(server.url, bench.warm_prompts, bench.args.new_tokens))  # CUDA graphs, Triton, caches
-    bench.result["load"] = asyncio.run(load_test(server.url, bench.prompts, bench.args.new_tokens))
+    before = server.metrics()
+    load = asyncio.run(load_test(server.url, bench.prompts, bench.args.new_tokens))
+    bench.result["load"] = {**load, **server_side(before, server.metrics(), load["wall_s"])}
+
+
+def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """The server's own account of the timed round (/metrics differences): how long requests waited for the engine
+    thread, arrival to first token sent (the rest of the client's TTFT is HTTP and delivery), the engine's busy
+    share of the round's wall time."""
+    change = {name: after[name] - before.get(name, 0.0) for name in after}
+    return {"server_queue_wait_mean_s": change["queue_wait_seconds_total"] / max(change["requests_total"], 1),
+            "server_first_token_mean_s": change["first_token_seconds_total"] / max(change["first_tokens_total"], 1),
+            "engine_step_share": change["engine_step_seconds_total"] / wall_s,
+            "engine_steps": change["engine_steps_total"]}
 
 
 def in_process_load(bench: Bench) -> None:
@@ -325,6 +338,10 @@ def print_table(result: dict) -> None:
             print(f"  TTFT = to the response headers (connect, HTTP: p50 {load['headers_p50_s']:.3f} s, last "
                   f"{load['headers_max_s']:.3f} s) + from them to the first token "
                   f"(p50 {load['headers_to_first_token_p50_s']:.3f} s)")
+        if "server_first_token_mean_s" in load:
+            print(f"  server side: waits for the engine thread {load['server_queue_wait_mean_s']:.3f} s, arrival to "
+                  f"first token sent {load['server_first_token_mean_s']:.3f} s (means); engine stepping "
+                  f"{load['engine_step_share']:.0%} of the wall time, {load['engine_steps']:.0f} steps")
     if engine:
         print(f"in-process engine, the same {result['clients']} sequences in one call: {engine['tok_s']:.0f} tok/s")
     if "server_over_in_process" in result:

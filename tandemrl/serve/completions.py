@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from tandemrl.serve.engine_loop import Event, Failed, Finished, TokenDelta
@@ -73,7 +72,7 @@ def _encode(state: ServerState, text: str) -> list[int]:
 
 
 def _job(state: ServerState, body: Any, prompts: list[list[int]], chat: bool, max_tokens: int | None) -> Job:
-    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    response_id = state.response_id("chatcmpl" if chat else "cmpl")
     per_request, requests = [], []
     for ids in prompts:
         params = body.sampling_params(state.check_prompt(ids, max_tokens))
@@ -167,48 +166,65 @@ def _prompt_ids(job: Job) -> dict:
 async def stream(state: ServerState, job: Job) -> AsyncIterator[str]:
     """Server-sent events: per choice, one chunk per batch of events that added text (every step's tokens since the
     last chunk: one step's when the client keeps up, several when it fell behind), a final chunk with its finish
-    reason, then ``data: [DONE]``. A client that disconnects cancels this generator, and with it its sequences
-    (state.run aborts them)."""
+    reason, then ``data: [DONE]``. Each batch's chunks go out in one write, the last with the usage and [DONE]: every
+    write hands the GIL to the engine thread and waits to get it back. A client that disconnects cancels this
+    generator, and with it its sequences (state.run aborts them)."""
     index = {r.request_id: i for i, r in enumerate(job.requests)}
     texts = [ChoiceText(state.decode, r.params.stop) for r in job.requests]
     if job.chat:
-        for i in range(len(job.requests)):
-            yield _sse(_chunk(state, job, i, {"role": "assistant", "content": ""}, None, state.policy_version))
-    lengths = [0] * len(job.requests)
+        yield "".join(_sse(_chunk(state, job, i, {"role": "assistant", "content": ""}, None, state.policy_version))
+                      for i in range(len(job.requests)))
+    lengths: dict[int, int] = {}  # completion tokens of each finished choice
     versions = [state.policy_version] * len(job.requests)
+    frames: list[str] = []
     async for events in state.run(job.requests):
-        frames = []
         for i, event in _merged(events, index):
-            if isinstance(event, Failed):
-                yield "".join(frames) + _sse({"error": {"message": event.message, "type": "server_error",
-                                                        "code": 500}})
+            error = _stream_error(event)
+            if error is not None:
+                yield "".join(frames) + _sse(error)
                 return
-            if isinstance(event, TokenDelta):
-                text, ids, lps = texts[i].add(event.token_ids, event.logprobs)
-                versions[i], finish = event.policy_version, None
-            else:
-                rollout = event.rollout
-                if rollout.finish_reason == "error":
-                    yield "".join(frames) + _sse({"error": {"message": rollout.error, "type": "invalid_request_error",
-                                                            "code": 400}})
-                    return
-                text, ids, lps = texts[i].finish(rollout.completion_ids, rollout.logprobs, rollout.text)
-                finish = "length" if rollout.finish_reason == "length" else "stop"
-                lengths[i], versions[i] = len(rollout.completion_ids), rollout.policy_version
-            if text or ids or finish:
-                chunk = _delta_chunk(state, job, i, text, ids, lps, finish, versions[i])
-                if finish:
-                    chunk["choices"][0]["policy_version_last"] = event.policy_version_last
-                    if event.rollout.version_runs:
-                        chunk["choices"][0]["version_runs"] = [list(run) for run in event.rollout.version_runs]
-                frames.append(_sse(chunk))
-        if frames:
-            yield "".join(frames)  # one write for every choice's chunk of this batch
+            frames += _choice_frame(state, job, texts[i], i, event, versions)
+            if isinstance(event, Finished):
+                lengths[i] = len(event.rollout.completion_ids)
+        if frames and len(lengths) < len(job.requests):  # the last batch goes out with the end of the stream
+            yield "".join(frames)
+            frames = []
     if (job.body.stream_options or {}).get("include_usage"):
-        yield _sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,
-                    "model": state.model_name, "choices": [], "usage": _usage(job, lengths),
-                    "policy_version": min(versions)})
-    yield "data: [DONE]\n\n"
+        frames.append(_sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,
+                            "model": state.model_name, "choices": [],
+                            "usage": _usage(job, [lengths.get(i, 0) for i in range(len(job.requests))]),
+                            "policy_version": min(versions)}))
+    yield "".join(frames) + "data: [DONE]\n\n"
+
+
+def _stream_error(event: Event) -> dict | None:
+    """The error payload that ends a stream: the engine failed, or a request it refused."""
+    if isinstance(event, Failed):
+        return {"error": {"message": event.message, "type": "server_error", "code": 500}}
+    if isinstance(event, Finished) and event.rollout.finish_reason == "error":
+        return {"error": {"message": event.rollout.error, "type": "invalid_request_error", "code": 400}}
+    return None
+
+
+def _choice_frame(state: ServerState, job: Job, text: ChoiceText, i: int, event: TokenDelta | Finished,
+                  versions: list[int]) -> list[str]:
+    """Choice ``i``'s chunk for its new tokens, or its final one; [] when there is nothing to send yet."""
+    if isinstance(event, TokenDelta):
+        delta, ids, lps = text.add(event.token_ids, event.logprobs)
+        versions[i], finish = event.policy_version, None
+    else:
+        rollout = event.rollout
+        delta, ids, lps = text.finish(rollout.completion_ids, rollout.logprobs, rollout.text)
+        finish = "length" if rollout.finish_reason == "length" else "stop"
+        versions[i] = rollout.policy_version
+    if not (delta or ids or finish):
+        return []
+    chunk = _delta_chunk(state, job, i, delta, ids, lps, finish, versions[i])
+    if isinstance(event, Finished):
+        chunk["choices"][0]["policy_version_last"] = event.policy_version_last
+        if event.rollout.version_runs:
+            chunk["choices"][0]["version_runs"] = [list(run) for run in event.rollout.version_runs]
+    return [_sse(chunk)]
 
 
 def _merged(events: list[Event], index: dict[str, int]) -> list[tuple[int, Event]]:

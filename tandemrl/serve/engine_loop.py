@@ -59,6 +59,7 @@ class _Tracked:
     sink: Sink
     policy_version: int  # the server's version when the request entered the engine
     stream: bool  # whether its sink wants TokenDelta events (else only how it ended)
+    submitted: float  # perf_counter() when submit() was called
     sent: int = 0  # tokens already handed to the sink
 
 
@@ -78,7 +79,11 @@ class EngineLoop:
         self._emitted: collections.deque[tuple[float, int]] = collections.deque()
         self._rate_window_s = rate_window_s
         self._rate_lock = threading.Lock()  # the engine thread appends, /metrics reads; submit counts under it too
-        self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0}
+        self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0,
+                         "first_tokens": 0}
+        # seconds: requests' waits from submit() until the engine thread took them, streamed requests' waits from
+        # submit() until their first token went to their sink, and the engine thread's time inside steps
+        self.seconds = {"queue_wait": 0.0, "first_token": 0.0, "steps": 0.0}
         self._submitted = 0  # requests handed to submit (callers' thread); counters["requests"]: those added
         self._outbox: dict[int, tuple[Sink, list[Event]]] = {}  # this step's events, by sink
         self.version_lag = 0  # served version minus the oldest running request's entry version (pushes it outlived)
@@ -98,7 +103,8 @@ class EngineLoop:
         """``stream``: hand the sink each step's new tokens (TokenDelta); else only Finished / Failed."""
         with self._rate_lock:  # callers may be several threads
             self._submitted += len(requests)
-        self._commands.put(lambda: self._add(requests, sink, stream))
+        submitted = time.perf_counter()
+        self._commands.put(lambda: self._add(requests, sink, stream, submitted))
 
     def abort(self, request_ids: list[str]) -> None:
         self._commands.put(lambda: self._abort(request_ids))
@@ -154,12 +160,13 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _add(self, requests: list[Request], sink: Sink, stream: bool) -> None:
+    def _add(self, requests: list[Request], sink: Sink, stream: bool, submitted: float) -> None:
         idle = not self.engine.has_unfinished()
+        self.seconds["queue_wait"] += (time.perf_counter() - submitted) * len(requests)
         for request in requests:
             if self._prepare is not None:
                 self._prepare(request, idle)
-            self._tracked[request.request_id] = _Tracked(sink, self.policy_version, stream)
+            self._tracked[request.request_id] = _Tracked(sink, self.policy_version, stream, submitted)
             self.counters["requests"] += 1
             self.engine.add_request(request, self.policy_version)  # a rejected one comes back from the next step
 
@@ -170,9 +177,11 @@ class EngineLoop:
                 self.counters["aborted"] += 1
 
     def _step(self) -> None:
+        started = time.perf_counter()
         try:
             self._step_events()
         finally:
+            self.seconds["steps"] += time.perf_counter() - started
             self._flush()
             oldest = min((t.policy_version for t in self._tracked.values()), default=self.policy_version)
             self.version_lag = self.policy_version - oldest
@@ -203,6 +212,9 @@ class EngineLoop:
             if tracked is None or not tracked.stream or not new_ids:
                 continue
             self._count_tokens(len(new_ids))
+            if not tracked.sent:
+                self.counters["first_tokens"] += 1
+                self.seconds["first_token"] += time.perf_counter() - tracked.submitted
             tracked.sent += len(new_ids)
             self._post(tracked.sink, TokenDelta(request_id, new_ids, new_lps, tracked.policy_version))
 

@@ -39,6 +39,13 @@ def prometheus_text(state: ServerState) -> str:
         "requests_aborted_total": ("sequences aborted (client went away)", loop.counters["aborted"]),
         "requests_failed_total": ("sequences failed by an engine error", loop.counters["failed"]),
         "generated_tokens_total": ("tokens sent to clients", loop.counters["generated_tokens"]),
+        "queue_wait_seconds_total": ("seconds sequences waited for the engine thread to take them (over "
+                                     "requests_total)", loop.seconds["queue_wait"]),
+        "first_tokens_total": ("streamed sequences whose first token was sent", loop.counters["first_tokens"]),
+        "first_token_seconds_total": ("seconds from arrival to the first token sent, over first_tokens_total (the "
+                                      "server's share of the time to first token)", loop.seconds["first_token"]),
+        "engine_step_seconds_total": ("seconds the engine thread spent in steps (the rest: idle, taking requests, "
+                                      "weight pushes)", loop.seconds["steps"]),
         "engine_steps_total": ("engine steps", engine["steps"]),
         "decode_steps_total": ("decode steps (a burst of k counts k)", engine["decode_steps"]),
         "decode_tokens_total": ("tokens computed by decode steps, over every sequence", engine["decode_tokens"]),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from tandemrl.serve.engine_loop import EngineLoop, Event, Failed, Finished
 from tandemrl.types import Request
@@ -72,6 +74,13 @@ class ServerState:
     vocab_size: int
     weights: Any = None  # tandemrl.sync.receiver.WeightReceiver
     started: float = dataclasses.field(default_factory=time.time)
+    # response ids: a random stem per server and a counter (a uuid4 per request reads os.urandom, a system call,
+    # which hands the GIL to the engine thread and waits to get it back)
+    _id_stem: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:16], repr=False)
+    _ids: Iterator[int] = dataclasses.field(default_factory=itertools.count, repr=False)
+
+    def response_id(self, prefix: str) -> str:
+        return f"{prefix}-{self._id_stem}{next(self._ids):08x}"
 
     @property
     def policy_version(self) -> int:

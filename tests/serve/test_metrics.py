@@ -1,5 +1,6 @@
-"""/metrics under load: the queue depth (requests the engine thread has not taken yet), the staleness of running
-requests (weight pushes they outlived) and tokens/s, read while a stream runs and after it ends."""
+"""/metrics under load: the queue depth (requests the engine thread has not taken yet) and how long requests waited
+there, the staleness of running requests (weight pushes they outlived), tokens/s and the server's time to first
+token, read while a stream runs and after it ends."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def wait_for(url: str, name: str, value: float) -> None:
 
 def test_metrics_show_queue_depth_staleness_and_tokens_per_second(running):
     url, loop = running.url, running.state.loop
-    generated = metric(url, "generated_tokens_total")
+    before = {name: metric(url, name) for name in ("generated_tokens_total", "first_tokens_total",
+                                                   "queue_wait_seconds_total", "first_token_seconds_total")}
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
     stream = client.completions.create(model=MODEL_NAME, prompt="1+2=", max_tokens=480, stream=True,
                                        extra_body={"ignore_eos": True, "return_token_ids": True})
@@ -50,7 +52,7 @@ def test_metrics_show_queue_depth_staleness_and_tokens_per_second(running):
     assert metric(url, "running_version_lag") == 0
     pusher = threading.Thread(target=lambda: running.state.weights.set_version("test", 1))
     pusher.start()
-    time.sleep(0.05)
+    time.sleep(0.1)
     hold.set()  # the queued request is added under version 0, then the push lands before the next step
     pusher.join(20)
     wait_for(url, "running_version_lag", 1)  # the stream started under version 0 and outlived one push
@@ -58,7 +60,11 @@ def test_metrics_show_queue_depth_staleness_and_tokens_per_second(running):
     chunks += list(stream)
     other.join(20)
     assert sum(len(c.choices[0].model_extra.get("token_ids", [])) for c in chunks) == 480
-    assert metric(url, "generated_tokens_total") - generated == 480 + 4
+    assert metric(url, "generated_tokens_total") - before["generated_tokens_total"] == 480 + 4
     assert metric(url, "tokens_per_second") > 0
+    assert metric(url, "first_tokens_total") - before["first_tokens_total"] == 1  # the stream's; the other did not
+    assert metric(url, "first_token_seconds_total") > before["first_token_seconds_total"]
+    assert metric(url, "queue_wait_seconds_total") - before["queue_wait_seconds_total"] >= 0.1  # the held one
+    assert metric(url, "engine_step_seconds_total") > 0
     wait_for(url, "running_version_lag", 0)
     assert metric(url, "requests_queued") == 0 and metric(url, "requests_waiting") == 0
