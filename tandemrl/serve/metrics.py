@@ -41,7 +41,8 @@ def prometheus_text(state: ServerState) -> str:
         "generated_tokens_total": ("tokens sent to clients", loop.counters["generated_tokens"]),
         "queue_wait_seconds_total": ("seconds sequences waited for the engine thread to take them (over "
                                      "requests_total)", loop.seconds["queue_wait"]),
-        "first_tokens_total": ("streamed sequences whose first token was sent", loop.counters["first_tokens"]),
+        "first_tokens_total": ("streamed sequences whose first tokens went out before they finished",
+                               loop.counters["first_tokens"]),
         "first_token_seconds_total": ("seconds from arrival to the first token sent, over first_tokens_total (the "
                                       "server's share of the time to first token)", loop.seconds["first_token"]),
         "engine_step_seconds_total": ("seconds the engine thread spent in steps (the rest: idle, taking requests, "

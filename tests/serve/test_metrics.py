@@ -8,10 +8,11 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 
-from tests.serve.conftest import MODEL_NAME, serve_config, start_server
+openai = pytest.importorskip("openai")
+
+from tests.serve.conftest import MODEL_NAME, serve_config, start_server  # noqa: E402
 
 
 @pytest.fixture()
