@@ -279,7 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kv-share", type=float, default=0.25, help="engine.gpu_memory_utilization of each engine")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny tied arch on the CPU; unless given: 8 clients, 8-token prompts, 16 tokens, 2 repeats")
+                        help="tiny tied arch on the CPU; unless given: 8 clients, 8-token prompts, 16 tokens, "
+                             "2 repeats")
     parser.add_argument("--out", type=Path, default=Path("bench/out/serve.json"))
     parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a finished run and exit")
     args = parser.parse_args(argv)

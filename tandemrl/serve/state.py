@@ -114,8 +114,8 @@ class ServerState:
     async def run(self, requests: list[Request], is_disconnected: Callable[[], Awaitable[bool]] | None = None,
                   stream: bool = True) -> AsyncIterator[list[Event]]:
         """Submit ``requests`` to the engine and yield their events, a batch at a time (every event that arrived
-        since the last batch), until each has finished or failed; ``stream=False``: no TokenDelta events. Leaving early (the client went away, the task
-        was cancelled) aborts the rest, which frees their KV blocks."""
+        since the last batch), until each has finished or failed; ``stream=False``: no TokenDelta events. Leaving
+        early (the client went away, the task was cancelled) aborts the rest, which frees their KV blocks."""
         sink = AsyncSink(asyncio.get_running_loop())
         open_ids = {r.request_id for r in requests}
         self.loop.submit(requests, sink, stream)
