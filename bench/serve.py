@@ -49,6 +49,7 @@ from tandemrl.sync.base import InProcessSync
 from tandemrl.sync.checkpoint import CheckpointSync
 from tandemrl.sync.ipc import IpcSync
 from tandemrl.sync.lora import LoraSync
+from tandemrl.train.setup import set_cpu_threads
 from tandemrl.types import Request, SamplingParams
 
 MODES = ("inprocess", "checkpoint", "ipc", "lora")
@@ -181,11 +182,25 @@ async def load_test(url: str, prompts: list[list[int]], new_tokens: int) -> dict
 
 def server_load(bench: Bench, server: ServerProcess) -> None:
     asyncio.run(load_test(server.url, bench.warm_prompts, bench.args.new_tokens))  # CUDA graphs, Triton, caches
-    bench.result["load"] = asyncio.run(load_test(server.url, bench.prompts, bench.args.new_tokens))
+    before = server.metrics()
+    load = asyncio.run(load_test(server.url, bench.prompts, bench.args.new_tokens))
+    bench.result["load"] = {**load, **server_side(before, server.metrics(), load["wall_s"])}
+
+
+def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """The server's own account of the timed round (/metrics differences): how long requests waited for the engine
+    thread, arrival to first token sent (the rest of the client's TTFT is HTTP and delivery), the engine's busy
+    share of the round's wall time."""
+    change = {name: after[name] - before.get(name, 0.0) for name in after}
+    return {"server_queue_wait_mean_s": change["queue_wait_seconds_total"] / max(change["requests_total"], 1),
+            "server_first_token_mean_s": change["first_token_seconds_total"] / max(change["first_tokens_total"], 1),
+            "engine_step_share": change["engine_step_seconds_total"] / wall_s,
+            "engine_steps": change["engine_steps_total"]}
 
 
 def in_process_load(bench: Bench) -> None:
     device = bench.device
+    set_cpu_threads(None, bench.model, device)  # as the server does: on the CPU, one thread for a small model
     config = EngineConfig(gpu_memory_utilization=bench.args.kv_share,
                           num_blocks=None if device.type == "cuda" else 512)
     backend = EngineBackend(bench.model, None, config, device=device)
@@ -257,18 +272,25 @@ def run(bench: Bench) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--clients", type=int, default=64, help="concurrent streaming clients (0: no load test)")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5, help="timed pushes per mode (after a first one)")
+    parser.add_argument("--clients", type=int, help="concurrent streaming clients (0: no load test; default 64)")
+    parser.add_argument("--prompt-len", type=int, help="default 128")
+    parser.add_argument("--new-tokens", type=int, help="default 256")
+    parser.add_argument("--repeats", type=int, help="timed pushes per mode, after a first one (default 5)")
     parser.add_argument("--kv-share", type=float, default=0.25, help="engine.gpu_memory_utilization of each engine")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--cpu-smoke", action="store_true", help="tiny tied arch, 8 clients, 16 tokens, on the CPU")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="tiny tied arch on the CPU; unless given: 8 clients, 8-token prompts, 16 tokens, "
+                             "2 repeats")
     parser.add_argument("--out", type=Path, default=Path("bench/out/serve.json"))
     parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a finished run and exit")
     args = parser.parse_args(argv)
+    defaults = {"clients": 8, "prompt_len": 8, "new_tokens": 16, "repeats": 2} if args.cpu_smoke else \
+        {"clients": 64, "prompt_len": 128, "new_tokens": 256, "repeats": 5}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.cpu_smoke:
-        args.arch, args.clients, args.prompt_len, args.new_tokens, args.repeats = "tiny-tied", 8, 8, 16, 2
+        args.arch = "tiny-tied"
     return args
 
 
@@ -317,6 +339,10 @@ def print_table(result: dict) -> None:
             print(f"  TTFT = to the response headers (connect, HTTP: p50 {load['headers_p50_s']:.3f} s, last "
                   f"{load['headers_max_s']:.3f} s) + from them to the first token "
                   f"(p50 {load['headers_to_first_token_p50_s']:.3f} s)")
+        if "server_first_token_mean_s" in load:
+            print(f"  server side: waits for the engine thread {load['server_queue_wait_mean_s']:.3f} s, arrival to "
+                  f"first token sent {load['server_first_token_mean_s']:.3f} s (means); engine stepping "
+                  f"{load['engine_step_share']:.0%} of the wall time, {load['engine_steps']:.0f} steps")
     if engine:
         print(f"in-process engine, the same {result['clients']} sequences in one call: {engine['tok_s']:.0f} tok/s")
     if "server_over_in_process" in result:

@@ -61,10 +61,16 @@ class ServerProcess:
                            f"{self.log.read_text(errors='replace')[-3000:]}")
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
-            if line.startswith(f"tandemrl_{name} "):
-                return float(line.split()[1])
-        raise KeyError(f"tandemrl_{name} is not in {self.url}/metrics")
+        found = self.metrics()
+        if name not in found:
+            raise KeyError(f"tandemrl_{name} is not in {self.url}/metrics")
+        return found[name]
+
+    def metrics(self) -> dict[str, float]:
+        """Every tandemrl_* number of /metrics, by name without the prefix."""
+        lines = httpx.get(self.url + "/metrics", timeout=30).text.splitlines()
+        pairs = [line.split() for line in lines if line.startswith("tandemrl_")]
+        return {name.removeprefix("tandemrl_"): float(value) for name, value in pairs}
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from tandemrl.serve.engine_loop import Failed, Finished, TokenDelta
+from tandemrl.serve.engine_loop import Event, Failed, Finished, TokenDelta
 from tandemrl.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tandemrl.serve.state import BadRequest, ServerState
 from tandemrl.serve.stream_text import ChoiceText
@@ -73,7 +72,7 @@ def _encode(state: ServerState, text: str) -> list[int]:
 
 
 def _job(state: ServerState, body: Any, prompts: list[list[int]], chat: bool, max_tokens: int | None) -> Job:
-    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    response_id = state.response_id("chatcmpl" if chat else "cmpl")
     per_request, requests = [], []
     for ids in prompts:
         params = body.sampling_params(state.check_prompt(ids, max_tokens))
@@ -89,12 +88,13 @@ async def respond(state: ServerState, job: Job, is_disconnected: Callable[[], Aw
     """The whole response, or None if the client went away first (its sequences are aborted)."""
     rollouts: dict[str, Rollout] = {}
     last: dict[str, int] = {}
-    async for event in state.run(job.requests, is_disconnected):
-        if isinstance(event, Failed):
-            raise RuntimeError(event.message)
-        if isinstance(event, Finished):
-            rollouts[event.rollout.request_id] = event.rollout
-            last[event.rollout.request_id] = event.policy_version_last
+    async for events in state.run(job.requests, is_disconnected, stream=False):
+        for event in events:
+            if isinstance(event, Failed):
+                raise RuntimeError(event.message)
+            if isinstance(event, Finished):
+                rollouts[event.rollout.request_id] = event.rollout
+                last[event.rollout.request_id] = event.policy_version_last
     if len(rollouts) < len(job.requests):
         return None
     ordered = [rollouts[r.request_id] for r in job.requests]
@@ -164,45 +164,82 @@ def _prompt_ids(job: Job) -> dict:
 # ---------------------------------------------------------------------------------------------- streaming
 
 async def stream(state: ServerState, job: Job) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per choice per engine step that added text, a final chunk per choice with
-    its finish reason, then ``data: [DONE]``. A client that disconnects cancels this generator, and with it its
-    sequences (state.run aborts them)."""
+    """Server-sent events: per choice, one chunk per batch of events that added text (every step's tokens since the
+    last chunk: one step's when the client keeps up, several when it fell behind), a final chunk with its finish
+    reason, then ``data: [DONE]``. Each batch's chunks go out in one write, the last with the usage and [DONE]: every
+    write hands the GIL to the engine thread and waits to get it back. A client that disconnects cancels this
+    generator, and with it its sequences (state.run aborts them)."""
     index = {r.request_id: i for i, r in enumerate(job.requests)}
     texts = [ChoiceText(state.decode, r.params.stop) for r in job.requests]
     if job.chat:
-        for i in range(len(job.requests)):
-            yield _sse(_chunk(state, job, i, {"role": "assistant", "content": ""}, None, state.policy_version))
-    lengths = [0] * len(job.requests)
+        yield "".join(_sse(_chunk(state, job, i, {"role": "assistant", "content": ""}, None, state.policy_version))
+                      for i in range(len(job.requests)))
+    lengths: dict[int, int] = {}  # completion tokens of each finished choice
     versions = [state.policy_version] * len(job.requests)
-    async for event in state.run(job.requests):
-        if isinstance(event, Failed):
-            yield _sse({"error": {"message": event.message, "type": "server_error", "code": 500}})
-            return
-        if isinstance(event, TokenDelta):
-            i = index[event.request_id]
-            text, ids, lps = texts[i].add(event.token_ids, event.logprobs)
-            versions[i], finish = event.policy_version, None
-        else:
-            rollout = event.rollout
-            i = index[rollout.request_id]
-            if rollout.finish_reason == "error":
-                yield _sse({"error": {"message": rollout.error, "type": "invalid_request_error", "code": 400}})
+    frames: list[str] = []
+    async for events in state.run(job.requests):
+        for i, event in _merged(events, index):
+            error = _stream_error(event)
+            if error is not None:
+                yield "".join(frames) + _sse(error)
                 return
-            text, ids, lps = texts[i].finish(rollout.completion_ids, rollout.logprobs, rollout.text)
-            finish = "length" if rollout.finish_reason == "length" else "stop"
-            lengths[i], versions[i] = len(rollout.completion_ids), rollout.policy_version
-        if text or ids or finish:
-            chunk = _delta_chunk(state, job, i, text, ids, lps, finish, versions[i])
-            if finish:
-                chunk["choices"][0]["policy_version_last"] = event.policy_version_last
-                if event.rollout.version_runs:
-                    chunk["choices"][0]["version_runs"] = [list(run) for run in event.rollout.version_runs]
-            yield _sse(chunk)
+            frames += _choice_frame(state, job, texts[i], i, event, versions)
+            if isinstance(event, Finished):
+                lengths[i] = len(event.rollout.completion_ids)
+        if frames and len(lengths) < len(job.requests):  # the last batch goes out with the end of the stream
+            yield "".join(frames)
+            frames = []
     if (job.body.stream_options or {}).get("include_usage"):
-        yield _sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,
-                    "model": state.model_name, "choices": [], "usage": _usage(job, lengths),
-                    "policy_version": min(versions)})
-    yield "data: [DONE]\n\n"
+        frames.append(_sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,
+                            "model": state.model_name, "choices": [],
+                            "usage": _usage(job, [lengths.get(i, 0) for i in range(len(job.requests))]),
+                            "policy_version": min(versions)}))
+    yield "".join(frames) + "data: [DONE]\n\n"
+
+
+def _stream_error(event: Event) -> dict | None:
+    """The error payload that ends a stream: the engine failed, or a request it refused."""
+    if isinstance(event, Failed):
+        return {"error": {"message": event.message, "type": "server_error", "code": 500}}
+    if isinstance(event, Finished) and event.rollout.finish_reason == "error":
+        return {"error": {"message": event.rollout.error, "type": "invalid_request_error", "code": 400}}
+    return None
+
+
+def _choice_frame(state: ServerState, job: Job, text: ChoiceText, i: int, event: TokenDelta | Finished,
+                  versions: list[int]) -> list[str]:
+    """Choice ``i``'s chunk for its new tokens, or its final one; [] when there is nothing to send yet."""
+    if isinstance(event, TokenDelta):
+        delta, ids, lps = text.add(event.token_ids, event.logprobs)
+        versions[i], finish = event.policy_version, None
+    else:
+        rollout = event.rollout
+        delta, ids, lps = text.finish(rollout.completion_ids, rollout.logprobs, rollout.text)
+        finish = "length" if rollout.finish_reason == "length" else "stop"
+        versions[i] = rollout.policy_version
+    if not (delta or ids or finish):
+        return []
+    chunk = _delta_chunk(state, job, i, delta, ids, lps, finish, versions[i])
+    if isinstance(event, Finished):
+        chunk["choices"][0]["policy_version_last"] = event.policy_version_last
+        if event.rollout.version_runs:
+            chunk["choices"][0]["version_runs"] = [list(run) for run in event.rollout.version_runs]
+    return [_sse(chunk)]
+
+
+def _merged(events: list[Event], index: dict[str, int]) -> list[tuple[int, Event]]:
+    """A batch's events, one per choice: its TokenDeltas joined into one, or its Finished alone (which carries the
+    whole completion), or its Failed; in the order the choices first appear."""
+    merged: dict[int, Event] = {}
+    for event in events:
+        request_id = event.rollout.request_id if isinstance(event, Finished) else event.request_id
+        i = index[request_id]
+        before = merged.get(i)
+        if isinstance(event, TokenDelta) and isinstance(before, TokenDelta):
+            event = TokenDelta(request_id, before.token_ids + event.token_ids, before.logprobs + event.logprobs,
+                               event.policy_version)
+        merged[i] = event
+    return list(merged.items())
 
 
 def _delta_chunk(state: ServerState, job: Job, i: int, text: str, ids: list[int], lps: list[float],

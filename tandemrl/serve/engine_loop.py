@@ -58,6 +58,8 @@ Sink = Callable[[list[Event]], None]
 class _Tracked:
     sink: Sink
     policy_version: int  # the server's version when the request entered the engine
+    stream: bool  # whether its sink wants TokenDelta events (else only how it ended)
+    submitted: float  # perf_counter() when submit() was called
     sent: int = 0  # tokens already handed to the sink
 
 
@@ -76,8 +78,13 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="tandemrl-engine", daemon=True)
         self._emitted: collections.deque[tuple[float, int]] = collections.deque()
         self._rate_window_s = rate_window_s
-        self._rate_lock = threading.Lock()  # the engine thread appends, /metrics reads
-        self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0}
+        self._rate_lock = threading.Lock()  # the engine thread appends, /metrics reads; submit counts under it too
+        self.counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "generated_tokens": 0,
+                         "first_tokens": 0}
+        # seconds: requests' waits from submit() until the engine thread took them, streamed requests' waits from
+        # submit() until their first token went to their sink, and the engine thread's time inside steps
+        self.seconds = {"queue_wait": 0.0, "first_token": 0.0, "steps": 0.0}
+        self._submitted = 0  # requests handed to submit (callers' thread); counters["requests"]: those added
         self._outbox: dict[int, tuple[Sink, list[Event]]] = {}  # this step's events, by sink
         self.version_lag = 0  # served version minus the oldest running request's entry version (pushes it outlived)
         self.last_error: str | None = None  # the traceback of the last step, if it failed
@@ -92,8 +99,12 @@ class EngineLoop:
         self._commands.put(lambda: None)  # wake the thread
         self._thread.join(timeout=30)
 
-    def submit(self, requests: list[Request], sink: Sink) -> None:
-        self._commands.put(lambda: self._add(requests, sink))
+    def submit(self, requests: list[Request], sink: Sink, stream: bool = True) -> None:
+        """``stream``: hand the sink each step's new tokens (TokenDelta); else only Finished / Failed."""
+        with self._rate_lock:  # callers may be several threads
+            self._submitted += len(requests)
+        submitted = time.perf_counter()
+        self._commands.put(lambda: self._add(requests, sink, stream, submitted))
 
     def abort(self, request_ids: list[str]) -> None:
         self._commands.put(lambda: self._abort(request_ids))
@@ -111,6 +122,11 @@ class EngineLoop:
 
         self._commands.put(call)
         return future
+
+    @property
+    def queued(self) -> int:
+        """Requests submitted that the engine thread has not added yet (it is inside a step, or a weight push)."""
+        return self._submitted - self.counters["requests"]
 
     def tokens_per_second(self) -> float:
         now = time.perf_counter()
@@ -144,12 +160,13 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _add(self, requests: list[Request], sink: Sink) -> None:
+    def _add(self, requests: list[Request], sink: Sink, stream: bool, submitted: float) -> None:
         idle = not self.engine.has_unfinished()
+        self.seconds["queue_wait"] += (time.perf_counter() - submitted) * len(requests)
         for request in requests:
             if self._prepare is not None:
                 self._prepare(request, idle)
-            self._tracked[request.request_id] = _Tracked(sink, self.policy_version)
+            self._tracked[request.request_id] = _Tracked(sink, self.policy_version, stream, submitted)
             self.counters["requests"] += 1
             self.engine.add_request(request, self.policy_version)  # a rejected one comes back from the next step
 
@@ -160,9 +177,11 @@ class EngineLoop:
                 self.counters["aborted"] += 1
 
     def _step(self) -> None:
+        started = time.perf_counter()
         try:
             self._step_events()
         finally:
+            self.seconds["steps"] += time.perf_counter() - started
             self._flush()
             oldest = min((t.policy_version for t in self._tracked.values()), default=self.policy_version)
             self.version_lag = self.policy_version - oldest
@@ -185,12 +204,17 @@ class EngineLoop:
             self._post(tracked.sink, Finished(rollout, self.policy_version))
 
     def _send_progress(self) -> None:
-        sent = {request_id: tracked.sent for request_id, tracked in self._tracked.items()}
+        sent = {request_id: tracked.sent for request_id, tracked in self._tracked.items() if tracked.stream}
+        if not sent:
+            return
         for request_id, new_ids, new_lps in self.engine.progress(sent):  # only the tokens not sent yet
             tracked = self._tracked.get(request_id)
-            if tracked is None or not new_ids:
+            if tracked is None or not tracked.stream or not new_ids:
                 continue
             self._count_tokens(len(new_ids))
+            if not tracked.sent:
+                self.counters["first_tokens"] += 1
+                self.seconds["first_token"] += time.perf_counter() - tracked.submitted
             tracked.sent += len(new_ids)
             self._post(tracked.sink, TokenDelta(request_id, new_ids, new_lps, tracked.policy_version))
 

@@ -1,4 +1,4 @@
-"""/metrics in Prometheus' text format: the queue, running sequences, KV use, tokens/s, request counts, version."""
+"""/metrics in Prometheus' text format: the queues, running sequences, KV use, tokens/s, request counts, version."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def prometheus_text(state: ServerState) -> str:
     engine = loop.engine.stats()
     kv = load["kv_blocks_used"] / load["kv_blocks"] if load["kv_blocks"] else 0.0
     gauges = {
+        "requests_queued": ("sequences received that the engine thread has not taken yet (it is stepping or "
+                            "applying a weight push)", loop.queued),
         "requests_waiting": ("sequences waiting for their first prefill", load["waiting"]),
         "requests_running": ("sequences being decoded", load["running"]),
         "kv_cache_usage": ("fraction of the KV cache's blocks in use", kv),
@@ -37,6 +39,14 @@ def prometheus_text(state: ServerState) -> str:
         "requests_aborted_total": ("sequences aborted (client went away)", loop.counters["aborted"]),
         "requests_failed_total": ("sequences failed by an engine error", loop.counters["failed"]),
         "generated_tokens_total": ("tokens sent to clients", loop.counters["generated_tokens"]),
+        "queue_wait_seconds_total": ("seconds sequences waited for the engine thread to take them (over "
+                                     "requests_total)", loop.seconds["queue_wait"]),
+        "first_tokens_total": ("streamed sequences whose first tokens went out before they finished",
+                               loop.counters["first_tokens"]),
+        "first_token_seconds_total": ("seconds from arrival to the first token sent, over first_tokens_total (the "
+                                      "server's share of the time to first token)", loop.seconds["first_token"]),
+        "engine_step_seconds_total": ("seconds the engine thread spent in steps (the rest: idle, taking requests, "
+                                      "weight pushes)", loop.seconds["steps"]),
         "engine_steps_total": ("engine steps", engine["steps"]),
         "decode_steps_total": ("decode steps (a burst of k counts k)", engine["decode_steps"]),
         "decode_tokens_total": ("tokens computed by decode steps, over every sequence", engine["decode_tokens"]),

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from tandemrl.backends.engine_backend import EngineBackend
 
 
+SWITCH_INTERVAL_S = 0.0005  # bench/RESULTS.md (issue 40): a socket write then waits 0.26 ms for the GIL, not 0.6
+
+
 @dataclass
 class ServeOptions:
     host: str = "127.0.0.1"
@@ -89,6 +92,9 @@ def serve(cfg: Config, options: ServeOptions, checkpoint: Path | None = None) ->
     if options.warmup and device.type == "cuda":  # CPU runs have no graphs to capture nor kernels to compile
         done = warm_up(state.loop.engine, state.vocab_size)
         print(f"warmed up decode batches {done.batches} in {done.seconds:.1f} s", flush=True)
+    # Two busy threads share the GIL: the event loop gives it up at every socket write and the engine thread at
+    # every torch call, and each then waits for the other to let go, up to the switch interval (5 ms by default).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     state.loop.start()
     sock = bind_socket(options.host, options.port)
     host, port = sock.getsockname()[:2]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from tandemrl.serve.engine_loop import EngineLoop, Event, Failed, Finished
 from tandemrl.types import Request
@@ -24,11 +26,13 @@ class BadRequest(ValueError):
 
 class AsyncSink:
     """A request's events on the asyncio loop that waits for them: the engine thread batches every such sink of one
-    loop into one ``call_soon_threadsafe`` per step (engine_loop.Sink)."""
+    loop into one ``call_soon_threadsafe`` per step (engine_loop.Sink), and ``take`` hands over every event that
+    arrived since the last call at once (several steps' worth when the reader fell behind)."""
 
     def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
         self.event_loop = event_loop
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: list[Event] = []
+        self._waiter: asyncio.Future[None] | None = None
 
     def __call__(self, events: list[Event]) -> None:  # from any thread
         try:
@@ -37,8 +41,28 @@ class AsyncSink:
             pass
 
     def deliver(self, events: list[Event]) -> None:  # on the event loop
-        for event in events:
-            self.queue.put_nowait(event)
+        self._events += events
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self, timeout: float | None = None) -> list[Event]:
+        """The events delivered since the last call; waits for one, at most ``timeout`` seconds (then [])."""
+        if not self._events:
+            self._waiter = self.event_loop.create_future()
+            timer = self.event_loop.call_later(timeout, _wake, self._waiter) if timeout is not None else None
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        events, self._events = self._events, []
+        return events
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclasses.dataclass
@@ -50,6 +74,13 @@ class ServerState:
     vocab_size: int
     weights: Any = None  # tandemrl.sync.receiver.WeightReceiver
     started: float = dataclasses.field(default_factory=time.time)
+    # response ids: a random stem per server and a counter (a uuid4 per request reads os.urandom, a system call,
+    # which hands the GIL to the engine thread and waits to get it back)
+    _id_stem: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:16], repr=False)
+    _ids: Iterator[int] = dataclasses.field(default_factory=itertools.count, repr=False)
+
+    def response_id(self, prefix: str) -> str:
+        return f"{prefix}-{self._id_stem}{next(self._ids):08x}"
 
     @property
     def policy_version(self) -> int:
@@ -80,30 +111,28 @@ class ServerState:
                              f"length ({self.max_model_len}); ask for at most {room}")
         return max_tokens
 
-    async def run(self, requests: list[Request],
-                  is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[Event]:
-        """Submit ``requests`` to the engine and yield their events until each has finished or failed. Leaving
+    async def run(self, requests: list[Request], is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+                  stream: bool = True) -> AsyncIterator[list[Event]]:
+        """Submit ``requests`` to the engine and yield their events, a batch at a time (every event that arrived
+        since the last batch), until each has finished or failed; ``stream=False``: no TokenDelta events. Leaving
         early (the client went away, the task was cancelled) aborts the rest, which frees their KV blocks."""
         sink = AsyncSink(asyncio.get_running_loop())
-        events = sink.queue
         open_ids = {r.request_id for r in requests}
-        self.loop.submit(requests, sink)
+        self.loop.submit(requests, sink, stream)
+        timeout = DISCONNECT_CHECK_S if is_disconnected is not None else None
         checked = time.monotonic()
         try:
             while open_ids:
-                try:
-                    event = await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_S)
-                except asyncio.TimeoutError:
-                    event = None
+                events = await sink.take(timeout)
                 if is_disconnected is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
                     checked = time.monotonic()
                     if await is_disconnected():
                         return
-                if event is None:
-                    continue
-                if isinstance(event, (Finished, Failed)):
-                    open_ids.discard(event.rollout.request_id if isinstance(event, Finished) else event.request_id)
-                yield event
+                for event in events:
+                    if isinstance(event, (Finished, Failed)):
+                        open_ids.discard(event.rollout.request_id if isinstance(event, Finished) else event.request_id)
+                if events:
+                    yield events
         finally:
             if open_ids:
                 self.loop.abort(sorted(open_ids))

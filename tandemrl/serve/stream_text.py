@@ -8,6 +8,7 @@ chunks gets exactly the final completion, cut at the stop string.
 
 from __future__ import annotations
 
+import bisect
 from typing import Callable, Sequence
 
 REPLACEMENT = "\ufffd"
@@ -17,8 +18,10 @@ WINDOW = 4  # tokens of context decoded in front of a new one: enough for tokeni
 
 
 class ChoiceText:
-    """Decodes incrementally: each new token costs a decode of a few tokens (the last ``WINDOW`` plus itself), not of
-    the whole completion, and a stop string is looked for only where new text could complete one."""
+    """Decodes incrementally: the tokens of one ``add`` cost two decodes of a few tokens (the last ``WINDOW`` before
+    them, then those plus the new ones), not of the whole completion, and a stop string is looked for only where new
+    text could complete one. With stop strings, or when the new text ends in half a character, the new tokens are
+    decoded one by one instead (two decodes each), so that each id goes out with exactly the text it produced."""
 
     def __init__(self, decode: Callable[[Sequence[int]], str], stops: tuple[str, ...]) -> None:
         self._decode = decode
@@ -58,18 +61,29 @@ class ChoiceText:
     def _decode_new(self) -> None:
         """Extend ``text`` by the ids not decoded yet; an id that ends in half a character waits for the next."""
         done = len(self._ends)
+        if len(self.ids) - done > 1 and not self._holdback:  # nothing held back: every id goes out with the text
+            start = max(0, done - WINDOW)
+            context = self._decode(self.ids[start:done]) if done > start else ""
+            if self._extend(start, len(self.ids), context):
+                return
         for end in range(done + 1, len(self.ids) + 1):
             start = max(0, done - WINDOW)
             context = self._decode(self.ids[start:done]) if done > start else ""
-            piece = self._decode(self.ids[start:end])
-            if piece.endswith(REPLACEMENT):
-                continue  # half a character: decode it with the next id
-            if piece.startswith(context):
-                self.text += piece[len(context):]
-            else:  # the tokenizer rewrote text to the left (e.g. clean-up of spaces): decode it all, as it would
-                self.text = self._decode(self.ids[:end])
-            self._ends += [len(self.text)] * (end - done)  # ids decoded together end where their text ends
-            done = end
+            if self._extend(start, end, context):
+                done = end
+
+    def _extend(self, start: int, end: int, context: str) -> bool:
+        """Add the text of ``ids[len(_ends):end]`` (``context``: that of ``ids[start:len(_ends)]``); False, adding
+        nothing, if it ends in half a character (it waits for the next id)."""
+        piece = self._decode(self.ids[start:end])
+        if piece.endswith(REPLACEMENT):
+            return False
+        if piece.startswith(context):
+            self.text += piece[len(context):]
+        else:  # the tokenizer rewrote text to the left (e.g. clean-up of spaces): decode it all, as it would
+            self.text = self._decode(self.ids[:end])
+        self._ends += [len(self.text)] * (end - len(self._ends))  # ids decoded together end where their text ends
+        return True
 
     def _has_stop(self, checked: int) -> bool:
         """Whether a stop string ends in the text added after ``checked`` characters."""
@@ -80,7 +94,6 @@ class ChoiceText:
         delta = text[len(self.sent_text):]
         self.sent_text = text
         start = self.sent_ids
-        # the ids whose decoded text fits in what has been sent
-        while self.sent_ids < len(self._ends) and self._ends[self.sent_ids] <= len(text):
-            self.sent_ids += 1
+        # the ids whose decoded text fits in what has been sent (_ends never decreases)
+        self.sent_ids = max(start, bisect.bisect_right(self._ends, len(text)))
         return delta, self.ids[start:self.sent_ids], self.logprobs[start:self.sent_ids]

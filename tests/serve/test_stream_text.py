@@ -41,3 +41,21 @@ def test_long_completions_decode_a_few_tokens_per_new_token():
     streamed = "".join(text.add([1 + i % 3], [0.0])[0] for i in range(300))
     assert streamed == decode([1 + i % 3 for i in range(300)])
     assert max(calls) <= 5 and len(calls) <= 2 * 300  # not the whole completion again at every token
+
+
+def test_the_tokens_of_one_step_decode_together_unless_a_stop_string_needs_each_ones_text():
+    calls = []
+
+    def counting(ids) -> str:
+        calls.append(len(ids))
+        return decode(ids)
+
+    steps = [[1, 2, 3, 2] * 8 for _ in range(10)]  # ten steps of 32 tokens
+    text = ChoiceText(counting, ())
+    assert "".join(text.add(ids, [0.0] * 32)[0] for ids in steps) == decode(sum(steps, []))
+    assert len(calls) <= 2 * 10  # two decodes a step, not two a token
+    assert text.add([1, 9], [0.0, 0.0]) == ("ab", [1], [0.0])  # half of "é" at the end: it waits, "ab" goes
+    calls.clear()
+    stopped = ChoiceText(counting, ("END",))
+    stopped.add([1, 2, 3, 2] * 8, [0.0] * 32)
+    assert len(calls) >= 32  # token by token: each id goes out with its own text
