@@ -204,20 +204,13 @@ class BlockManager:
 
     def _full_block_digests(self, seq: Sequence, count: int | None = None) -> list[bytes]:
         """Digests of (at least) the first ``count`` full blocks of ``seq``, all of them by default; memoised
-        per sequence (its tokens only ever grow while it holds blocks)."""
-        root, digests = self._memo(seq)
+        per sequence (its tokens only ever grow while it holds blocks), from the root it got when first seen."""
+        root, digests = self._digest_memo.setdefault(seq.seq_id, (self._root(seq), []))
         if count is None:
             count = len(seq.token_ids) // self.block_size
         for i in range(len(digests), count):
             digests.append(block_digest(digests[-1] if digests else root, self._block_tokens(seq, i)))
         return digests
-
-    def _memo(self, seq: Sequence) -> tuple[bytes, list[bytes]]:
-        """``seq``'s digest root (the weights version it is allocated under) and its full blocks' digests so far."""
-        memo = self._digest_memo.get(seq.seq_id)
-        if memo is None:
-            memo = self._digest_memo[seq.seq_id] = (self._root(seq), [])
-        return memo
 
     def _root(self, seq: Sequence) -> bytes:
         """Parent digest of the first block of ``seq`` allocated now: the weights and policy versions."""

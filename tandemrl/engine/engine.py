@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import itertools
 import operator
-import sys
 import time
 from typing import Any, Callable, ContextManager, Hashable, Mapping, Protocol, Sequence as Seq
 
@@ -98,7 +97,9 @@ class LLMEngine:
                 raise ValueError(f"no room for a KV cache: the model runner fits {num_blocks} blocks of "
                                  f"{config.block_size} tokens at gpu_memory_utilization="
                                  f"{config.gpu_memory_utilization}; raise it or set num_blocks")
-            num_blocks = min(num_blocks, _most_blocks_in_use(config))
+            if config.max_model_len is not None:  # a pool sized from memory never takes more than max_num_seqs
+                # sequences of max_model_len hold at once: a tiny model on the CPU would zero 256 MiB on every wake
+                num_blocks = min(num_blocks, config.max_num_seqs * -(-config.max_model_len // config.block_size))
         self.num_blocks = num_blocks
         runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -220,8 +221,7 @@ class LLMEngine:
         try:
             pending = self.runner.launch(plan)
         except BaseException:
-            if plan.is_prefill:  # nothing was computed: requeue the batch and unpublish what it registered
-                self.block_manager.forget_cached_blocks()
+            if plan.is_prefill:  # nothing was computed
                 self.scheduler.requeue(plan.seqs)
             raise  # a failed decode launch leaves its sequences as they were: the same step can run again
         version = self.policy_version
@@ -230,7 +230,11 @@ class LLMEngine:
         self._counts["steps"] += 1
         if plan.is_prefill:
             self._counts["prefill_steps"] += 1
-            _note_first_prefill(plan.seqs, self._clock())
+            now = self._clock()
+            for seq in plan.seqs:  # a first prefill's stats: when it left the queue, what the prefix cache served
+                if seq.stats.first_scheduled_time is None:
+                    seq.stats.first_scheduled_time = now
+                    seq.stats.cached_prompt_tokens = min(seq.num_cached_tokens, seq.num_prompt_tokens)
         else:  # decode tokens computed, including those after a stop inside a burst
             self._counts["decode_steps"] += max(plan.num_tokens)
             self._counts["decode_tokens"] += sum(plan.num_tokens)
@@ -248,11 +252,9 @@ class LLMEngine:
             self._in_flight = None
             raise
         finished = self.scheduler.postprocess(launched.plan, output, self._clock())
-        out = []
         for seq in finished:
             self._live.pop(seq.seq_id, None)
-            out.append((seq.seq_id, self._to_rollout(seq)))
-        return out
+        return [(seq.seq_id, self._to_rollout(seq)) for seq in finished]
 
     def _abandon(self, launched: _Launched) -> None:
         seqs = [s for s in launched.plan.seqs if not s.is_finished]
@@ -260,7 +262,6 @@ class LLMEngine:
             seq.drop_pending()
             self.block_manager.release_reserved(seq)
         if launched.plan.is_prefill:
-            self.block_manager.forget_cached_blocks()
             self.scheduler.requeue(seqs)
 
     def _drain(self, out: list[tuple[int, Rollout]]) -> None:
@@ -380,23 +381,6 @@ class LLMEngine:
                        policy_version=runs[0][1] if runs else seq.policy_version, stats=seq.stats,
                        token_sources=self.scheduler.tandem_rows.sources(seq),
                        version_runs=runs if len(runs) > 1 else [])
-
-
-def _most_blocks_in_use(config: EngineConfig) -> int:
-    """Blocks that ``max_num_seqs`` sequences of ``max_model_len`` tokens hold at once (unbounded without a length):
-    a pool sized from memory never takes more. A tiny model on the CPU would otherwise zero 256 MiB on every wake."""
-    if config.max_model_len is None:
-        return sys.maxsize
-    return config.max_num_seqs * -(-config.max_model_len // config.block_size)
-
-
-def _note_first_prefill(seqs: list[Sequence], now: float) -> None:
-    """Stats of a sequence's first prefill: when it left the queue and how much of its prompt the cache served."""
-    for seq in seqs:
-        stats = seq.stats
-        if stats.first_scheduled_time is None:
-            stats.first_scheduled_time = now
-            stats.cached_prompt_tokens = min(seq.num_cached_tokens, seq.num_prompt_tokens)
 
 
 def _check_request(request: Request) -> tuple[str | None, list[int], SamplingParams]:

@@ -82,7 +82,9 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def requeue(self, seqs: list[Sequence]) -> None:
-        """Undo a prefill that did not run: free the sequences' blocks, put them back at the front, in order."""
+        """Undo a prefill that did not run: free the sequences' blocks, put them back at the front, in order, and
+        unpublish the blocks it registered (their K/V was never written)."""
+        self.block_manager.forget_cached_blocks()
         for seq in reversed(seqs):
             self.running.remove(seq)
             self.block_manager.deallocate(seq)
@@ -318,11 +320,8 @@ class Scheduler:
         params = seq.params
         eos = not params.ignore_eos and token in self.eos_ids
         length = seq.num_completion_tokens >= params.max_tokens
-        if params.stop and self.decode is not None:
-            if self._recent_stop(seq) or eos or length:
-                if self._cut_at_stop(seq):
-                    return "stop"
-        if eos:
+        # a stop string (add() made sure it comes with a tokenizer) cuts the completion first, even one ending in EOS
+        if (params.stop and (eos or length or self._recent_stop(seq)) and self._cut_at_stop(seq)) or eos:
             return "stop"
         return "length" if length else None
 
