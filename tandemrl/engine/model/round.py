@@ -85,9 +85,11 @@ class RoundRows:
 
 @dataclass
 class RoundInputs:
-    """What a round reads besides its launch: the proposer, the target's verify forward (a column forward over the
-    launch's table, rows k + 1 times), the rule and the rule's temperatures [B], generator and greedy flag."""
+    """What a round reads besides its launch: its forward rows, the proposer, the target's verify forward (a column
+    forward over the launch's table, rows k + 1 times), the rule and the rule's temperatures [B], generator and greedy
+    flag."""
 
+    rows: RoundRows
     proposer: Proposer
     verify: Callable[[Tensor, Tensor], Tensor]
     rule: AcceptanceRule
@@ -108,9 +110,9 @@ class Round:
     own: tuple[Tensor, Tensor] | None = None
 
 
-def one_round(context: LaunchContext, target: ModelSlot, rows: RoundRows, launch: Launch,
-              inputs: RoundInputs) -> Round:
+def one_round(context: LaunchContext, target: ModelSlot, launch: Launch, inputs: RoundInputs) -> Round:
     """One round (module docstring); advances ``launch`` in place. Only device work, no host sync."""
+    rows = inputs.rows
     batch, k = len(launch.length), rows.k
     active, proposals = launch.left > 0, (launch.left - launch.bonus).clamp(0, k)
     columns = rows.columns(launch, context.block_size, context.scratch_slot)
@@ -135,14 +137,14 @@ def repeated_tables(table: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def round_inputs(context: LaunchContext, target: ModelSlot, name: str, args: ProposerArgs, verify_table: Tensor,
                  rule: AcceptanceRule) -> RoundInputs:
-    """A round's proposer, verify forward and acceptance inputs."""
-    seqs, sampler = args.seqs, context.sampler
-    verify = target.column_forward(verify_table, np.repeat(np.arange(len(args.tables[1])), args.k + 1),
-                                   eager=args.eager)
-    temperature = (torch.zeros(len(args.tables[1]), device=target.device) if seqs is None
-                   else sampler.temperatures(seqs))
+    """A round's forward rows, proposer, verify forward and acceptance inputs."""
+    seqs, sampler, batch = args.seqs, context.sampler, len(args.tables[1])
+    verify = target.column_forward(verify_table, np.repeat(np.arange(batch), args.k + 1), eager=args.eager)
+    temperature = torch.zeros(batch, device=target.device) if seqs is None else sampler.temperatures(seqs)
     generator = None if seqs is None else sampler.generator(seqs)
-    return RoundInputs(make_proposer(name, args), verify, rule, temperature, generator, args.greedy)
+    proposer = make_proposer(name, args)
+    rows = RoundRows.build(args.k, batch, context.device, proposer.forwards)
+    return RoundInputs(rows, proposer, verify, rule, temperature, generator, args.greedy)
 
 
 def _last_two(result: RejectionResult, last_two: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ from tandemrl.engine.model.cuda_graphs import DecodeGraphs, batch_bucket
 from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import copy_to_device
 from tandemrl.engine.model.proposers import HOST, ProposerArgs, host_tokens
-from tandemrl.engine.model.round import Launch, Round, RoundRows, launch_columns, one_round, round_inputs
+from tandemrl.engine.model.round import Launch, Round, launch_columns, one_round, round_inputs
 from tandemrl.engine.model.slot import ModelSlot
 
 
@@ -98,9 +98,8 @@ def round_graph(context: LaunchContext, name: str, target: ModelSlot, k: int, ba
 def _capture(context: LaunchContext, name: str, target: ModelSlot, graphs: DecodeGraphs, k: int, bucket: int,
              width: int, rule: str, proposer_graphs: DecodeGraphs | None) -> RoundGraph:
     """Captured over a launch of dead rows: the warm-up run before the capture writes only the scratch block."""
-    device = target.device
     launch_size = bucket * (6 + width)
-    packed = torch.zeros(launch_size + bucket * width * (k + 3) + bucket * k, dtype=torch.long, device=device)
+    packed = torch.zeros(launch_size + bucket * width * (k + 3) + bucket * k, dtype=torch.long, device=target.device)
     launch = Launch.packed(packed[:launch_size], bucket)
     twice, per_token, proposals = packed[launch_size:].split(
         [2 * bucket * width, (k + 1) * bucket * width, bucket * k])
@@ -111,10 +110,9 @@ def _capture(context: LaunchContext, name: str, target: ModelSlot, graphs: Decod
                         host_tokens=proposals.view(bucket, k))
     inputs = round_inputs(context, target, name, args, per_token.view((k + 1) * bucket, width),
                           acceptance_rule(rule))
-    rows = RoundRows.build(k, bucket, device, inputs.proposer.forwards)
 
     def body() -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        done = one_round(context, target, rows, launch, inputs)
+        done = one_round(context, target, launch, inputs)
         return done.tokens, done.logprobs, done.accepted, done.emitted
 
     graph, out = graphs.capture(body)

@@ -26,8 +26,7 @@ from tandemrl.engine.model.launch_context import LaunchContext
 from tandemrl.engine.model.pending import PendingTokens, copy_to_device
 from tandemrl.engine.model.proposers import ProposerArgs
 from tandemrl.engine.model.rejection import PAD_TOKEN
-from tandemrl.engine.model.round import (Launch, Round, RoundRows, launch_columns, one_round, repeated_tables,
-                                         round_inputs)
+from tandemrl.engine.model.round import Launch, Round, launch_columns, one_round, repeated_tables, round_inputs
 from tandemrl.engine.model.round_graph import round_graph
 from tandemrl.engine.model.slot import ModelSlot, eval_mode
 from tandemrl.engine.step import VerifyStep
@@ -67,8 +66,7 @@ def launch_rounds(context: LaunchContext, target: ModelSlot, plan: VerifyStep) -
             twice, once, per_token = repeated_tables(launch.table, k)
             args = ProposerArgs(context, seqs, k, plan.feed, (twice, once), greedy)
             inputs = round_inputs(context, target, name, args, per_token, rule)
-            rows = RoundRows.build(k, len(seqs), context.device, inputs.proposer.forwards)
-            rounds = [one_round(context, target, rows, launch, inputs) for _ in range(plan.rounds)]
+            rounds = [one_round(context, target, launch, inputs) for _ in range(plan.rounds)]
     tokens, logprobs, kept = _compact(rounds)
     accepted = torch.stack([r.accepted for r in rounds], dim=1)
     return PendingTokens(tokens, logprobs, plan.num_tokens, accepted=accepted, kept=kept, own=rounds[-1].own)
