@@ -131,18 +131,12 @@ def forward_hidden(spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | Dec
 
 
 def _add_norm(norm: nn.Module, x: Tensor, residual: Tensor | None, fused: bool) -> tuple[Tensor, Tensor]:
-    """(norm(residual + x), residual + x); one kernel for a plain RMSNorm on the fused path, else the module."""
+    """(norm(residual + x), residual + x); one kernel for a plain RMSNorm on the fused path, else the module. Also
+    Qwen3's per-head q/k norm (no residual)."""
     if fused and fk.is_plain_rmsnorm(norm):
         return fk.add_rmsnorm(x, residual, norm.weight, norm.variance_epsilon)
     new_residual = x if residual is None else residual + x
     return norm(new_residual), new_residual
-
-
-def _head_norm(norm: nn.Module, x: Tensor, fused: bool) -> Tensor:
-    """Qwen3's per-head q/k RMSNorm over the last dim."""
-    if fused and fk.is_plain_rmsnorm(norm):
-        return fk.add_rmsnorm(x, None, norm.weight, norm.variance_epsilon)[0]
-    return norm(x)
 
 
 def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
@@ -181,7 +175,7 @@ def _self_attention(spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, 
     k = k.view(N, spec.num_kv_heads, spec.head_dim)
     v = v.view(N, spec.num_kv_heads, spec.head_dim)
     if spec.qk_norm:
-        q, k = _head_norm(attn.q_norm, q, fused), _head_norm(attn.k_norm, k, fused)
+        q, k = _add_norm(attn.q_norm, q, None, fused)[0], _add_norm(attn.k_norm, k, None, fused)[0]
     if fused:  # RoPE and the K/V cache write in one launch
         fk.rope_qk_store_(q, k, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
     else:

@@ -57,11 +57,9 @@ class ModelRunner:
         sizes = {name: slot.spec.vocab_size for name, slot in self.slots.items()}
         if len(set(sizes.values())) > 1:  # slots exchange token ids
             raise ValueError(f"model slots must share a vocabulary; their sizes differ: {sizes}")
-        self.sampler = StepSampler(self.device, self.fused_kernels)
-        # A slot on another device samples there (its rows' sampling columns and generator live there).
-        self._samplers = {self.device: self.sampler}
-        for slot in self.slots.values():
-            self._samplers.setdefault(slot.device, StepSampler(slot.device, slot.fused_kernels))
+        # A sampler per device: a slot's rows sample on its device (their sampling columns and generator live there).
+        self._samplers = {slot.device: StepSampler(slot.device, slot.fused_kernels) for slot in self.slots.values()}
+        self.sampler = self._samplers[self.device]
         acceptance_rule(acceptance)  # ValueError now for an unknown name, not at the first verify step
         self.acceptance = acceptance
         self.num_blocks = 0
