@@ -48,9 +48,6 @@ class BlockManager:
     """Hands out KV blocks to sequences; see the module docstring for the prefix-cache rules."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"BlockManager needs num_blocks >= 1 and block_size >= 1, "
-                             f"got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

@@ -114,9 +114,8 @@ class Scheduler:
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
             new_blocks, cached = bm.probe(seq)
-            if batch and computed + seq.num_tokens - cached > cfg.max_num_batched_tokens:
-                break
-            if new_blocks > bm.num_free_blocks:
+            over_budget = batch and computed + seq.num_tokens - cached > cfg.max_num_batched_tokens
+            if over_budget or new_blocks > bm.num_free_blocks:
                 break
             bm.allocate(seq)
             seq.kv_complete_tokens = None
@@ -128,7 +127,6 @@ class Scheduler:
         return batch
 
     def _schedule_decode(self, in_flight: bool) -> StepPlan:
-        bm = self.block_manager
         # A sequence whose remaining tokens are all pending on the device only waits for them to be read back.
         running = [s for s in self.running if s.num_completion_tokens < s.params.max_tokens]
         if not running:
@@ -142,7 +140,7 @@ class Scheduler:
             return self._schedule_verify(running, in_flight)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
             steps = [min(self.config.decode_steps, s.params.max_tokens - s.num_completion_tokens) for s in running]
-            if bm.try_append_all(running, steps):
+            if self.block_manager.try_append_all(running, steps):
                 return DecodeStep(running, steps)
         return self._schedule_single_steps(running, in_flight)
 
