@@ -141,7 +141,7 @@ class LLMEngine:
             seq = Sequence(seq_id, str(request.request_id), list(prompt), len(prompt), params,
                            policy_version=policy_version, stats=stats)
             if self.tandem is not None and request.tandem:
-                self.scheduler.tandem_rows.add(seq, self.tandem.owner_stream(seq.request_id, params.seed))
+                self.scheduler.owner_streams[seq] = self.tandem.owner_stream(seq.request_id, params.seed)
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:
@@ -379,7 +379,7 @@ class LLMEngine:
         return Rollout(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], completion, list(seq.logprobs),
                        seq.finish_reason or "stop", text=text,
                        policy_version=runs[0][1] if runs else seq.policy_version, stats=seq.stats,
-                       token_sources=self.scheduler.tandem_rows.sources(seq),
+                       token_sources=list(self.scheduler.token_sources.get(seq, ())),
                        version_runs=runs if len(runs) > 1 else [])
 
 

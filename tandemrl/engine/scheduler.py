@@ -17,6 +17,7 @@ generated tokens; its next prefill recomputes them (often partly from the prefix
 from __future__ import annotations
 
 import math
+import weakref
 from collections import deque
 from typing import Callable, Iterable, Sequence as Seq
 
@@ -25,7 +26,7 @@ from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.sequence import Sequence, SequenceStatus
 from tandemrl.engine.speculative import Speculation
 from tandemrl.engine.step import DecodeStep, PrefillStep, StepOutput, StepPlan, VerifyStep
-from tandemrl.engine.tandem import FROZEN, OwnerStream, TandemRollouts, TandemRows
+from tandemrl.engine.tandem import FROZEN, OwnerStream, TandemRollouts
 from tandemrl.engine.tandem_burst import plan_tandem_burst
 from tandemrl.engine.stopping import find_stop, tokens_to_keep
 
@@ -40,7 +41,10 @@ class Scheduler:
         self.tandem = tandem
         self.paired_tandem = paired_tandem  # tandem bursts in ticks of both models (two streams of one GPU)
         self.speculative = speculative  # speculative.py: VERIFY steps
-        self.tandem_rows = TandemRows()  # each sequence's owner stream and writers (tandem.py)
+        # tandem.py: a tandem request's owner stream, and per completion token whether hot wrote it; kept beside the
+        # sequences (``Sequence`` holds no tandem state), weak keys: they go with their sequence
+        self.owner_streams: weakref.WeakKeyDictionary[Sequence, OwnerStream] = weakref.WeakKeyDictionary()
+        self.token_sources: weakref.WeakKeyDictionary[Sequence, list[bool]] = weakref.WeakKeyDictionary()
         self.block_manager = block_manager
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.decode = decode  # ids -> text; needed only by requests with stop strings
@@ -132,7 +136,7 @@ class Scheduler:
         if not running:
             return DecodeStep([], [])  # idle
         if self.tandem is not None:
-            if any(self.tandem_rows.owners(s) is not None for s in running):
+            if any(s in self.owner_streams for s in running):
                 tandem = self._schedule_tandem_burst if self.tandem.drawn_ahead else self._schedule_tandem_segments
                 return tandem(running, in_flight)
             _hot_alone(running)  # the plain decode below: the frozen model's cache stops at these rows' last token
@@ -208,7 +212,7 @@ class Scheduler:
         """The writers of the ``n`` positions after the sequence's last one, pending placeholders included (True =
         hot); a request outside tandem is the hot model's alone. The owner stream moves only in ``postprocess``, so
         with a step in flight its next positions are the pending ones: peek past them."""
-        owners = self.tandem_rows.owners(seq)
+        owners = self.owner_streams.get(seq)
         if owners is None:
             return [True] * n
         return owners.peek(seq.num_pending + n)[seq.num_pending:]
@@ -216,7 +220,7 @@ class Scheduler:
     def _next_segment(self, seq: Sequence, limit: int) -> tuple[int, bool]:
         """(frozen positions next, whether a hot one follows) from the sequence's owner stream; a request outside
         tandem is the hot model's alone."""
-        owners = self.tandem_rows.owners(seq)
+        owners = self.owner_streams.get(seq)
         return owners.next_segment(limit) if owners is not None else (0, True)
 
     def _schedule_single_steps(self, running: list[Sequence], in_flight: bool) -> StepPlan:
@@ -264,7 +268,7 @@ class Scheduler:
                 continue
             rounds = None if output.num_accepted is None else output.num_accepted[i]
             accepted = None if rounds is None else sum(rounds)
-            owners = self.tandem_rows.owners(seq) if self.tandem is not None else None
+            owners = self.owner_streams.get(seq) if self.tandem is not None else None
             if forced is not None and owners is not None and forced[i]:
                 tokens, lps, accepted = _cut_frozen_run(owners, forced[i], tokens, lps, output, i)
             if seq.stats.first_token_time is None and tokens:
@@ -287,7 +291,7 @@ class Scheduler:
                 _record_rounds(seq, plan, i, rounds, kept)
             writers = _step_writers(plan, forced, i, accepted, len(tokens))
             if writers is not None:  # tandem: who wrote each kept token; the owner stream moves on
-                sources = self.tandem_rows.row(seq).sources
+                sources = self.token_sources.setdefault(seq, [])
                 sources.extend(writers[:kept])
                 del sources[seq.num_completion_tokens:]  # a stop string may have cut the completion
                 if owners is not None:

@@ -10,12 +10,8 @@ boundary tokens make a step one segment per row (VERIFY with ``forced``: the fro
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence as Seq, runtime_checkable
-
-if TYPE_CHECKING:
-    from tandemrl.engine.sequence import Sequence
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence as Seq, runtime_checkable
 
 FROZEN = "frozen"  # the runner slot of the frozen model
 
@@ -45,37 +41,3 @@ class TandemRollouts:
     owner_stream: Callable[[str, int | None], OwnerStream]
     drawn_ahead: bool
     max_run_tokens: int
-
-
-@dataclass
-class TandemRow:
-    """A sequence's owner stream (None: a request outside tandem) and, per completion token, whether hot wrote it."""
-
-    owners: OwnerStream | None = None
-    sources: list[bool] = field(default_factory=list)
-
-
-class TandemRows:
-    """The tandem state of each sequence of a tandem engine, kept beside it (``Sequence`` holds none); weak keys: a
-    row goes with its sequence."""
-
-    def __init__(self) -> None:
-        self._rows: weakref.WeakKeyDictionary[Sequence, TandemRow] = weakref.WeakKeyDictionary()
-
-    def add(self, seq: Sequence, owners: OwnerStream | None) -> None:
-        self._rows[seq] = TandemRow(owners)
-
-    def row(self, seq: Sequence) -> TandemRow:
-        """The sequence's row (a new one for a sequence outside tandem)."""
-        found = self._rows.get(seq)
-        if found is None:
-            found = self._rows[seq] = TandemRow()
-        return found
-
-    def owners(self, seq: Sequence) -> OwnerStream | None:
-        found = self._rows.get(seq)
-        return found.owners if found is not None else None
-
-    def sources(self, seq: Sequence) -> list[bool]:
-        found = self._rows.get(seq)
-        return list(found.sources) if found is not None else []
