@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from tandemrl.engine.sequence import Sequence
 
@@ -33,15 +32,6 @@ def block_digest(parent: bytes, token_ids: list[int]) -> bytes:
     """Stable 128-bit digest of a block's content and everything before it."""
     payload = struct.pack(f"<{len(token_ids)}q", *token_ids)
     return hashlib.blake2b(parent + payload, digest_size=16).digest()
-
-
-@dataclass
-class _Plan:
-    """What allocating a sequence would do: its full blocks' digests and the leading cache hits."""
-
-    digests: list[bytes]
-    hits: list[int]  # physical blocks of the leading hits, in order
-    new_blocks: int  # blocks that must come off the free list (fresh ones plus revived free hits)
 
 
 class BlockManager:
@@ -86,31 +76,31 @@ class BlockManager:
 
     def probe(self, seq: Sequence) -> tuple[int, int]:
         """(free blocks that allocating ``seq`` would take, tokens the prefix cache would serve)."""
-        plan = self._plan(seq)
-        return plan.new_blocks, len(plan.hits) * self.block_size
+        _, hits, new_blocks = self._plan(seq)
+        return new_blocks, len(hits) * self.block_size
 
     def allocate(self, seq: Sequence) -> None:
         """Give ``seq`` blocks for all its tokens, reusing leading cached blocks; register its full blocks."""
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
-        plan = self._plan(seq)
-        if plan.new_blocks > len(self._free):
-            raise RuntimeError(f"sequence {seq.seq_id} needs {plan.new_blocks} free blocks, "
+        digests, hits, new_blocks = self._plan(seq)
+        if new_blocks > len(self._free):
+            raise RuntimeError(f"sequence {seq.seq_id} needs {new_blocks} free blocks, "
                                f"{len(self._free)} left (probe first)")
-        for block in plan.hits:
+        for block in hits:
             self._free.pop(block, None)  # a revived block leaves the free list
             self.ref_count[block] += 1
             seq.block_table.append(block)
-        for i in range(len(plan.hits), seq.num_blocks(self.block_size)):
+        for i in range(len(hits), seq.num_blocks(self.block_size)):
             block = self._take_free_block()
             seq.block_table.append(block)
-            if i < len(plan.digests):
-                self._register(block, plan.digests[i], self._block_tokens(seq, i))
-        seq.num_cached_tokens = len(plan.hits) * self.block_size
+            if i < len(digests):
+                self._register(block, digests[i], self._block_tokens(seq, i))
+        seq.num_cached_tokens = len(hits) * self.block_size
         _note_blocks(seq)
         self.prefill_tokens_requested += seq.num_tokens
         self.prefill_tokens_computed += seq.num_tokens - seq.num_cached_tokens
-        self.cache_hit_blocks += len(plan.hits)
+        self.cache_hit_blocks += len(hits)
         if self.enable_prefix_caching:
             self.cache_queried_blocks += (seq.num_tokens - 1) // self.block_size
 
@@ -213,11 +203,12 @@ class BlockManager:
         """Parent digest of the first block of ``seq`` allocated now: the weights and policy versions."""
         return struct.pack("<qq", self.weights_version, seq.policy_version)
 
-    def _plan(self, seq: Sequence) -> _Plan:
-        """(For a sequence holding no blocks.)"""
+    def _plan(self, seq: Sequence) -> tuple[list[bytes], list[int], int]:
+        """What allocating ``seq`` (holding no blocks) would do: (its full blocks' digests, the physical blocks of its
+        leading cache hits in order, the blocks that must come off the free list: fresh ones plus revived hits)."""
         n_blocks = seq.num_blocks(self.block_size)
         if not self.enable_prefix_caching:
-            return _Plan([], [], n_blocks)
+            return [], [], n_blocks
         memo = self._digest_memo.get(seq.seq_id)
         if memo is not None and memo[0] != self._root(seq):  # probed under older weights
             del self._digest_memo[seq.seq_id]
@@ -233,7 +224,7 @@ class BlockManager:
                 break  # a miss (or a digest collision) ends the shared prefix
             hits.append(block)
             revived += self.ref_count[block] == 0
-        return _Plan(digests, hits, n_blocks - len(hits) + revived)
+        return digests, hits, n_blocks - len(hits) + revived
 
     def _take_free_block(self) -> int:
         if not self._free:
