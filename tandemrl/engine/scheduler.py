@@ -202,8 +202,7 @@ class Scheduler:
         segments = [self._next_segment(s, min(cap, s.params.max_tokens - s.num_completion_tokens)) for s in running]
         planned = [r + hot for r, hot in segments]
         if self.block_manager.try_append_all(running, planned):
-            return VerifyStep(running, planned, proposer=FROZEN, rule="forced",
-                              forced=[r for r, _ in segments])
+            return VerifyStep(running, planned, proposer=FROZEN, rule="forced", forced=[r for r, _ in segments])
         plan = self._schedule_single_steps(running, in_flight)
         return VerifyStep(plan.seqs, plan.num_tokens, proposer=FROZEN, rule="forced",
                           forced=[self._next_segment(s, 1)[0] for s in plan.seqs])

@@ -78,8 +78,7 @@ def build_prefill_meta(query_lens: list[int], context_lens: list[int], block_tab
     }
     flat = copy_to_device(torch.from_numpy(np.concatenate([a.ravel() for a in host.values()])), device)
     views = flat.split([a.size for a in host.values()])
-    return PrefillMeta(**{name: v.view(a.shape) for (name, a), v in zip(host.items(), views)},
-                       use_triton=use_triton)
+    return PrefillMeta(**{name: v.view(a.shape) for (name, a), v in zip(host.items(), views)}, use_triton=use_triton)
 
 
 def prefill_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PrefillMeta, scale: float,
@@ -146,6 +145,5 @@ def sdpa_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tenso
     mask = keys < ctx
     if window is not None:
         mask &= keys >= ctx - window  # p - window < j with p = ctx - 1
-    out = F.scaled_dot_product_attention(q.view(B, kv_heads, G, D), k, v, attn_mask=mask[:, None, None, :],
-                                         scale=scale)
+    out = F.scaled_dot_product_attention(q.view(B, kv_heads, G, D), k, v, attn_mask=mask[:, None, None, :], scale=scale)
     return out.reshape(B, H, D)

@@ -119,8 +119,7 @@ def one_round(context: LaunchContext, target: ModelSlot, launch: Launch, inputs:
     tokens, logits = inputs.proposer.propose(launch.last_two, columns[:-1])
     hidden = inputs.verify(torch.cat((launch.last_two[:, 1:], tokens), dim=1).reshape(-1), columns[-1])
     target_logits = target.logits(hidden).view(batch, k + 1, -1)
-    probs = (inputs.proposer.distributions(tokens, logits) if inputs.rule.reads_probs and not inputs.greedy
-             else None)
+    probs = inputs.proposer.distributions(tokens, logits) if inputs.rule.reads_probs and not inputs.greedy else None
     result, own = inputs.rule.accept(Verdict(target_logits, tokens, proposals, probs, inputs.temperature,
                                              inputs.generator, inputs.greedy))
     emitted = torch.where(active, torch.minimum(result.num_emitted, launch.left), 0)

@@ -101,15 +101,13 @@ def _capture(context: LaunchContext, name: str, target: ModelSlot, graphs: Decod
     launch_size = bucket * (6 + width)
     packed = torch.zeros(launch_size + bucket * width * (k + 3) + bucket * k, dtype=torch.long, device=target.device)
     launch = Launch.packed(packed[:launch_size], bucket)
-    twice, per_token, proposals = packed[launch_size:].split(
-        [2 * bucket * width, (k + 1) * bucket * width, bucket * k])
+    twice, per_token, proposals = packed[launch_size:].split([2 * bucket * width, (k + 1) * bucket * width, bucket * k])
     launch.length.fill_(1)
     launch.bonus.fill_(1)
     packed[6 * bucket:launch_size + bucket * width * (k + 3)].fill_(graphs.scratch_block)  # every table
     args = ProposerArgs(context, None, k, None, (twice.view(2 * bucket, width), launch.table), True, eager=True,
                         host_tokens=proposals.view(bucket, k))
-    inputs = round_inputs(context, target, name, args, per_token.view((k + 1) * bucket, width),
-                          acceptance_rule(rule))
+    inputs = round_inputs(context, target, name, args, per_token.view((k + 1) * bucket, width), acceptance_rule(rule))
 
     def body() -> tuple[Tensor, Tensor, Tensor, Tensor]:
         done = one_round(context, target, launch, inputs)
