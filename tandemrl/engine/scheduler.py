@@ -139,7 +139,12 @@ class Scheduler:
             if any(s in self.owner_streams for s in running):
                 tandem = self._schedule_tandem_burst if self.tandem.drawn_ahead else self._schedule_tandem_segments
                 return tandem(running, in_flight)
-            _hot_alone(running)  # the plain decode below: the frozen model's cache stops at these rows' last token
+            # Rows the hot model decodes alone (requests outside tandem): the frozen model's cache stops at their last
+            # token, so the prefix cache must not offer those blocks to a tandem prompt (sequence.py's
+            # ``kv_complete_tokens``; a prefill fills every slot again).
+            for seq in running:
+                if seq.kv_complete_tokens is None:
+                    seq.kv_complete_tokens = seq.num_tokens - 1
         if self.speculative is not None:
             return self._schedule_verify(running, in_flight)
         if self.config.decode_steps > 1:  # a burst, if the free blocks cover every sequence's lookahead
@@ -339,15 +344,6 @@ class Scheduler:
         del seq.token_ids[seq.num_prompt_tokens + keep:]
         del seq.logprobs[keep:]
         return True
-
-
-def _hot_alone(seqs: list[Sequence]) -> None:
-    """Rows about to decode with the hot model alone in a tandem engine (requests outside tandem): the frozen model
-    will not hold their K/V from their last token on, so the prefix cache must not offer those blocks to a tandem
-    prompt (sequence.py's ``kv_complete_tokens``; a prefill fills every slot again)."""
-    for seq in seqs:
-        if seq.kv_complete_tokens is None:
-            seq.kv_complete_tokens = seq.num_tokens - 1
 
 
 def _step_writers(plan: StepPlan, forced: list[int] | None, row: int, accepted: int | None,

@@ -33,11 +33,9 @@ def move(tensor: Tensor, device: torch.device) -> Tensor:
     since the CPU reads the values at once (the one host sync of this placement, per hand-over)."""
     if tensor.device == device:
         return tensor
-    if device.type == "cuda":
-        if tensor.device.type == "cpu":
-            return copy_to_device(tensor, device)
-        return tensor.to(device, non_blocking=True)
-    return tensor.to(device)  # to the host: waits for the device (the host computes with it next)
+    if tensor.device.type == "cpu":
+        return copy_to_device(tensor, device)
+    return tensor.to(device, non_blocking=device.type == "cuda")  # to the host: waits (the host computes with it next)
 
 
 def on_device(device: torch.device, home: torch.device) -> ContextManager:

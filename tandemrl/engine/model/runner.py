@@ -192,12 +192,8 @@ def _kernels(config: EngineConfig, attention_backend: str, device: torch.device)
 
 def _pick_backend(name: str, device: torch.device) -> bool:
     """Whether decode uses the Triton kernel."""
-    if name == "auto":
-        return triton_decode_available(device)
-    if name == "triton":
-        if not triton_decode_available(device):
-            raise ValueError(f"attention_backend='triton' needs the triton package and a CUDA device (got {device})")
-        return True
-    if name == "sdpa":
-        return False
-    raise ValueError(f"attention_backend must be 'auto', 'triton' or 'sdpa', got {name!r}")
+    if name not in ("auto", "triton", "sdpa"):
+        raise ValueError(f"attention_backend must be 'auto', 'triton' or 'sdpa', got {name!r}")
+    if name == "triton" and not triton_decode_available(device):
+        raise ValueError(f"attention_backend='triton' needs the triton package and a CUDA device (got {device})")
+    return name != "sdpa" and triton_decode_available(device)

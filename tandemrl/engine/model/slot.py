@@ -96,8 +96,7 @@ class ModelSlot:
     def bytes_per_block(self, block_size: int | None = None) -> int:
         """K and V of every layer for one block."""
         s = self.spec
-        elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * elem
+        return 2 * s.num_layers * (block_size or self.block_size) * s.num_kv_heads * s.head_dim * self.kv_dtype.itemsize
 
     def allocate(self, num_blocks: int) -> None:
         """Allocate (zeroed, so masked-out slots are finite) K/V for ``num_blocks`` blocks plus the scratch block;
