@@ -201,8 +201,11 @@ class LLMEngine:
                 self.between_steps()
             out, self._ready = self._ready, []
             try:
-                if self.scheduler.waiting:  # a prefill may look up cached blocks: they must match the weights
-                    self._sync_weights_version()
+                # A prefill may look up cached blocks: after the weights changed in place (the runner's version
+                # moved), none computed with the old ones may serve a new prompt (block_manager.py).
+                if self.scheduler.waiting and (current := self.runner.weights_version()) != self._runner_weights:
+                    self._runner_weights = current
+                    self.invalidate_prefix_cache()
                 plan = self.scheduler.schedule(in_flight=self._in_flight is not None)
                 launched = self._launch(plan) if plan else None
                 if launched is None and self._in_flight is None and self.scheduler.has_unfinished():
@@ -304,14 +307,6 @@ class LLMEngine:
             self.scheduler.abort(self._live.pop(seq_id))
 
     # ------------------------------------------------------------------ weights
-
-    def _sync_weights_version(self) -> None:
-        """Tie the sequences allocated from now on to the current weights (block_manager.py): after the weights
-        changed in place, no cached block computed with the old ones can serve a new prompt."""
-        current = self.runner.weights_version()
-        if current != self._runner_weights:
-            self._runner_weights = current
-            self.invalidate_prefix_cache()
 
     def set_policy_version(self, version: int) -> None:
         """The weights changed in place (between two steps) and are now ``version``: steps launched from now on

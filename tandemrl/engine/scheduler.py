@@ -78,10 +78,9 @@ class Scheduler:
 
     def abort(self, seq: Sequence) -> None:
         """Drop ``seq`` from whichever queue holds it and free its blocks."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq in self.running:
-            self.running.remove(seq)
+        for queue in (self.waiting, self.running):
+            if seq in queue:
+                queue.remove(seq)
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.FINISHED
 

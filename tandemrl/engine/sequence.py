@@ -78,19 +78,15 @@ class Sequence:
     def add_pending(self, n: int, version: int | None = None) -> None:
         """Reserve n placeholder tokens for a launched step whose sampled tokens have not been read back;
         ``version``: the policy version the step was launched under (None: placeholders put back behind a step)."""
-        if version is not None:
-            self._note_version(version)
+        if version is not None:  # the tokens from the next completion index on are sampled by ``version``
+            start, runs = self.num_completion_tokens, self.version_runs
+            while runs and runs[-1][0] >= start:  # a step launched again where an abandoned one started
+                del runs[-1]
+            if not runs or runs[-1][1] != version:
+                runs.append((start, version))
         self.token_ids.extend([PENDING_TOKEN] * n)
         self.logprobs.extend([math.nan] * n)
         self.num_pending += n
-
-    def _note_version(self, version: int) -> None:
-        """The tokens from the next completion index on are sampled by ``version``."""
-        start, runs = self.num_completion_tokens, self.version_runs
-        while runs and runs[-1][0] >= start:  # a step launched again where an abandoned one started
-            del runs[-1]
-        if not runs or runs[-1][1] != version:
-            runs.append((start, version))
 
     def fill_pending(self, planned: int, token_ids: list[int], logprobs: list[float]) -> None:
         """Put a step's tokens in place of the ``planned`` oldest placeholders it reserved; it may have returned
