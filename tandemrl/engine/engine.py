@@ -282,19 +282,17 @@ class LLMEngine:
         index = {self._add(req, policy_version)[0]: i for i, req in enumerate(requests)}
         results: list[Rollout | None] = [None] * len(requests)
         others: list[tuple[int, Rollout]] = []
-        remaining = len(requests)
         try:
-            while remaining:
+            while index:  # this call's sequences still to finish
                 for seq_id, rollout in self._step():
                     if seq_id in index:
-                        results[index[seq_id]] = rollout
-                        remaining -= 1
+                        results[index.pop(seq_id)] = rollout
                     else:
                         others.append((seq_id, rollout))
             if not self.scheduler.has_unfinished():  # what is still in flight computes nothing anyone waits for
                 self._drain(others)
         except BaseException:
-            self._drop(set(index))
+            self._drop(set(index))  # the unfinished ones
             raise
         finally:
             self._ready.extend(others)

@@ -51,12 +51,11 @@ class AcceptanceRule:
 _RULES: dict[str, AcceptanceRule] = {}
 
 
-def register_rule(name: str, rule: AcceptanceRule) -> AcceptanceRule:
+def register_rule(name: str, rule: AcceptanceRule) -> None:
     """Make ``rule`` available by ``name`` (ValueError if the name is taken)."""
     if name in _RULES:
         raise ValueError(f"acceptance rule {name!r} is already registered")
     _RULES[name] = rule
-    return rule
 
 
 def acceptance_rule(name: str) -> AcceptanceRule:
