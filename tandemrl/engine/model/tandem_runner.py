@@ -87,7 +87,9 @@ def launch_tandem_burst(context: LaunchContext, plan: DecodeStep, last: LastSamp
             if forward.sample:
                 tokens[index["write"]], _ = sample(logits[index["last"]], index["rows"])
             _score(logits, tokens, logprobs, index, temperature[index["row"]], fused_scores)  # after the sample
-    out = copy_to_device(torch.from_numpy(burst.column(*_grid(burst))), hot.device).view(len(seqs), -1)
+    # each row's new tokens on a [B, max new tokens] grid, a shorter row's last one repeated
+    new = np.minimum(np.arange(burst.width - 1), burst.num_tokens[:, None] - 1)
+    out = copy_to_device(torch.from_numpy(burst.column(np.arange(len(seqs))[:, None], new)), hot.device)
     return tokens[out], logprobs[out]
 
 
@@ -180,11 +182,3 @@ def _device_indices(burst: TandemBurst, device: torch.device) -> list[dict[str, 
 
 
 _INDEX_NAMES = ("read", "next", "write", "last", "rows", "row")  # a forward's parts, in ``_device_indices``' order
-
-
-def _grid(burst: TandemBurst) -> tuple[np.ndarray, np.ndarray]:
-    """(row, k) of every (row, new token) of a [B, max new tokens] grid, clamped to each row's last new token."""
-    steps = int(burst.num_tokens.max())
-    rows = np.repeat(np.arange(len(burst.num_tokens)), steps)
-    k = np.minimum(np.tile(np.arange(steps), len(burst.num_tokens)), np.repeat(burst.num_tokens - 1, steps))
-    return rows, k
