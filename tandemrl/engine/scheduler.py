@@ -216,9 +216,7 @@ class Scheduler:
         hot); a request outside tandem is the hot model's alone. The owner stream moves only in ``postprocess``, so
         with a step in flight its next positions are the pending ones: peek past them."""
         owners = self.owner_streams.get(seq)
-        if owners is None:
-            return [True] * n
-        return owners.peek(seq.num_pending + n)[seq.num_pending:]
+        return [True] * n if owners is None else owners.peek(seq.num_pending + n)[seq.num_pending:]
 
     def _next_segment(self, seq: Sequence, limit: int) -> tuple[int, bool]:
         """(frozen positions next, whether a hot one follows) from the sequence's owner stream; a request outside
@@ -307,8 +305,7 @@ class Scheduler:
         """Append tokens one by one until one finishes the sequence; how many were appended."""
         for n, (token, logprob) in enumerate(zip(tokens, lps), start=1):
             seq.append_token(token, logprob)
-            reason = self._finish_reason(seq, seq.token_ids[-1])
-            if reason is not None:
+            if (reason := self._finish_reason(seq, seq.token_ids[-1])) is not None:
                 self._finish(seq, reason, now)
                 return n
         return len(tokens)
