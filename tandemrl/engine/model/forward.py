@@ -161,9 +161,7 @@ def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tenso
     """The q, k, v projections: on the fused path one grouped launch for decode batches (column views of one
     buffer; LoRA adapters included), else the modules themselves (hooks, prefill-size inputs)."""
     grouped = fl.qkv_projection(attn, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
-    if grouped is not None:
-        return grouped
-    return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    return grouped if grouped is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
 
 
 def _self_attention(spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,

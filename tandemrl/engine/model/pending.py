@@ -97,6 +97,4 @@ def resolve_pending(ids: Tensor, last: LastSamples) -> Tensor:
 def copy_to_device(host: Tensor, device: torch.device) -> Tensor:
     """``host.to(device)`` without waiting for the work in flight: through pinned memory on CUDA (from pageable
     memory CUDA may make the copy wait for the whole step in flight, which would undo the overlap)."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)

@@ -41,9 +41,7 @@ def move(tensor: Tensor, device: torch.device) -> Tensor:
 def on_device(device: torch.device, home: torch.device) -> ContextManager:
     """``device`` as the current CUDA device for work launched inside (Triton kernels, graph captures and events use
     the current device, not the tensors'); nothing when it is ``home`` (current already) or not a GPU."""
-    if device == home or device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
+    return contextlib.nullcontext() if device == home or device.type != "cuda" else torch.cuda.device(device)
 
 
 def kv_budget(device: torch.device, gpu_memory_utilization: float, vocab: int) -> float:
