@@ -163,8 +163,7 @@ class BlockManager:
                 computed > len(table) or self._digest[table[computed - 1]] is None):
             self._register_computed_blocks(seq)
         if missing:
-            for _ in range(missing):
-                table.append(self._take_free_block())
+            table.extend(self._take_free_block() for _ in range(missing))
             _note_blocks(seq)
 
     # ------------------------------------------------------------------ helpers

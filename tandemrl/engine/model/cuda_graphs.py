@@ -101,9 +101,7 @@ class DecodeGraphs:
         """Block-table width of the graph that serves a batch whose longest table has `blocks` entries."""
         if blocks > self.max_width:
             raise ValueError(f"a sequence needs {blocks} blocks, more than max_model_len allows ({self.max_width})")
-        if self.fixed_width:
-            return self.max_width
-        return min(self.max_width, 1 << max(0, blocks - 1).bit_length())
+        return self.max_width if self.fixed_width else min(self.max_width, 1 << max(0, blocks - 1).bit_length())
 
     def stage(self, plan: DecodePlan) -> None:
         """Copy a burst's inputs to the device (one H2D copy); ``step`` then runs its steps in order."""
