@@ -96,14 +96,15 @@ class VerifyStep(_Rows):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if (self.feed is not None) != (self.proposer == "host") or self.feed is not None and (
-                len(self.feed) != len(self.seqs) or any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed))):
-            raise ValueError("a verify step of host proposals (and only it) needs one list of feed tokens per row, "
-                             "and a row plans len(feed) + 1")
-        if (self.forced is not None) != (self.rule == "forced") or self.forced is not None and any(
-                not 0 <= f <= n for f, n in zip(self.forced, self.num_tokens)):
-            raise ValueError("the forced rule (and only it) needs per row the count of proposals it keeps, between 0 "
-                             "and num_tokens")
+        if (self.feed is not None) != (self.proposer == "host"):
+            raise ValueError("a verify step of host proposals needs one list of feed tokens per row (and only it)")
+        if self.feed is not None and (len(self.feed) != len(self.seqs)
+                                      or any(n != len(f) + 1 for n, f in zip(self.num_tokens, self.feed))):
+            raise ValueError("a verify step needs one list of feed tokens per row, and a row plans len(feed) + 1")
+        if (self.forced is not None) != (self.rule == "forced"):
+            raise ValueError("the forced rule needs the count of forced proposals per row (and only it)")
+        if self.forced is not None and any(not 0 <= f <= n for f, n in zip(self.forced, self.num_tokens)):
+            raise ValueError("a tandem row keeps between 0 and num_tokens proposals")
         if self.rounds < 1 or self.num_proposals < 1:
             raise ValueError(f"a verify step needs rounds >= 1 and num_proposals >= 1, got {self.rounds} and "
                              f"{self.num_proposals}")
