@@ -89,7 +89,8 @@ class LinearTiles:
 
 # (weights per tile, rows up to) -> the fastest tiles of the H100 sweep at hidden 896: q/k/v (1) and gate/up (2).
 # Fewer, larger tiles win there (72-300 programs); x is re-read from L2 by each column tile. At hidden 1536
-# (Qwen2.5-1.5B q/k/v, 256 rows, session-1126g/linear-ab) (1, 256) was again the sweep's fastest: 7.9 us.
+# (Qwen2.5-1.5B q/k/v, 256 rows, session-1126g/linear-ab) (1, 256) was again the sweep's fastest: 7.9 us (the
+# engine runs cuBLAS there all the same: the module doc).
 _LARGE_BATCH_TILES = {
     (1, 128): LinearTiles(64, 32, 128, num_warps=4, num_stages=4),
     (1, 256): LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
