@@ -14,7 +14,12 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from tandemrl.models.compile import CompileError, compile_decoder_layers, compile_training_forward
+from tandemrl.models.compile import (
+    CompileError,
+    compile_decoder_layers,
+    compile_training_forward,
+    has_compiled_layers,
+)
 import tandemrl.models.varlen_attention as varlen_attention
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.models.varlen_attention import VARLEN
@@ -68,6 +73,8 @@ def test_compiled_layers_share_the_weights_and_no_grad_forwards_run_eagerly():
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == pointers
     assert list(model.state_dict()) == keys  # checkpoints save and load as before
     assert all(layer._compiled_call_impl is None for layer in copy.deepcopy(model).model.layers)  # the reference
+    assert has_compiled_layers(model) and not has_compiled_layers(copy.deepcopy(model))
+    assert not has_compiled_layers(_model())
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         eager_logits = model(input_ids=ids).logits
