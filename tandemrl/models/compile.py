@@ -55,6 +55,14 @@ def compile_decoder_layers(model: nn.Module, backend: str | Callable = "inductor
                 torch.compile(layer._call_impl, backend=backend, dynamic=True), layer._call_impl)
 
 
+def has_compiled_layers(causal_lm: nn.Module) -> bool:
+    """Whether ``model.compile`` compiled this model's layers (its deep copies are eager): the log-prob head's
+    reductions then run compiled too (train/head_logprobs.py)."""
+    layers = getattr(causal_lm.get_decoder(), "layers", None)
+    return isinstance(layers, nn.ModuleList) and any(isinstance(layer._compiled_call_impl, GradGatedCall)
+                                                     for layer in layers)
+
+
 def _decoder_layers(causal_lm: nn.Module) -> list[nn.Module]:
     layers = getattr(causal_lm.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:

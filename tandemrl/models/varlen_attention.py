@@ -76,13 +76,16 @@ def _sequences(kwargs: dict, rows: int, length: int, device: torch.device) -> Se
 
 
 def _check_plain_causal(module: nn.Module, dropout: float, sliding_window: int | None) -> None:
+    # The messages are formatted only when raising: under model.compile the dropout is symbolic, and formatting it
+    # on the way in broke each compiled decoder layer's graph around its attention.
+    if getattr(module, "is_causal", True) and not dropout > 0 and sliding_window is None:
+        return
     unsupported = [what for what, present in (("bidirectional attention", not getattr(module, "is_causal", True)),
                                               (f"attention dropout ({dropout})", dropout > 0),
                                               (f"a sliding window ({sliding_window})", sliding_window is not None))
                    if present]
-    if unsupported:
-        raise VarlenAttentionError(f"{KEY} computes plain causal attention; {type(module).__name__} asks for "
-                                   f"{' and '.join(unsupported)}: use 'flex_attention' or 'sdpa'")
+    raise VarlenAttentionError(f"{KEY} computes plain causal attention; {type(module).__name__} asks for "
+                               f"{' and '.join(unsupported)}: use 'flex_attention' or 'sdpa'")
 
 
 def _flat(states: Tensor) -> Tensor:

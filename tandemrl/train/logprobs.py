@@ -2,8 +2,8 @@
 
 The decoder runs on the micro-batch's rows packed into one sequence (train/packing.py; padded rows for models whose
 attention cannot take packed input, train/packed_support.py). The lm_head + log-softmax then run over chunks of the
-completion tokens alone under activation checkpointing, so peak memory holds one chunk of logits instead of
-tokens x vocab (the dominant cost for 150k-token vocabularies), and no prompt or padding position is projected.
+completion tokens alone (train/head_logprobs.py), so peak memory holds one chunk of logits instead of tokens x vocab
+(the dominant cost for 150k-token vocabularies), and no prompt or padding position is projected.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
+from tandemrl.models.compile import has_compiled_layers
 from tandemrl.models.lora import unwrap_causal_lm
 from tandemrl.config import TrainConfig
 from tandemrl.train.batch import TrainBatch
+from tandemrl.train.head_logprobs import head_logprobs
 from tandemrl.train.micro_batches import micro_batch_limits, micro_batches
 from tandemrl.train.packed_support import packed_is_cheaper, takes_offsets
 from tandemrl.train.packing import pack, padded_sources
@@ -75,7 +76,8 @@ def logprobs_of(causal_lm: nn.Module, batch: TrainBatch, temperature: float, chu
     if source.numel() == 0:
         return _no_completion_tokens(head, states, completion, temperature)
     scored = states[source]  # [n, H]: only the states that predict a completion token
-    logprobs, entropy = _head_logprobs(head, scored, targets, temperature, chunk_size)
+    logprobs, entropy = _head_logprobs(head, scored, targets, temperature, chunk_size,
+                                       compiled=has_compiled_layers(causal_lm))
     return TokenLogprobs(_scatter(logprobs, completion), _scatter(entropy, completion))
 
 
@@ -88,35 +90,14 @@ def _no_completion_tokens(head: nn.Module, states: Tensor, completion: Tensor, t
                          torch.zeros(completion.shape, device=states.device))
 
 
-def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
-                   chunk_size: int) -> tuple[Tensor, Tensor]:
+def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunk_size: int,
+                   compiled: bool = False) -> tuple[Tensor, Tensor]:
     """[n] log-probs and entropies of ``targets`` from [n, H] states, chunk by chunk."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
-    logprob_chunks, entropy_chunks = [], []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h = hidden[start : start + chunk_size]
-        t = targets[start : start + chunk_size]
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logprobs, h, t, head.weight, head.bias, scale, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(h, t, head.weight, head.bias, scale)
-        logprob_chunks.append(lp)
-        entropy_chunks.append(ent)
-    return torch.cat(logprob_chunks), torch.cat(entropy_chunks)
+    return head_logprobs(hidden, targets, head.weight, head.bias, scale, chunk_size, compiled)
 
 
 def _scatter(values: Tensor, completion: Tensor) -> Tensor:
     """[n] values into the [B, T] completion layout (0 elsewhere), differentiably."""
     out = values.new_zeros(completion.shape)
     return out.masked_scatter(completion, values)
-
-
-def _chunk_logprobs(
-    hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, scale: float
-) -> tuple[Tensor, Tensor]:
-    logits = nn.functional.linear(hidden, weight, bias).float() * scale
-    log_probs = logits.log_softmax(-1)
-    token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return token_logprobs, entropy

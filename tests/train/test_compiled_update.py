@@ -14,7 +14,13 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from tandemrl.models.compile import CompileError, compile_decoder_layers, compile_training_forward
+from tandemrl.models.compile import (
+    CompileError,
+    compile_decoder_layers,
+    compile_training_forward,
+    has_compiled_layers,
+)
+import tandemrl.models.varlen_attention as varlen_attention
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.models.varlen_attention import VARLEN
 from tandemrl.models.varlen_kernel import Sequences, flash_varlen_attention, torch_varlen_attn
@@ -67,6 +73,8 @@ def test_compiled_layers_share_the_weights_and_no_grad_forwards_run_eagerly():
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == pointers
     assert list(model.state_dict()) == keys  # checkpoints save and load as before
     assert all(layer._compiled_call_impl is None for layer in copy.deepcopy(model).model.layers)  # the reference
+    assert has_compiled_layers(model) and not has_compiled_layers(copy.deepcopy(model))
+    assert not has_compiled_layers(_model())
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         eager_logits = model(input_ids=ids).logits
@@ -120,6 +128,31 @@ def test_the_varlen_gpu_call_traces_into_one_graph_with_symbolic_lengths():
     calls = [node for node in graph.graph.nodes if node.op == "call_function"]
     assert any("varlen_attn" in str(node.target) for node in calls)
     assert not any(node.args and 7 in node.args for node in calls)
+
+
+def test_a_training_decoder_layer_with_varlen_attention_traces_into_one_graph(monkeypatch):
+    """The whole Qwen2 layer in training mode (its dropout a symbolic float under dynamic=True) as model.compile
+    traces it, fullgraph: a graph break anywhere (there were five, around the attention) fails the trace."""
+    def gpu_call(query, key, value, sequences, scale):  # the CUDA branch, traced on CPU tensors
+        return flash_varlen_attention(torch_varlen_attn(), query, key, value, sequences, scale)
+
+    monkeypatch.setattr(varlen_attention, "causal_varlen_attention", gpu_call)
+    model = _model(attn=VARLEN).to(torch.bfloat16).train()
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module)
+        raise _Traced()
+
+    layer = torch.compile(model.model.layers[0], backend=capture, fullgraph=True, dynamic=True)
+    hidden = torch.randn(1, 10, model.config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6]])
+    offsets = torch.tensor([0, 3, 10], dtype=torch.int32)
+    with pytest.raises(Exception) as raised:
+        layer(hidden, position_embeddings=model.model.rotary_emb(hidden, positions), position_ids=positions,
+              cu_seq_lens_q=offsets, cu_seq_lens_k=offsets, max_length_q=7, max_length_k=7)
+    assert "_Traced" in str(raised.value)
+    assert len(graphs) == 1
 
 
 class _Traced(Exception):
