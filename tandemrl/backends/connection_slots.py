@@ -2,9 +2,10 @@
 
 httpcore 1.0's pool, behind every ``httpx.AsyncClient``, re-scans all its connections for every queued request on
 every request and every response close (O(connections x requests) a pass, and a socket poll per idle connection):
-64 streams sent again over 64 kept-alive connections waited 1-2 s for their response headers on the 2-core CPU
-machine, against 0.1 s on new connections (bench/RESULTS.md, issue 40; fixed upstream in httpx2's pool). Here a
-request takes a free slot in O(1) and keeps it until its response is closed (a stream holds it while it runs).
+64 streams sent again over 64 kept-alive connections waited 1-2 s on the 2-core CPU machine before they were even
+written, the server then answering each within 0.05 s (bench/RESULTS.md, issue 40; fixed upstream in httpx2's
+pool). Here a request takes a free slot in O(1) and keeps it until its response is closed (a stream holds it while
+it runs).
 """
 
 from __future__ import annotations
