@@ -298,6 +298,7 @@ def run(bench: Bench) -> None:
     bench.result["sync"]["nccl"] = {"note": "needs a second GPU: bench/nccl_sync.py; code tested over gloo on CPU"}
     if "load" in bench.result and "in_process" in bench.result:
         bench.result["server_over_in_process"] = bench.result["load"]["tok_s"] / bench.result["in_process"]["tok_s"]
+    if "load_reused" in bench.result and "in_process" in bench.result:
         bench.result["server_reused_over_in_process"] = (bench.result["load_reused"]["tok_s"]
                                                          / bench.result["in_process"]["tok_s"])
     bench.result["complete"] = True
