@@ -8,9 +8,11 @@
 #      PASS: a skip fails this step); tests/serve/test_warmup.py: the server's start-up warm-up captures every decode
 #      graph bucket (its CUDA test must pass);
 #   3. python -m bench.serve: Qwen2.5-0.5B architecture, random bf16 weights: push latency and the weights' GPU
-#      memory per sync mode (inprocess, checkpoint, ipc, lora), 64 concurrent streaming clients against the server
-#      (tokens/s, latency and TTFT p50/p99; the server's own account from /metrics: waits for the engine thread,
-#      arrival to first token sent, the engine's busy share) vs the in-process engine. Its table is printed;
+#      memory per sync mode (inprocess, checkpoint, ipc, lora), 64 concurrent streaming clients against the server,
+#      once on new connections and once on the warm-up's kept-alive ones (tokens/s, latency and TTFT p50/p99, the
+#      client's share until each request was written; the server's own account from /metrics: waits for the
+#      engine thread, arrival to first token sent, the engine's busy share and steps) vs the in-process engine.
+#      Its table is printed;
 #      serve.json (written after every stage, so a time-out keeps what was measured) and the servers' logs land in
 #      $OUT.
 # The call:  run  command "bash bench/gpu_serve.sh"  carry [".whl/serve"]  timeout_s 600  (kind nvidia-h100-x1)

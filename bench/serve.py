@@ -7,7 +7,11 @@ of the served weights in the server's own memory (/metrics `weight_bytes_owned`:
 their sum in copies of the weights, and the whole device's memory in use. Then N concurrent streaming clients
 (httpx, SSE) each decode --new-tokens tokens (EOS ignored; after an untimed warm-up round on other prompts):
 per-request latency and time to first token p50/p99, and aggregate tokens/s, beside the in-process engine
-decoding the same N sequences in one call (after the same warm-up).
+decoding the same N sequences in one call (after the same warm-up). Two timed rounds: "load" on new connections
+(a client opened for it: TCP connects inside the round), and "load_reused" on the connections the warm-up opened
+and kept alive (one client for both rounds, as an OpenAI client reuses its pool), on a third set of prompts of the
+same shape. The clients' connections come from tandemrl's ConnectionSlots: httpx's own pool (httpcore 1.0) costs
+O(connections x requests) per request, which held 64 reused streams 1-2 s before they were even sent.
 
 Each stage's numbers are written to --out as soon as they exist, and a stage that fails is recorded under
 "errors" while the others still run (exit status 1 if any failed).
@@ -40,6 +44,7 @@ import torch
 
 from bench.grpo_step import ARCHITECTURES, build_model
 from bench.serve_process import ServerProcess, save_model_dir
+from tandemrl.backends.connection_slots import ConnectionSlots
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.models.lora import LoraSettings, apply_lora
@@ -69,6 +74,7 @@ class Bench:
         shape = (args.clients, args.prompt_len)
         self.prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
         self.warm_prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
+        self.reuse_prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
         self.model_dir = save_model_dir(model, workdir / "model")
         self.result: dict = {"date": date.today().isoformat(), "arch": args.arch, "versions": _versions(),
                              "device": torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -147,8 +153,14 @@ async def one_client(http: httpx.AsyncClient, prompt: list[int], new_tokens: int
     body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 1.0, "stream": True,
             "ignore_eos": True, "return_token_ids": True}
     start = time.perf_counter()
-    first, tokens = None, 0
-    async with http.stream("POST", "/v1/completions", json=body) as response:
+    first, tokens, sent = None, 0, 0.0
+
+    async def trace(event: str, info: dict) -> None:
+        nonlocal sent
+        if event == "http11.send_request_body.complete":  # the client's share ends: connected, request written
+            sent = time.perf_counter() - start
+
+    async with http.stream("POST", "/v1/completions", json=body, extensions={"trace": trace}) as response:
         headers = time.perf_counter() - start  # the server took the request (the engine gets it as the stream starts)
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -158,33 +170,54 @@ async def one_client(http: httpx.AsyncClient, prompt: list[int], new_tokens: int
             if ids and first is None:
                 first = time.perf_counter() - start
             tokens += len(ids)
-    return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "headers": headers, "tokens": tokens}
+    return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "headers": headers, "tokens": tokens,
+            "sent": sent}
 
 
-async def load_test(url: str, prompts: list[list[int]], new_tokens: int) -> dict:
-    limits = httpx.Limits(max_connections=len(prompts) + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one_client(http, p, new_tokens) for p in prompts))
-        wall = time.perf_counter() - start
+def open_client(url: str, clients: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=600, transport=ConnectionSlots(clients))
+
+
+async def load_test(http: httpx.AsyncClient, prompts: list[list[int]], new_tokens: int) -> dict:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one_client(http, p, new_tokens) for p in prompts))
+    wall = time.perf_counter() - start
     short = [r["tokens"] for r in results if r["tokens"] != new_tokens]
     if short:
         raise RuntimeError(f"{len(short)} streams ended early (tokens received: {short[:5]}, asked {new_tokens})")
     latency, ttft = [r["latency"] for r in results], [r["ttft"] for r in results]
-    # the TTFT's two shares: connect + HTTP until the response headers, then the engine's until the first token
+    # the TTFT's two shares: connect + HTTP until the response headers, then the engine's until the first token;
+    # the first one's client part: until the request was written (connect, the pool, the client's event loop)
     headers, engine = [r["headers"] for r in results], [r["ttft"] - r["headers"] for r in results]
     return {"clients": len(prompts), "wall_s": wall, "tok_s": sum(r["tokens"] for r in results) / wall,
             "latency_p50_s": float(np.percentile(latency, 50)), "latency_p99_s": float(np.percentile(latency, 99)),
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
             "headers_p50_s": float(np.percentile(headers, 50)), "headers_max_s": max(headers),
+            "sent_p50_s": float(np.percentile([r["sent"] for r in results], 50)),
+            "sent_max_s": max(r["sent"] for r in results),
             "headers_to_first_token_p50_s": float(np.percentile(engine, 50))}
 
 
 def server_load(bench: Bench, server: ServerProcess) -> None:
-    asyncio.run(load_test(server.url, bench.warm_prompts, bench.args.new_tokens))  # CUDA graphs, Triton, caches
-    before = server.metrics()
-    load = asyncio.run(load_test(server.url, bench.prompts, bench.args.new_tokens))
-    bench.result["load"] = {**load, **server_side(before, server.metrics(), load["wall_s"])}
+    """The warm-up round (CUDA graphs, Triton, caches) on a client kept for the reused round; the fresh round on a
+    client of its own, opened for it."""
+    clients, new_tokens = bench.args.clients, bench.args.new_tokens
+
+    async def rounds() -> None:
+        async with open_client(server.url, clients) as kept:
+            await load_test(kept, bench.warm_prompts, new_tokens)
+            async with open_client(server.url, clients) as fresh:
+                bench.result["load"] = await timed_round(server, fresh, bench.prompts, new_tokens)
+            bench.result["load_reused"] = await timed_round(server, kept, bench.reuse_prompts, new_tokens)
+
+    asyncio.run(rounds())
+
+
+async def timed_round(server: ServerProcess, http: httpx.AsyncClient, prompts: list[list[int]],
+                      new_tokens: int) -> dict:
+    before = await asyncio.to_thread(server.metrics)
+    load = await load_test(http, prompts, new_tokens)
+    return {**load, **server_side(before, await asyncio.to_thread(server.metrics), load["wall_s"])}
 
 
 def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
@@ -265,6 +298,9 @@ def run(bench: Bench) -> None:
     bench.result["sync"]["nccl"] = {"note": "needs a second GPU: bench/nccl_sync.py; code tested over gloo on CPU"}
     if "load" in bench.result and "in_process" in bench.result:
         bench.result["server_over_in_process"] = bench.result["load"]["tok_s"] / bench.result["in_process"]["tok_s"]
+    if "load_reused" in bench.result and "in_process" in bench.result:
+        bench.result["server_reused_over_in_process"] = (bench.result["load_reused"]["tok_s"]
+                                                         / bench.result["in_process"]["tok_s"])
     bench.result["complete"] = True
     bench.save()
 
@@ -331,24 +367,34 @@ def print_table(result: dict) -> None:
             print(f"| {mode} | {row['note']} |" + " |" * (len(columns) - 1))
             continue
         print(f"| {mode} | " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
-    load, engine = result.get("load"), result.get("in_process")
-    if load:
-        print(f"{load['clients']} streaming clients: {load['tok_s']:.0f} tok/s, latency p50 {load['latency_p50_s']:.2f} s"
-              f" p99 {load['latency_p99_s']:.2f} s, TTFT p50 {load['ttft_p50_s']:.3f} s p99 {load['ttft_p99_s']:.3f} s")
-        if "headers_p50_s" in load:  # runs before these were recorded lack them
-            print(f"  TTFT = to the response headers (connect, HTTP: p50 {load['headers_p50_s']:.3f} s, last "
-                  f"{load['headers_max_s']:.3f} s) + from them to the first token "
-                  f"(p50 {load['headers_to_first_token_p50_s']:.3f} s)")
-        if "server_first_token_mean_s" in load:
-            print(f"  server side: waits for the engine thread {load['server_queue_wait_mean_s']:.3f} s, arrival to "
-                  f"first token sent {load['server_first_token_mean_s']:.3f} s (means); engine stepping "
-                  f"{load['engine_step_share']:.0%} of the wall time, {load['engine_steps']:.0f} steps")
+    for name, how in (("load", "new connections"), ("load_reused", "kept-alive connections")):
+        if name in result:
+            _print_load(result[name], how)
+    engine = result.get("in_process")
     if engine:
         print(f"in-process engine, the same {result['clients']} sequences in one call: {engine['tok_s']:.0f} tok/s")
     if "server_over_in_process" in result:
-        print(f"server / in-process throughput: {result['server_over_in_process']:.2f}")
+        print(f"server / in-process throughput: {result['server_over_in_process']:.2f} (new connections), "
+              f"{result.get('server_reused_over_in_process', float('nan')):.2f} (kept-alive)")
     for stage in result["errors"]:
         print(f"stage {stage} FAILED (traceback in the JSON's errors)")
+
+
+
+def _print_load(load: dict, how: str) -> None:
+    print(f"{load['clients']} streaming clients, {how}: {load['tok_s']:.0f} tok/s in {load['wall_s']:.3f} s, latency "
+          f"p50 {load['latency_p50_s']:.2f} s p99 {load['latency_p99_s']:.2f} s, TTFT p50 {load['ttft_p50_s']:.3f} s "
+          f"p99 {load['ttft_p99_s']:.3f} s")
+    if "headers_p50_s" in load:  # runs before these were recorded lack them
+        sent = f"; the client's share, until the request was written: p50 {load['sent_p50_s']:.3f} s, last " \
+               f"{load['sent_max_s']:.3f} s" if "sent_p50_s" in load else ""
+        print(f"  TTFT = to the response headers (connect, HTTP: p50 {load['headers_p50_s']:.3f} s, last "
+              f"{load['headers_max_s']:.3f} s{sent}) + from them to the first token "
+              f"(p50 {load['headers_to_first_token_p50_s']:.3f} s)")
+    if "server_first_token_mean_s" in load:
+        print(f"  server side: waits for the engine thread {load['server_queue_wait_mean_s']:.3f} s, arrival to "
+              f"first token sent {load['server_first_token_mean_s']:.3f} s (means); engine stepping "
+              f"{load['engine_step_share']:.0%} of the wall time, {load['engine_steps']:.0f} steps")
 
 
 if __name__ == "__main__":

@@ -285,14 +285,15 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys
     assert "note" in sync["ipc"] and "note" in sync["nccl"]
     assert result["load"]["clients"] == 8 and result["load"]["tok_s"] > 0 and result["in_process"]["tok_s"] > 0
     assert result["load"]["latency_p50_s"] <= result["load"]["latency_p99_s"]
-    load = result["load"]  # the TTFT's split: until the response headers, then to the first token
-    assert 0 < load["headers_p50_s"] <= load["headers_max_s"] and load["headers_to_first_token_p50_s"] > 0
-    assert load["headers_p50_s"] < load["ttft_p99_s"]
+    for load in (result["load"], result["load_reused"]):  # the TTFT's split: to the response headers, then on
+        assert 0 < load["headers_p50_s"] <= load["headers_max_s"] and load["headers_to_first_token_p50_s"] > 0
+        assert load["headers_p50_s"] < load["ttft_p99_s"] and 0 < load["sent_p50_s"] < load["headers_p50_s"]
+    assert result["load_reused"]["clients"] == 8 and result["server_reused_over_in_process"] > 0
     assert "serving bench on http://127.0.0.1:" in (tmp_path / "server-full.log").read_text()
     capsys.readouterr()
     print_table(result)
     table = capsys.readouterr().out
-    assert "| checkpoint | " in table and "8 streaming clients:" in table and "server / in-process" in table
+    assert "| checkpoint | " in table and "8 streaming clients, kept-alive connections:" in table and "server / in-process" in table
 
 
 def test_nccl_sync_bench_pushes_over_gloo_and_checks_the_served_weights(tmp_path):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import httpx
 
+from tandemrl.backends.connection_slots import ConnectionSlots
 from tandemrl.types import Request, RequestStats, Rollout, SamplingParams
 
 if TYPE_CHECKING:
@@ -77,10 +78,10 @@ class ServerBackend:
         pass
 
     def open_client(self) -> httpx.AsyncClient:
-        """A client to the server, keeping up to ``max_concurrency`` connections open."""
-        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        """A client to the server, keeping up to ``max_concurrency`` connections open (connection_slots.py: not
+        httpx's own pool, whose cost per request grows with its connections)."""
         return httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                                 limits=limits, transport=self._transport)
+                                 transport=self._transport or ConnectionSlots(self.max_concurrency))
 
     # ------------------------------------------------------------------ batches
 

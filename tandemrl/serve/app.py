@@ -8,6 +8,8 @@ completion bodies carry the version that produced them (``policy_version``, per 
 
 from __future__ import annotations
 
+from typing import AsyncIterator, Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -84,12 +86,31 @@ class PolicyVersionHeader:
 
 
 async def _serve(state: ServerState, job, request: Request) -> Response:  # noqa: ANN001 - completions.Job
+    arrived = state.arrivals.take()  # an idle engine waits for it (engine_loop.py); released at its submit
     if job.body.stream:
-        return StreamingResponse(stream(state, job), media_type="text/event-stream")
-    body = await respond(state, job, request.is_disconnected)
+        return _EngineStream(stream(state, job, arrived), arrived)
+    try:
+        body = await respond(state, job, request.is_disconnected, arrived)
+    finally:
+        arrived()
     if body is None:  # the client went away; nobody reads this
         return Response(status_code=499)
     return JSONResponse(body)
+
+
+class _EngineStream(StreamingResponse):
+    """An SSE response that releases its request's Arrivals count however it ends, also when the stream never
+    started (the client left first): an idle engine must not wait for a request that will never come."""
+
+    def __init__(self, content: AsyncIterator[str], arrived: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._arrived = arrived
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._arrived()
 
 
 def _error(status: int, message: str, kind: str, code: str | int | None = None) -> JSONResponse:

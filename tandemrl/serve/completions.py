@@ -84,11 +84,13 @@ def _job(state: ServerState, body: Any, prompts: list[list[int]], chat: bool, ma
 
 # ---------------------------------------------------------------------------------------------- non-streaming
 
-async def respond(state: ServerState, job: Job, is_disconnected: Callable[[], Awaitable[bool]]) -> dict | None:
-    """The whole response, or None if the client went away first (its sequences are aborted)."""
+async def respond(state: ServerState, job: Job, is_disconnected: Callable[[], Awaitable[bool]],
+                  arrived: Callable[[], None] | None = None) -> dict | None:
+    """The whole response, or None if the client went away first (its sequences are aborted). ``arrived``: see
+    ServerState.run."""
     rollouts: dict[str, Rollout] = {}
     last: dict[str, int] = {}
-    async for events in state.run(job.requests, is_disconnected, stream=False):
+    async for events in state.run(job.requests, is_disconnected, stream=False, arrived=arrived):
         for event in events:
             if isinstance(event, Failed):
                 raise RuntimeError(event.message)
@@ -163,12 +165,12 @@ def _prompt_ids(job: Job) -> dict:
 
 # ---------------------------------------------------------------------------------------------- streaming
 
-async def stream(state: ServerState, job: Job) -> AsyncIterator[str]:
+async def stream(state: ServerState, job: Job, arrived: Callable[[], None] | None = None) -> AsyncIterator[str]:
     """Server-sent events: per choice, one chunk per batch of events that added text (every step's tokens since the
     last chunk: one step's when the client keeps up, several when it fell behind), a final chunk with its finish
     reason, then ``data: [DONE]``. Each batch's chunks go out in one write, the last with the usage and [DONE]: every
     write hands the GIL to the engine thread and waits to get it back. A client that disconnects cancels this
-    generator, and with it its sequences (state.run aborts them)."""
+    generator, and with it its sequences (state.run aborts them). ``arrived``: see ServerState.run."""
     index = {r.request_id: i for i, r in enumerate(job.requests)}
     texts = [ChoiceText(state.decode, r.params.stop) for r in job.requests]
     if job.chat:
@@ -177,7 +179,7 @@ async def stream(state: ServerState, job: Job) -> AsyncIterator[str]:
     lengths: dict[int, int] = {}  # completion tokens of each finished choice
     versions = [state.policy_version] * len(job.requests)
     frames: list[str] = []
-    async for events in state.run(job.requests):
+    async for events in state.run(job.requests, arrived=arrived):
         for i, event in _merged(events, index):
             error = _stream_error(event)
             if error is not None:

@@ -3,7 +3,9 @@ hands every request's new tokens and its finished rollout to that request's sink
 
 Everything that touches the engine runs on this one thread (the engine is not thread-safe), so a weight swap
 always lands between two steps: requests in flight keep going, the next step computes with the new weights.
-Requests that arrive while others run join the next step (continuous batching).
+Requests that arrive while others run join the next step (continuous batching). Requests that arrive together at
+an idle engine start together: its first step waits while the server is still reading requests (``arriving``), so
+they are prefilled in one step instead of the first ones running a decode burst that the rest wait behind.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ Event = TokenDelta | Finished | Failed
 # attribute (an asyncio loop) and a ``deliver(events)`` method gets them on that loop instead, every such sink of one
 # loop in one thread hop per step (state.AsyncSink): not one hop per request per token.
 Sink = Callable[[list[Event]], None]
+GATHER_MAX_S = 0.05  # how long an idle engine's first step waits at most for requests still arriving
 
 
 @dataclasses.dataclass
@@ -65,11 +68,14 @@ class _Tracked:
 
 class EngineLoop:
     """Steps ``engine`` on its own thread; see the module doc. ``prepare`` runs before a request is added (e.g.
-    to reset seeded generators when the engine is idle)."""
+    to reset seeded generators when the engine is idle); ``arriving``: how many requests the caller has taken in
+    and will submit soon (an idle engine's first step waits for them, GATHER_MAX_S at most)."""
 
     def __init__(self, engine: LLMEngine, policy_version: int = 0,
-                 prepare: Callable[[Request, bool], None] | None = None, rate_window_s: float = 10.0) -> None:
+                 prepare: Callable[[Request, bool], None] | None = None, rate_window_s: float = 10.0,
+                 arriving: Callable[[], int] | None = None) -> None:
         self.engine = engine
+        self._arriving = arriving
         self.policy_version = policy_version
         self._prepare = prepare
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
@@ -142,15 +148,27 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._take_commands(block=not self.engine.has_unfinished())
+            idle = not self.engine.has_unfinished()
+            self._take_commands(block=idle)
             if self._stop.is_set():
                 break
             if self.engine.has_unfinished():
+                if idle:
+                    self._gather()
                 self._step()
 
-    def _take_commands(self, block: bool) -> None:
+    def _gather(self) -> None:
+        """Take the requests still arriving before an idle engine's first step (each submit wakes this thread)."""
+        deadline = time.perf_counter() + GATHER_MAX_S
+        while self._arriving is not None and self._arriving() > 0 and not self._stop.is_set():
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._take_commands(block=True, timeout=left)
+
+    def _take_commands(self, block: bool, timeout: float = 0.5) -> None:
         try:
-            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:

@@ -79,7 +79,7 @@ class CompletionRequest(_Body):
         """One entry per prompt: a text or a list of token ids."""
         if isinstance(self.prompt, str):
             return [self.prompt]
-        if all(isinstance(p, int) for p in self.prompt):
+        if isinstance(self.prompt[0], int):  # validated: a list holds one kind (ids, texts or id lists)
             return [list(self.prompt)]  # type: ignore[arg-type]
         return list(self.prompt)  # type: ignore[arg-type]
 

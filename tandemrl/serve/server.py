@@ -14,7 +14,7 @@ from torch import nn
 
 from tandemrl.config import Config
 from tandemrl.serve.engine_loop import EngineLoop
-from tandemrl.serve.state import ServerState
+from tandemrl.serve.state import Arrivals, ServerState
 from tandemrl.serve.warmup import warm_up
 from tandemrl.sync.receiver import WeightReceiver
 from tandemrl.types import Request
@@ -51,10 +51,11 @@ def build_state(cfg: Config, served_name: str, allow_ipc: bool = False, checkpoi
     model.eval().requires_grad_(False)
     backend = EngineBackend(model, tokenizer, cfg.engine, device=device)
     engine = backend.engine
-    loop = EngineLoop(engine, prepare=_seed_reset(backend))
+    arrivals = Arrivals()
+    loop = EngineLoop(engine, prepare=_seed_reset(backend), arriving=lambda: arrivals.count)
     vocab = _vocab_size(model)
     state = ServerState(loop=loop, tokenizer=tokenizer, model_name=served_name,
-                        max_model_len=int(engine.config.max_model_len or 2**31), vocab_size=vocab)
+                        max_model_len=int(engine.config.max_model_len or 2**31), vocab_size=vocab, arrivals=arrivals)
     state.weights = WeightReceiver(model, loop, "ipc" if allow_ipc else "any")
     return state
 

@@ -66,6 +66,27 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 @dataclasses.dataclass
+class Arrivals:
+    """Completion requests whose bodies the server has read and that it has not submitted to the engine yet: an idle
+    engine waits for them before its first step (EngineLoop's ``arriving``). Changed on the event loop only."""
+
+    count: int = 0
+
+    def take(self) -> Callable[[], None]:
+        """Count one more; the function returned uncounts it (once, however often called): call it at submit, and
+        when the request ends without reaching the engine."""
+        self.count += 1
+        counted = True
+
+        def release() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.count -= 1
+        return release
+
+
+@dataclasses.dataclass
 class ServerState:
     loop: EngineLoop
     tokenizer: Any
@@ -73,6 +94,7 @@ class ServerState:
     max_model_len: int
     vocab_size: int
     weights: Any = None  # tandemrl.sync.receiver.WeightReceiver
+    arrivals: Arrivals = dataclasses.field(default_factory=Arrivals)
     started: float = dataclasses.field(default_factory=time.time)
     # response ids: a random stem per server and a counter (a uuid4 per request reads os.urandom, a system call,
     # which hands the GIL to the engine thread and waits to get it back)
@@ -112,12 +134,15 @@ class ServerState:
         return max_tokens
 
     async def run(self, requests: list[Request], is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-                  stream: bool = True) -> AsyncIterator[list[Event]]:
+                  stream: bool = True, arrived: Callable[[], None] | None = None) -> AsyncIterator[list[Event]]:
         """Submit ``requests`` to the engine and yield their events, a batch at a time (every event that arrived
         since the last batch), until each has finished or failed; ``stream=False``: no TokenDelta events. Leaving
-        early (the client went away, the task was cancelled) aborts the rest, which frees their KV blocks."""
+        early (the client went away, the task was cancelled) aborts the rest, which frees their KV blocks.
+        ``arrived``: the release of their Arrivals count, called just before the submit wakes the engine thread."""
         sink = AsyncSink(asyncio.get_running_loop())
         open_ids = {r.request_id for r in requests}
+        if arrived is not None:
+            arrived()
         self.loop.submit(requests, sink, stream)
         timeout = DISCONNECT_CHECK_S if is_disconnected is not None else None
         checked = time.monotonic()
