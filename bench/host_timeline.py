@@ -40,7 +40,6 @@ TANDEM = (
     "tandemrl.engine.model.tandem_runner:build_decode_plan",
     "tandemrl.engine.model.tandem_runner:_device_indices",
     "tandemrl.engine.model.tandem_runner:_staged_forwards",
-    "tandemrl.engine.model.tandem_runner:_frozen_forward",
     "tandemrl.engine.model.tandem_runner:_score",
     "tandemrl.engine.model.slot:ModelSlot.logits",
     "tandemrl.engine.model.cuda_graphs:DecodeGraphs._replay",

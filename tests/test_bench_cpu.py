@@ -347,3 +347,13 @@ def test_ngram_real_bench_on_a_finished_runs_prompts(tmp_path):
             assert 0.0 <= row["acceptance_rate"] <= 1.0 and 1.0 <= row["tokens_per_verify"] <= k + 1, row
         if temperature == 0.0 and k is not None:
             assert row["differing_prompts"] == 0 and row["tokens"] == rows[(0.0, None)]["tokens"]
+
+
+@pytest.mark.parametrize("group", ["SPECULATIVE", "TANDEM"])
+def test_host_timeline_names_functions_that_exist(group):
+    """A renamed or removed engine function must not silently drop out of the host timeline."""
+    from bench import host_timeline
+
+    names = getattr(host_timeline, group)
+    with host_timeline.HostTimeline(names) as timeline:
+        assert set(timeline.totals) == set(names)
