@@ -26,14 +26,14 @@ rows 1/64/256, bench/results/session-1126g/linear-ab/, and at 0.5B, rows 64/128/
   more than 4 % (1.5B o_proj) and lost by up to 1.6x (1.5B down_proj at 1 row: 22.2 vs 13.8 us per layer).
 - q/k/v and gate/up + SiLU up to 64 rows: ours at every size (q/k/v 1.5-2.9x faster than cuBLAS's three GEMMs,
   gate/up + SiLU 1.1-1.3x): one launch instead of two or three, each weight read once.
-- above 64 rows, ours for reductions (the hidden size) up to `_MAX_K_ABOVE_GEMV` (1024), any op: cuBLAS's larger
-  GEMMs reach 1.3-1.6x our kernel's TFLOP/s (7B, 256 rows), so the launches ours saves pay only while the GEMMs are
-  short. Measured at 256 rows: ours at K 896 (0.5B, q/k/v 5.9 vs 14.1 us, gate/up 15.1 vs 19.8), cuBLAS at 1536
-  (1.5B) and 3584 (7B: q/k/v 32.7 vs 40.9, gate/up 146.9 vs 201.9). At 1536 the whole decode step decides, not the
-  per-op A/B: q/k/v alone measured ours 7.9 vs 17.5 us per layer, yet the engine with it grouped ran the 1.5B batch
-  256 step in 4.295 ms against 3.805 with cuBLAS (-10 % tok/s; same H100, bench/results/session-1127/
-  linear-dispatch); gate/up was a tie (38.2 vs 38.2). An adapter keeps this limit (LoRA at 1.5B batch 256 through
-  our kernels measured 26.3k tok/s against 38k through cuBLAS + peft).
+- above 64 rows, ours for reductions (the hidden size) up to `_MAX_K_ABOVE_GEMV[op]`: cuBLAS's larger GEMMs reach
+  1.3-1.6x our kernel's TFLOP/s (7B, 256 rows), so the launches ours saves pay only while the GEMMs are short.
+  q/k/v at 256 rows: ours at K 896 (5.9 vs 14.1 us) and 1536 (7.9 vs 17.5), cuBLAS at 3584 (32.7 vs 40.9);
+  gate/up: ours at 896 (15.1 vs 19.8), a tie at 1536 (38.2 vs 38.2: cuBLAS), cuBLAS at 3584 (146.9 vs 201.9).
+  The whole 1.5B batch-256 decode step agrees: 3.542 / 3.550 ms with q/k/v grouped against 3.823 ms with cuBLAS
+  (two alternating runs, one H100, bench/results/session-1127b/dispatch); one earlier hold's 4.295 ms did not repeat.
+  An adapter keeps these limits (o_proj/down_proj with one: up to 1024; LoRA at 1.5B batch 256 through our
+  kernels measured 26.3k tok/s against 38k through cuBLAS + peft).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ except Exception:  # pragma: no cover - missing or broken install
 # Inputs with more rows go to the modules (prefill-size GEMMs are cuBLAS's); the largest decode batch bucket.
 GROUPED_LINEAR_MAX_ROWS = 256
 _GEMV_ROWS = 64  # up to here the tiles follow the GEMV rule of `pick_tiles`
-# Above _GEMV_ROWS rows, the longest reduction (K) at which a grouped launch (q/k/v, gate/up, an adapted o_proj /
-# down_proj) was measured to beat cuBLAS in the engine's decode step (see the module doc).
-_MAX_K_ABOVE_GEMV = 1024
+# Above _GEMV_ROWS rows, the longest reduction (K) at which each op's grouped launch was measured to beat cuBLAS
+# (see the module doc): "proj" is o_proj / down_proj with a peft adapter (without one they are always cuBLAS's).
+_MAX_K_ABOVE_GEMV = {"qkv": 2048, "gate_up": 1024, "proj": 1024}
 # GEMV tiles: the widest column tile (at most 64 weight columns per program) that still gives a launch at least
 # SMs / this many programs. H100 sweeps at Qwen2.5-1.5B/7B shapes (session-1126g/linear-ab): at 16 rows the fastest
 # tiles ran 48-72 programs (1.5B q/k/v 6.2 us with 64 programs vs 10.6 with 256), at 64 rows 72-128.
@@ -173,7 +173,7 @@ def grouped_launch_wins(op: str, rows: int, k: int, adapted: bool) -> bool:
     adapted: a peft adapter on one of its projections (a plain projection alone is always cuBLAS's)."""
     if op == "proj" and not adapted:
         return False
-    return rows <= _GEMV_ROWS or k <= _MAX_K_ABOVE_GEMV
+    return rows <= _GEMV_ROWS or k <= _MAX_K_ABOVE_GEMV[op]
 
 
 def _launchable(x: Tensor, max_rows: int | None) -> bool:
