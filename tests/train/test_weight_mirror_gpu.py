@@ -41,12 +41,15 @@ def test_a_push_to_another_gpu_waits_for_none_of_the_work_queued_there():
     trainer = _model(torch.device("cuda:0"))
     worker = torch.device("cuda:1")
     mirror = WeightMirror.copy_of(trainer, worker, version=0)
+    mirror.publish(1)  # the first push pays the one-time set-up (streams, events, peer access): not what is timed
+    assert mirror.apply() == 1
     _update(trainer)
     with torch.cuda.device(worker):
-        torch.cuda._sleep(2_000_000_000)  # the worker's engine steps, queued on its device's default stream
-    mirror.publish(1)
+        torch.cuda._sleep(4_000_000_000)  # the worker's engine steps (about 2 s), queued on its default stream
+    push_s = mirror.publish(2)
     busy = not torch.cuda.current_stream(worker).query()
-    assert busy  # the push came back while the worker's queue still ran
-    assert mirror.apply() == 1  # the worker applies it between two of its steps
+    # the push came back while the worker's queue still ran
+    assert busy, f"the push took {push_s:.3f} s and the worker's queue had drained by then"
+    assert mirror.apply() == 2  # the worker applies it between two of its steps
     for mine, theirs in zip(trainer.parameters(), mirror.target.parameters(), strict=True):
         assert torch.equal(mine.detach().cpu(), theirs.cpu())
