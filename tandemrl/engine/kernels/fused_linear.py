@@ -8,8 +8,9 @@ Zero copy: the kernels take each module's weight pointer, never a concatenation,
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
 computes x @ A^T of every adapter of the group (lora_shrink.py: split along K, partial sums per slice), and the
 base projection's epilogue adds the slices and (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B
-are peft's parameters, nothing is merged. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters; mixed dtypes;
-autograd; too many rows; shapes where cuBLAS wins) and the caller uses the modules.
+are peft's parameters, nothing is merged. The launchers return None where they do not apply (hooks; merged,
+disabled or DoRA adapters; mixed dtypes; autograd; too many rows; shapes where cuBLAS wins) and the caller uses the
+modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
 (each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
