@@ -6,10 +6,11 @@
 
 Zero copy: the kernels take each module's weight pointer, never a concatenation, so an optimizer step on the
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
-computes x @ A^T of every adapter of the group (`_lora_shrink`, [rows, sum of ranks]), and the base projection's
-epilogue adds (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B are peft's parameters, nothing is
-merged. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters; mixed dtypes;
-autograd; too many rows; shapes where cuBLAS wins) and the caller uses the modules.
+computes x @ A^T of every adapter of the group (lora_shrink.py: split along K, partial sums per slice), and the
+base projection's epilogue adds the slices and (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B
+are peft's parameters, nothing is merged. The launchers return None where they do not apply (hooks; merged,
+disabled or DoRA adapters; mixed dtypes; autograd; too many rows; shapes where cuBLAS wins) and the caller uses the
+modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
 (each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
@@ -50,11 +51,14 @@ from torch.nn.modules import module as _torch_module
 from tandemrl.engine.kernels import pdl
 from tandemrl.engine.kernels.fused import is_silu_mlp
 from tandemrl.engine.kernels.lora import LoraParts, lora_parts
+from tandemrl.engine.kernels.lora_shrink import lora_shrink
 
 try:  # optional: without Triton the callers keep the module calls
     import triton
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from tandemrl.engine.kernels.lora_shrink import lora_xa
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
@@ -97,9 +101,6 @@ _LARGE_BATCH_TILES = {
     (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
     (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
 }
-# The LoRA shrink above the GEMV range: a few hundred output columns, so narrow tiles for programs enough to fill the
-# SMs (48 at 256 rows and three rank-64 adapters); not measured.
-_LARGE_SHRINK_TILES = LinearTiles(64, 16, 64, num_warps=4, num_stages=3)
 # rows up to -> gate/up tiles of the TMA kernel (H100, `python -m bench.tma_probe`: 10.8 / 13.8 us per layer)
 _TMA_GATE_UP_TILES = {
     128: LinearTiles(128, 64, 64, num_warps=4, num_stages=4),
@@ -223,7 +224,7 @@ def qkv_projection(
     attn: nn.Module, x: Tensor, *, max_rows: int | None = None, tiles: LinearTiles | None = None,
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer; peft
-    LoRA projections with their adapter's product added in the same launch (`_lora_shrink` first).
+    LoRA projections with their adapter's product added in the same launch (`lora_shrink` first).
 
     None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
     tiles: None picks them (`pick_tiles`); benchmarks pass their own.
@@ -248,7 +249,7 @@ def qkv_projection(
 
 
 def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
-    """A peft LoRA Linear's output, base and adapter in one launch (after `_lora_shrink`); None for anything else
+    """A peft LoRA Linear's output, base and adapter in one launch (after `lora_shrink`); None for anything else
     (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply."""
     operands = _group_operands("proj", [module], x, max_rows)
     if operands is None:
@@ -291,9 +292,8 @@ def _group_operands(op: str, modules: list[nn.Module | None], x: Tensor, max_row
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
                     tiles: LinearTiles | None, adapters: list[LoraParts | None]) -> None:
     """out[:, columns of weight i] = x2 @ weights[i]^T (+ bias) (+ its adapter's product), up to three weights in
-    one launch; x2 is cast to the weights' dtype in the kernel (the LoRA shrink: float32 adapters). Float32 dots
-    are exact for float32 inputs; a 16-bit model's float32 adapters get TF32, whose error stays below the
-    rounding of the 16-bit outputs they end in."""
+    one launch. Float32 dots are exact for float32 inputs; a 16-bit model's float32 adapters get TF32 (here and in
+    lora_shrink), whose error stays below the rounding of the 16-bit outputs they end in."""
     rows, K = x2.shape
     widths = [w.shape[0] for w in weights]
     elem = max(x2.element_size(), weights[0].element_size())
@@ -312,27 +312,19 @@ def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | Non
 
 
 def _lora_operands(x2: Tensor, adapters: list[LoraParts | None], dummy: Tensor) -> dict:
-    """The LoRA arguments of a grouped launch: ``args`` (xa, its row stride, then each weight's B, rank and
-    scaling; rank 0 where a weight has no adapter) and the constexprs. xa = x @ [A_1; A_2; ...]^T comes from
-    `_lora_shrink`; without adapters the pointers are dummies never read."""
+    """The LoRA arguments of a grouped launch: ``args`` (xa: the shrink's partials [splits, rows, ranks], its row and
+    slab strides, then each weight's B, rank and scaling; rank 0 where a weight has no adapter) and the constexprs.
+    xa comes from `lora_shrink` (one launch for the group); without adapters the pointers are dummies never read."""
     present = [p for p in adapters if p is not None]
     if not present:
-        return {"args": [dummy, 0] + [dummy] * len(adapters) + [0] * len(adapters) + [0.0] * len(adapters),
-                "HAS_LORA": False, "BLOCK_R": 16, "LORA_IEEE": False}
-    xa = _lora_shrink(x2, present)
-    return {"args": [xa, xa.stride(0)] + [p.b if p else xa for p in adapters] + [p.rank if p else 0 for p in adapters]
-            + [p.scaling if p else 0.0 for p in adapters],
-            "HAS_LORA": True, "BLOCK_R": max(16, triton.next_power_of_2(max(p.rank for p in present))),
+        return {"args": [dummy, 0, 0] + [dummy] * len(adapters) + [0] * len(adapters) + [0.0] * len(adapters),
+                "HAS_LORA": False, "XA_SPLITS": 1, "BLOCK_R": 16, "LORA_IEEE": False}
+    xa = lora_shrink(x2, [p.a for p in present], _sm_count(x2.device))
+    return {"args": [xa, xa.stride(1), xa.stride(0)] + [p.b if p else xa for p in adapters]
+            + [p.rank if p else 0 for p in adapters] + [p.scaling if p else 0.0 for p in adapters],
+            "HAS_LORA": True, "XA_SPLITS": xa.shape[0],
+            "BLOCK_R": max(16, triton.next_power_of_2(max(p.rank for p in present))),
             "LORA_IEEE": x2.dtype == torch.float32}
-
-
-def _lora_shrink(x2: Tensor, adapters: list[LoraParts]) -> Tensor:
-    """x2 @ [A_1; A_2; ...]^T [rows, sum of ranks] in the adapters' dtype (peft's lora_A(x) output), one launch."""
-    rows = x2.shape[0]
-    xa = torch.empty(rows, sum(p.rank for p in adapters), dtype=adapters[0].a.dtype, device=x2.device)
-    tiles = None if rows <= _GEMV_ROWS else _LARGE_SHRINK_TILES  # the GEMV rule up to 64 rows
-    _grouped_linear(x2, [p.a for p in adapters], [None] * len(adapters), xa, tiles, [None] * len(adapters))
-    return xa
 
 
 def gate_up_silu(
@@ -341,7 +333,7 @@ def gate_up_silu(
 ) -> Tensor | None:
     """silu(gate_proj(x)) * up_proj(x) in one launch, rounded as ``fused.silu_mul_ref(gate_proj(x), up_proj(x))``
     (gate and up rounded to the dtype, then silu rounded, then the product); peft LoRA projections with their
-    adapter's product added (after `_lora_shrink`, plain loads). None where it does not apply.
+    adapter's product added (after `lora_shrink`, plain loads). None where it does not apply.
 
     The engine passes neither tiles nor tma: above the GEMV range tensor descriptors where they apply (`_use_tma`)
     with the measured `_TMA_GATE_UP_TILES`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
@@ -433,22 +425,21 @@ if triton is not None:
         return x_mask, w_mask
 
     @triton.jit
-    def _lora_add(acc, xa_ptr, stride_xa, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n, M, N, out_dtype,
-                  BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr):
-        """The float32 tile of a base projection (bias added) plus its LoRA product, rounded as peft does: the base
-        output in out_dtype, lora_B(xa) and its product with scaling in the adapter's dtype, their sum in the wider
-        one. xa [M, ranks] = x @ A^T (`_lora_shrink`), this weight's columns from xa_col0; B [N, rank]."""
+    def _lora_add(acc, xa_ptr, stride_xa, stride_split, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n, M, N,
+                  out_dtype, XA_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr):
+        """The float32 tile of a base projection (bias added) plus its LoRA product, rounded as peft does: lora_A's
+        output (x A^T, the shrink's slabs added: `lora_xa`), lora_B(xa) and its product with scaling in the
+        adapter's dtype, the base output in out_dtype, their sum in the wider one. This weight's xa columns start at
+        xa_col0; B [N, rank]."""
+        ad = lb_ptr.dtype.element_ty
         r = tl.arange(0, BLOCK_R)
-        r_ok = r < rank
-        xa = tl.load(xa_ptr + offs_m[:, None] * stride_xa + xa_col0 + r[None, :],
-                     mask=(offs_m[:, None] < M) & r_ok[None, :], other=0.0)
+        xa = lora_xa(xa_ptr, stride_split, stride_xa, xa_col0, rank, offs_m, M, XA_SPLITS, BLOCK_R).to(ad)
         b_t = tl.load(lb_ptr + offs_n[None, :].to(tl.int64) * rank + r[:, None],
-                      mask=r_ok[:, None] & (offs_n[None, :] < N), other=0.0)  # B^T tile [BLOCK_R, BLOCK_N]
+                      mask=(r < rank)[:, None] & (offs_n[None, :] < N), other=0.0)  # B^T tile [BLOCK_R, BLOCK_N]
         if LORA_IEEE:
             delta = tl.dot(xa, b_t, input_precision="ieee")
         else:
             delta = tl.dot(xa, b_t)
-        ad = xa_ptr.dtype.element_ty
         lora = (delta.to(ad).to(tl.float32) * scaling).to(ad).to(tl.float32)
         return acc.to(out_dtype).to(tl.float32) + lora
 
@@ -457,11 +448,11 @@ if triton is not None:
         x_ptr, w_ptr, b_ptr, out_ptr, offs_m, col0, out_col0, M, N, K: tl.constexpr, stride_xm, stride_om,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-        xa_ptr, stride_xa, xa_col0, lb_ptr, rank, scaling, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
-        LORA_IEEE: tl.constexpr,
+        xa_ptr, stride_xa, stride_split, xa_col0, lb_ptr, rank, scaling, HAS_LORA: tl.constexpr,
+        XA_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr,
     ):
         """out[offs_m, out_col0 + col0 + j] = x[offs_m] @ W[col0 + j]^T (+ b) (+ the LoRA product), j < BLOCK_N,
-        masked to M x N; x is cast to W's dtype (the LoRA shrink's float32 adapters)."""
+        masked to M x N."""
         offs_n = col0 + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         m_mask = offs_m[:, None] < M
@@ -473,26 +464,27 @@ if triton is not None:
             x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
             x = tl.load(x_ptrs, mask=x_mask, other=0.0)
             w = tl.load(w_ptrs, mask=w_mask, other=0.0)
-            acc = _dot_step(x.to(w.dtype), w, acc, IEEE)
+            acc = _dot_step(x, w, acc, IEEE)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if HAS_BIAS:  # nn.Linear adds the bias in float32 and rounds once
             acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         if HAS_LORA:
-            acc = _lora_add(acc, xa_ptr, stride_xa, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n, M, N,
-                            out_ptr.dtype.element_ty, BLOCK_R, LORA_IEEE)
+            acc = _lora_add(acc, xa_ptr, stride_xa, stride_split, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n,
+                            M, N, out_ptr.dtype.element_ty, XA_SPLITS, BLOCK_R, LORA_IEEE)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + (out_col0 + offs_n)[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask & n_mask)
 
     @triton.jit
     def _grouped_linear_kernel(
         x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, out_ptr, M, K: tl.constexpr, stride_xm, stride_om,
-        NQ, NK, NV, xa_ptr, stride_xa, lbq_ptr, lbk_ptr, lbv_ptr, RQ, RK, RV, SQ, SK, SV,
+        NQ, NK, NV, xa_ptr, stride_xa, stride_split, lbq_ptr, lbk_ptr, lbv_ptr, RQ, RK, RV, SQ, SK, SV,
         HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-        HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr, PDL: tl.constexpr,
+        HAS_LORA: tl.constexpr, XA_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
-        # Up to three weights side by side in the output (q/k/v; the LoRA shrink; one projection: NK = NV = 0).
+        # Up to three weights side by side in the output (q/k/v; one projection: NK = NV = 0).
         # Column tiles 0..TQ-1 belong to the first, the next TK to the second, the rest to the third: a uniform
         # branch per program. Weight i's LoRA: B at lb*, rank R*, scaling S*, its xa columns after the others'.
         pdl.pdl_enter(PDL)
@@ -503,23 +495,26 @@ if triton is not None:
         if pid_n < tiles_q:
             _linear_tile(x_ptr, wq_ptr, bq_ptr, out_ptr, offs_m, pid_n * BLOCK_N, 0, M, NQ, K, stride_xm,
                          stride_om, HAS_BQ, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
-                         xa_ptr, stride_xa, 0, lbq_ptr, RQ, SQ, HAS_LORA, BLOCK_R, LORA_IEEE)
+                         xa_ptr, stride_xa, stride_split, 0, lbq_ptr, RQ, SQ, HAS_LORA, XA_SPLITS, BLOCK_R,
+                         LORA_IEEE)
         elif pid_n < tiles_q + tiles_k:
             _linear_tile(x_ptr, wk_ptr, bk_ptr, out_ptr, offs_m, (pid_n - tiles_q) * BLOCK_N, NQ, M, NK, K,
                          stride_xm, stride_om, HAS_BK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
-                         xa_ptr, stride_xa, RQ, lbk_ptr, RK, SK, HAS_LORA, BLOCK_R, LORA_IEEE)
+                         xa_ptr, stride_xa, stride_split, RQ, lbk_ptr, RK, SK, HAS_LORA, XA_SPLITS, BLOCK_R,
+                         LORA_IEEE)
         else:
             _linear_tile(x_ptr, wv_ptr, bv_ptr, out_ptr, offs_m, (pid_n - tiles_q - tiles_k) * BLOCK_N, NQ + NK,
                          M, NV, K, stride_xm, stride_om, HAS_BV, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
-                         xa_ptr, stride_xa, RQ + RK, lbv_ptr, RV, SV, HAS_LORA, BLOCK_R, LORA_IEEE)
+                         xa_ptr, stride_xa, stride_split, RQ + RK, lbv_ptr, RV, SV, HAS_LORA, XA_SPLITS,
+                         BLOCK_R, LORA_IEEE)
 
     @triton.jit
     def _gate_up_silu_kernel(
         x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, out_ptr, M, N, K: tl.constexpr, stride_xm, stride_om,
-        xa_ptr, stride_xa, lbg_ptr, lbu_ptr, RG, RU, SG, SU,
+        xa_ptr, stride_xa, stride_split, lbg_ptr, lbu_ptr, RG, RU, SG, SU,
         HAS_BG: tl.constexpr, HAS_BU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_LORA: tl.constexpr,
-        BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr, PDL: tl.constexpr,
+        XA_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr, PDL: tl.constexpr,
     ):
         # The same columns of gate and up in one program: x is loaded once for both dots.
         pdl.pdl_enter(PDL)
@@ -547,10 +542,10 @@ if triton is not None:
         acc_g, acc_u = _biases(acc_g, acc_u, bg_ptr, bu_ptr, offs_n, N, HAS_BG, HAS_BU)
         if HAS_LORA:  # gate's adapter columns of xa first, then up's
             dt = out_ptr.dtype.element_ty
-            acc_g = _lora_add(acc_g, xa_ptr, stride_xa, 0, lbg_ptr, RG, SG, offs_m, offs_n, M, N, dt, BLOCK_R,
-                              LORA_IEEE)
-            acc_u = _lora_add(acc_u, xa_ptr, stride_xa, RG, lbu_ptr, RU, SU, offs_m, offs_n, M, N, dt, BLOCK_R,
-                              LORA_IEEE)
+            acc_g = _lora_add(acc_g, xa_ptr, stride_xa, stride_split, 0, lbg_ptr, RG, SG, offs_m, offs_n, M, N, dt,
+                              XA_SPLITS, BLOCK_R, LORA_IEEE)
+            acc_u = _lora_add(acc_u, xa_ptr, stride_xa, stride_split, RG, lbu_ptr, RU, SU, offs_m, offs_n, M, N, dt,
+                              XA_SPLITS, BLOCK_R, LORA_IEEE)
         _silu_product_store(acc_g, acc_u, out_ptr, offs_m, offs_n, M, N, stride_om)
 
     @triton.jit

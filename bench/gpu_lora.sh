@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 37 point 3's GPU check (LoRA decode against the adapter-free step), one device call of about 6-7 minutes
+# (the pieces' caps add up to 395 s):
+#   1. the GPU runs of the LoRA kernel tests (the split shrink, the grouped launches against peft, the runner's
+#      greedy output against the merged model, with and without CUDA graphs) and the dispatch rule's;
+#   2. bench.engine_throughput at 1.5B and 7B, batch 64 and 256, 128 + 512, without and with --lora-rank 64 (the
+#      LoRA / plain decode step ratio per row in the summary);
+#   3. bench.lora_profile: per-kernel device time of one decode step, plain vs LoRA, 1.5B batch 64; and at batch
+#      256 with the adapters in our grouped launches at every K (the A/B of fused_linear's rule that sends adapted
+#      projections with K > 1024 above 64 rows to cuBLAS + peft: compare its LoRA step with the engine_throughput
+#      row of the same shape).
+# The call: run  command "bash bench/gpu_lora.sh"  kind nvidia-h100-x1  carry [".whl"]  timeout_s 480.
+# Each piece has its own timeout (named in the summary if it runs out). Logs and JSON in $OUT/lora.tar.gz, the
+# tables in $OUT/summary.md.
+set -uo pipefail
+OUT=${OUT:-bench/out/gpu_lora}
+mkdir -p "$OUT/raw"
+source bench/gpu_env.sh
+SUMMARY="$OUT/summary.md"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$SUMMARY"
+START=$SECONDS
+
+logged_step 100 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
+    tests/engine/test_linear_dispatch.py tests/engine/test_fused_linear.py -k "lora or dora or shrink or slabs or rule"
+tail -n 3 "$OUT/raw/tests.log" >> "$SUMMARY"
+
+TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48 --batches 64 256)
+logged_step 40 plain-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --out "$OUT/raw/plain-1.5b.json"
+logged_step 45 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --lora-rank 64 --out "$OUT/raw/lora-1.5b.json"
+logged_step 50 plain-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --out "$OUT/raw/plain-7b.json"
+logged_step 70 lora-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --lora-rank 64 --out "$OUT/raw/lora-7b.json"
+logged_step 45 profile-1.5b-64 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 \
+    --out "$OUT/raw/profile-1.5b-64.json"
+logged_step 45 grouped-1.5b-256 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 --grouped-adapters \
+    --rows 12 --out "$OUT/raw/grouped-1.5b-256.json"
+
+{
+  echo
+  echo "| arch | batch | plain step ms | LoRA step ms | LoRA / plain | plain tok/s | LoRA tok/s |"
+  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  python3 - "$OUT/raw" <<'EOF'
+import json, sys
+from pathlib import Path
+raw = Path(sys.argv[1])
+for arch in ("1.5b", "7b"):
+    try:
+        plain, lora = (json.loads((raw / f"{kind}-{arch}.json").read_text()) for kind in ("plain", "lora"))
+    except FileNotFoundError as missing:
+        print(f"| {arch} | missing: {missing.filename} | | | | | |")
+        continue
+    for p, q in zip(plain["engine"], lora["engine"]):
+        print(f"| {arch} | {p['batch']} | {p['decode_step_ms']:.2f} | {q['decode_step_ms']:.2f} | "
+              f"{q['decode_step_ms'] / p['decode_step_ms']:.2f} | {p['engine_tok_s']:.0f} | {q['engine_tok_s']:.0f} |")
+EOF
+  for name in profile-1.5b-64 grouped-1.5b-256; do
+    echo
+    sed -n '/^qwen/,$p' "$OUT/raw/$name.log" 2>/dev/null
+  done
+} >> "$SUMMARY"
+echo "total $((SECONDS - START)) s" >> "$SUMMARY"
+tar -czf "$OUT/lora.tar.gz" -C "$OUT" raw && rm -rf "$OUT/raw"
+cat "$SUMMARY"

@@ -1,0 +1,76 @@
+"""The LoRA shrink split along K (engine/kernels/lora_shrink.py): its slabs add up to x @ A^T, and the grouped
+launches that read them (fused_linear) still compute what peft's modules do when K is split.
+Kernel tests run on CUDA, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandemrl.engine.kernels import fused as fk
+from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.kernels import lora_shrink as ls
+from tests.engine.kernel_env import DEVICE, DTYPES, needs_kernels
+from tests.engine.test_fused_linear import INTER, _lora_layer, _tols, _x
+
+
+@pytest.mark.parametrize("rows, ranks, k, expected", [
+    (64, (64,), 8960, ls.ShrinkTiles(16, 4, 2304)),  # Qwen2.5-1.5B down_proj: 16 programs unsplit, 64 split
+    (64, (64, 64, 64), 1536, ls.ShrinkTiles(16, 1, 1536)),  # q/k/v: K too short to split, 48 programs
+    (256, (64,), 18944, ls.ShrinkTiles(64, 4, 4736)),  # 7B down_proj at 256 rows
+    (1, (16, 16), 3584, ls.ShrinkTiles(16, 1, 3584)),  # 7B gate/up rank 16, batch 1: 2 slices of 1792 < 2048
+    (256, (64, 64, 64), 3584, ls.ShrinkTiles(64, 1, 3584)),  # 7B q/k/v at 256 rows: 48 programs, K whole
+])
+def test_shrink_tiles(rows, ranks, k, expected):
+    assert ls.shrink_tiles(rows, ranks, k, sms=132) == expected
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 17, 100])
+def test_slabs_add_up_to_the_shrink(monkeypatch, rows):
+    """Three adapters of odd ranks over a K split in uneven slices (the last one short, K not a multiple of the
+    tile): the slabs' sum is x @ [A_1; A_2; A_3]^T; each slab holds only its slice's part."""
+    monkeypatch.setattr(ls, "MIN_K_PER_SPLIT", 256)
+    gen = torch.Generator().manual_seed(0)
+    k = 700
+    x = torch.randn(rows, k, generator=gen).to(DEVICE)
+    a = [torch.randn(r, k, generator=gen).to(DEVICE) for r in (8, 24, 5)]
+    partials = ls.lora_shrink(x, a, sms=1024)
+    t = ls.shrink_tiles(rows, (8, 24, 5), k, 1024)
+    assert partials.shape == (t.splits, rows, 37) and t.splits == 2
+    expected = x @ torch.cat(a).T
+    torch.testing.assert_close(partials.sum(0), expected, atol=1e-4, rtol=1e-4)
+    first = x[:, :t.k_per_split] @ torch.cat(a)[:, :t.k_per_split].T
+    torch.testing.assert_close(partials[0], first, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [3, 100])
+def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, rows):
+    """With K split into several slabs (short splits forced at this layer's small sizes) q/k/v, gate/up and the
+    adapted o_proj / down_proj still equal peft's modules: the epilogue adds every slab of its rows."""
+    monkeypatch.setattr(ls, "MIN_K_PER_SPLIT", 32)
+    monkeypatch.setattr(ls, "_BLOCK_K", 16)  # slices of 48 + 24 (hidden 72) and 64 + 64 + 64 + 8 (intermediate 200)
+    monkeypatch.setattr(fl, "_sm_count", lambda device: 1024)
+    splits = []
+    original = ls.lora_shrink
+
+    def recorded(*args, **kwargs):
+        partials = original(*args, **kwargs)
+        splits.append(partials.shape[0])
+        return partials
+
+    monkeypatch.setattr(fl, "lora_shrink", recorded)
+    model, layer = _lora_layer(dtype)
+    attn, mlp = layer.self_attn, layer.mlp
+    x, act = _x(rows, dtype), _x(rows, dtype, INTER)
+    with torch.no_grad():
+        q, k, v = fl.qkv_projection(attn, x)
+        for got, module in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
+            torch.testing.assert_close(got, module(x), **_tols(dtype))
+        torch.testing.assert_close(fl.gate_up_silu(mlp, x), fk.silu_mul_ref(mlp.gate_proj(x), mlp.up_proj(x)),
+                                   **_tols(dtype))
+        torch.testing.assert_close(fl.lora_projection(attn.o_proj, x), attn.o_proj(x), **_tols(dtype))
+        torch.testing.assert_close(fl.lora_projection(mlp.down_proj, act), mlp.down_proj(act), **_tols(dtype))
+    assert splits == [2, 2, 2, 4]  # q/k/v, gate/up, o, down
