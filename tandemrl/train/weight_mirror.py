@@ -8,6 +8,7 @@ only a publish that meets an apply waits for it (one device-local copy).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
@@ -34,6 +35,7 @@ class WeightMirror:
         # has queued there (on the device's default stream), only for the trainer's update
         staging_device = self._staging[0].device if self._staging else torch.device("cpu")
         self._push_stream = torch.cuda.Stream(staging_device) if staging_device.type == "cuda" else None
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # the trainer's devices' copy streams
         self._lock = threading.Lock()
         self._staged: int | None = None
         self.applied = version
@@ -62,14 +64,24 @@ class WeightMirror:
 
     def _push_on_stream(self, stream: torch.cuda.Stream) -> None:
         """The copies, after the trainer's update, and back once they are done. On the staging device they run on
-        ``stream``; from another GPU on the source's stream, waiting for the destination's current stream (then
-        ``stream``, idle) and making it wait for them."""
-        for device in {src.device for src, _ in self._pairs if src.device.type == "cuda"}:
-            stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        ``stream``. A copy from another GPU runs on a side stream of the source's device: issued on that device's
+        default (legacy) stream, a peer copy also waited for the worker device's default stream, where its engine
+        steps are queued (measured on 2 x H100: a push waited 2 s for a 2 s queue)."""
+        with contextlib.ExitStack() as streams:
+            streams.enter_context(torch.cuda.stream(stream))
+            for device in {src.device for src, _ in self._pairs if src.device.type == "cuda"}:
+                trainer_stream = torch.cuda.current_stream(device)
+                side = stream if device == stream.device else self._side_stream(device)
+                side.wait_stream(trainer_stream)  # after the update
+                streams.enter_context(torch.cuda.stream(side))
             for (src, _), stage in zip(self._pairs, self._staging):
                 stage.copy_(src.detach(), non_blocking=True)
         stream.synchronize()
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._side_streams:
+            self._side_streams[device] = torch.cuda.Stream(device)
+        return self._side_streams[device]
 
     def apply(self) -> int:
         """Worker thread, between two engine steps: take the staged weights if newer; the version it now holds."""
