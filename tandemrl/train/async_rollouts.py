@@ -57,9 +57,10 @@ class RolloutWorker(JobThread):
                 # the engine applies later pushes between two of its steps (start_async_rollouts); a server its own
                 version = self.mirror.apply() if self.mirror is not None else -1
                 started = time.perf_counter()
+                self._busy(True)
                 scored = self._sample(job, version)
+                self._busy(False)
                 seconds = time.perf_counter() - started
-                self.busy_s += seconds
                 self.out.put(QueuedGroups(scored, oldest_version(scored), sample_s=seconds))
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
             where = f"step {job.index}'s batch" if job is not None else "a batch"
@@ -92,7 +93,8 @@ class AsyncRollouts:
         self._next_index = first_index  # the next job's step index
         self.dropped_total = 0
         self._dropped_in_take = 0
-        self._clock = (time.perf_counter(), self._busy_s())
+        now = time.perf_counter()
+        self._clock = (now, self._busy_s(now))
 
     def next(self, step: int, trainer_version: int) -> tuple[ScoredRollouts, dict[str, float]]:
         """Step ``step``'s groups (the trainer holds ``trainer_version``) and the metrics of the wait."""
@@ -146,12 +148,14 @@ class AsyncRollouts:
         self.producer.submit(self._draw(self._next_index))
         self._next_index += 1
 
-    def _busy_s(self) -> float | None:
-        return getattr(self.producer, "busy_s", None)
+    def _busy_s(self, now: float) -> float | None:
+        busy_s = getattr(self.producer, "busy_s", None)  # producers outside this process do not know it
+        return busy_s(now) if busy_s is not None else None
 
     def _worker_busy(self) -> float | None:
         """The share of the wall time since the last take that the worker spent sampling (None: not known)."""
-        now, busy = time.perf_counter(), self._busy_s()
+        now = time.perf_counter()
+        busy = self._busy_s(now)
         (then, busy_then), self._clock = self._clock, (now, busy)
         if busy is None or busy_then is None:
             return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 from tandemrl.train.rollout_jobs import RolloutJob
 from tandemrl.train.rollout_queue import RolloutQueue
@@ -17,10 +18,26 @@ class JobThread:
     def __init__(self, mirror: WeightMirror | None, out: RolloutQueue) -> None:
         self.mirror, self.out = mirror, out
         self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
-        self.busy_s = 0.0  # seconds spent sampling, since the start
+        self._busy_done_s = 0.0  # seconds spent sampling, since the start, up to the current busy period
+        self._busy_since: float | None = None  # when the current busy period began (None: idle)
         self.trainer_version = 0
         self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
         self._thread.start()
+
+    def busy_s(self, now: float) -> float:
+        """Seconds spent sampling from the start to ``now`` (a perf_counter reading), the busy period in progress
+        included: a share of any window of wall time stays within [0, 1]."""
+        since = self._busy_since
+        return self._busy_done_s + (max(now - since, 0.0) if since is not None else 0.0)
+
+    def _busy(self, busy: bool) -> None:
+        """The worker thread starts (True) or ends (False) a period of sampling."""
+        now = time.perf_counter()
+        if busy:
+            self._busy_since = now
+        elif self._busy_since is not None:
+            self._busy_done_s += now - self._busy_since
+            self._busy_since = None
 
     def submit(self, job: RolloutJob) -> None:
         self._jobs.put(job)

@@ -40,8 +40,8 @@ class _OpenJob:
 
 class SteppingWorker(JobThread):
     """The Producer of ``AsyncRollouts`` for an in-process engine without the agent loop. ``generating``: the
-    engine, ready to decode (``EngineBackend.generating``), entered whenever it starts from idle. ``busy_s``: the
-    seconds the engine had work (not waiting for a job or for room in the queue)."""
+    engine, ready to decode (``EngineBackend.generating``), entered whenever it starts from idle. ``busy_s(now)``:
+    the seconds the engine had work (not waiting for a job or for room in the queue)."""
 
     def __init__(self, prepare: Prepare, generating: Callable[[], ContextManager[LLMEngine]], mirror: WeightMirror,
                  out: RolloutQueue) -> None:
@@ -55,11 +55,11 @@ class SteppingWorker(JobThread):
     def _run(self) -> None:
         try:
             while (job := self._jobs.get()) is not None:  # the engine is idle: wait for a job
-                started = time.perf_counter()
+                self._busy(True)
                 with self._generating() as engine:  # as one synchronous generate: seeded streams afresh
                     self._admit(engine, job)
                     self._step_until_idle(engine)
-                self.busy_s += time.perf_counter() - started
+                self._busy(False)
                 if self._stopping:
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which stops the run with it
@@ -106,6 +106,6 @@ class SteppingWorker(JobThread):
             open_job = self._open.pop(0)
             scored = open_job.score(open_job.rollouts)  # type: ignore[arg-type]  # all present
             queued = QueuedGroups(scored, oldest_version(scored), sample_s=time.perf_counter() - open_job.started)
-            waiting = time.perf_counter()
-            self.out.put(queued)  # waits while the queue is full: not busy
-            self.busy_s -= time.perf_counter() - waiting
+            self._busy(False)  # the put waits while the queue is full: not busy
+            self.out.put(queued)
+            self._busy(True)

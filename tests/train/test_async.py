@@ -411,3 +411,33 @@ def test_the_trainers_engine_sleeps_through_async_updates_and_wakes_for_evaluati
                                  "rollout.mode=async", "rollout.max_staleness=1"), tmp_path / "run")
     assert asleep == {"batch": [True] * 4, "update": [True] * 4, "eval": [False] * 3}  # evals: initial, step 2, final
     assert summary["steps"] == 4 and runs[0].backend.engine.is_asleep
+
+
+def test_the_worker_busy_share_counts_a_busy_period_in_the_windows_it_spans():
+    """A batch sampled across two takes is split between their windows: no window reads more than all busy."""
+    import threading
+    import time
+
+    from tandemrl.train.job_thread import JobThread
+
+    release = threading.Event()
+
+    class OneLongBatch(JobThread):
+        def _run(self) -> None:
+            self._busy(True)
+            release.wait(timeout=10)
+            self._busy(False)
+
+    worker = OneLongBatch(None, RolloutQueue(capacity_groups=4))
+    source = AsyncRollouts(lambda index: RolloutJob(index, [], 2, SamplingParams()), worker, 0, 1, first_index=0)
+    shares = []
+    for _ in range(2):
+        time.sleep(0.05)
+        shares.append(source._worker_busy())
+    release.set()
+    time.sleep(0.05)
+    shares.append(source._worker_busy())
+    assert all(0.0 <= share <= 1.0 for share in shares), shares
+    assert shares[0] > 0.5 and shares[1] > 0.5  # busy all along, counted while it runs
+    assert shares[2] < 1.0
+    worker.stop()
