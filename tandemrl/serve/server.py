@@ -94,8 +94,9 @@ class HttpIO:
 
 
 def fastest_io(available: Callable[[str], bool] = installed) -> HttpIO:
-    """uvloop and httptools (C; the `serve` extra installs them) where installed, else asyncio's own loop and the
-    pure-Python h11: each new connection then costs the event loop more Python (bench/RESULTS.md, issue 40)."""
+    """uvloop and httptools (C) where installed, else asyncio's own loop and the pure-Python h11, as uvicorn's "auto"
+    does; named here so that the server can say which it runs on. Neither is in the `serve` extra: they did not
+    measure faster (bench/RESULTS.md, issue 40)."""
     return HttpIO("uvloop" if available("uvloop") else "asyncio", "httptools" if available("httptools") else "h11")
 
 

@@ -1,5 +1,5 @@
-"""uvicorn's event loop and HTTP parser: `tandemrl serve` takes uvloop and httptools (C) where installed (the `serve`
-extra brings them) and runs on asyncio's loop and h11 (pure Python) where they are not; both serve the same."""
+"""uvicorn's event loop and HTTP parser: `tandemrl serve` takes uvloop and httptools (C) where installed and runs on
+asyncio's loop and h11 (pure Python) where they are not; both serve the same."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_the_c_loop_and_parser_are_taken_where_installed():
 
 @pytest.mark.parametrize("io", [PLAIN, FAST], ids=["asyncio+h11", "uvloop+httptools"])
 def test_either_serves_streamed_and_plain_completions(tiny_dir, io):
-    if io == FAST:  # the `serve` and `dev` extras install them; a bare environment may lack them
+    if io == FAST:  # optional: no extra installs them
         pytest.importorskip("uvloop")
         pytest.importorskip("httptools")
     running = start_server(serve_config(tiny_dir), io=io)
