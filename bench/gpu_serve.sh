@@ -81,6 +81,7 @@ else
     tail -n 30 "$OUT/serve.log"
 fi
 grep -h "warmed up" "$OUT"/server-*.log  # the servers' start-up warm-up (CUDA only)
+grep -h "^serving " "$OUT"/server-*.log  # ends with uvicorn's loop + HTTP parser (uvloop + httptools when carried)
 echo "bench.serve exit status $bench_status (0: every stage ran; 124: timed out, serve.json has the stages done)"
 [[ $bench_status -eq 0 ]] || status=1
 ls -l "$OUT"

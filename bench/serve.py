@@ -60,7 +60,8 @@ from tandemrl.types import Request, SamplingParams
 MODES = ("inprocess", "checkpoint", "ipc", "lora")
 # The targets for one push (seconds); checkpoint is the reference.
 TARGET_S = {"inprocess": 0.01, "ipc": 0.2, "lora": 0.5}
-PACKAGES = ("torch", "transformers", "peft", "fastapi", "starlette", "uvicorn", "httpx", "openai", "pydantic")
+PACKAGES = ("torch", "transformers", "peft", "fastapi", "starlette", "uvicorn", "httptools", "uvloop", "httpx", "openai",
+            "pydantic")
 GIB = 2**30
 
 

@@ -4,8 +4,10 @@ hands every request's new tokens and its finished rollout to that request's sink
 Everything that touches the engine runs on this one thread (the engine is not thread-safe), so a weight swap
 always lands between two steps: requests in flight keep going, the next step computes with the new weights.
 Requests that arrive while others run join the next step (continuous batching). Requests that arrive together at
-an idle engine start together: its first step waits while the server is still reading requests (``arriving``), so
-they are prefilled in one step instead of the first ones running a decode burst that the rest wait behind.
+an idle engine start together: its first step waits while the server is still reading requests (``arriving``) and
+while more keep coming (one within GATHER_QUIET_S of the last: clients on new connections send theirs as each
+connect completes, ~1 ms apart), so they are prefilled in one step instead of the first ones running a decode burst
+that the rest wait behind, while the engine thread's Python competes for the GIL with the event loop reading them.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ Event = TokenDelta | Finished | Failed
 # attribute (an asyncio loop) and a ``deliver(events)`` method gets them on that loop instead, every such sink of one
 # loop in one thread hop per step (state.AsyncSink): not one hop per request per token.
 Sink = Callable[[list[Event]], None]
-GATHER_MAX_S = 0.05  # how long an idle engine's first step waits at most for requests still arriving
+GATHER_MAX_S = 0.1  # how long an idle engine's first step waits at most for requests still arriving
+GATHER_QUIET_S = 0.005  # ... and for the next request after the last one, when the server is reading none
 
 
 @dataclasses.dataclass
@@ -158,25 +161,31 @@ class EngineLoop:
                 self._step()
 
     def _gather(self) -> None:
-        """Take the requests still arriving before an idle engine's first step (each submit wakes this thread)."""
-        deadline = time.perf_counter() + GATHER_MAX_S
-        while self._arriving is not None and self._arriving() > 0 and not self._stop.is_set():
-            left = deadline - time.perf_counter()
+        """Take the requests still arriving before an idle engine's first step (each submit wakes this thread): those
+        the server is reading, and each that comes within GATHER_QUIET_S of the last; GATHER_MAX_S in all at most."""
+        if self._arriving is None:
+            return
+        now = time.perf_counter()
+        deadline, quiet_until = now + GATHER_MAX_S, now + GATHER_QUIET_S
+        while not self._stop.is_set():
+            left = (deadline if self._arriving() > 0 else min(deadline, quiet_until)) - time.perf_counter()
             if left <= 0:
                 return
-            self._take_commands(block=True, timeout=left)
+            if self._take_commands(block=True, timeout=left):
+                quiet_until = time.perf_counter() + GATHER_QUIET_S
 
-    def _take_commands(self, block: bool, timeout: float = 0.5) -> None:
+    def _take_commands(self, block: bool, timeout: float = 0.5) -> bool:
+        """Run the queued commands (waiting ``timeout`` for the first if ``block``); whether there was one."""
         try:
             command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             command()
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _add(self, requests: list[Request], sink: Sink, stream: bool, submitted: float) -> None:
         idle = not self.engine.has_unfinished()

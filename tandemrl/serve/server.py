@@ -7,12 +7,13 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
 from tandemrl.config import Config
+from tandemrl.extras import installed
 from tandemrl.serve.engine_loop import EngineLoop
 from tandemrl.serve.state import Arrivals, ServerState
 from tandemrl.serve.warmup import warm_up
@@ -20,6 +21,8 @@ from tandemrl.sync.receiver import WeightReceiver
 from tandemrl.types import Request
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from tandemrl.backends.engine_backend import EngineBackend
 
 
@@ -82,6 +85,27 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True)
+class HttpIO:
+    """uvicorn's event loop and HTTP parser."""
+
+    loop: str
+    http: str
+
+
+def fastest_io(available: Callable[[str], bool] = installed) -> HttpIO:
+    """uvloop and httptools (C) where installed, else asyncio's own loop and the pure-Python h11, as uvicorn's "auto"
+    does; named here so that the server can say which it runs on. Neither is in the `serve` extra: they did not
+    measure faster (bench/RESULTS.md, issue 40)."""
+    return HttpIO("uvloop" if available("uvloop") else "asyncio", "httptools" if available("httptools") else "h11")
+
+
+def uvicorn_config(app: Any, io: HttpIO, log_level: str = "warning") -> uvicorn.Config:
+    import uvicorn
+
+    return uvicorn.Config(app, log_level=log_level, lifespan="off", loop=io.loop, http=io.http)
+
+
 def serve(cfg: Config, options: ServeOptions, checkpoint: Path | None = None) -> None:
     import uvicorn
 
@@ -99,9 +123,10 @@ def serve(cfg: Config, options: ServeOptions, checkpoint: Path | None = None) ->
     state.loop.start()
     sock = bind_socket(options.host, options.port)
     host, port = sock.getsockname()[:2]
+    io = fastest_io()
     print(f"serving {served} on http://{host}:{port} (policy version {state.policy_version}, "
-          f"ipc {'on' if options.allow_ipc else 'off'}, device {device})", flush=True)
-    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level=options.log_level, lifespan="off"))
+          f"ipc {'on' if options.allow_ipc else 'off'}, device {device}, {io.loop} + {io.http})", flush=True)
+    server = uvicorn.Server(uvicorn_config(build_app(state), io, options.log_level))
     try:
         server.run(sockets=[sock])
     finally:

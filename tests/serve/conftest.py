@@ -18,7 +18,7 @@ import uvicorn  # noqa: E402
 from tandemrl.config import validate_config  # noqa: E402
 from tandemrl.models.tiny import make_tiny_model  # noqa: E402
 from tandemrl.serve.app import build_app  # noqa: E402
-from tandemrl.serve.server import bind_socket, build_state  # noqa: E402
+from tandemrl.serve.server import HttpIO, bind_socket, build_state, fastest_io, uvicorn_config  # noqa: E402
 from tandemrl.serve.state import ServerState  # noqa: E402
 
 MODEL_NAME = "tiny-test"
@@ -49,12 +49,13 @@ def serve_config(model_dir: Path, **engine) -> dict:
             "engine": {"num_blocks": 256, "block_size": 16, "decode_steps": 4, **engine}}
 
 
-def start_server(raw: dict, allow_ipc: bool = False) -> Running:
+def start_server(raw: dict, allow_ipc: bool = False, io: HttpIO | None = None) -> Running:
+    """``io``: uvicorn's loop and HTTP parser, the fastest installed unless given (as `tandemrl serve` picks)."""
     state = build_state(validate_config(raw), MODEL_NAME, allow_ipc)
     state.loop.start()
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn_config(build_app(state), io or fastest_io()))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -1,6 +1,7 @@
 """Requests that arrive together at an idle engine start in one step: the engine thread waits for the requests the
-server is still reading (Arrivals), never longer than GATHER_MAX_S; a request that never reaches the engine is
-uncounted (else every idle start would wait the full bound)."""
+server is still reading (Arrivals) and for those that follow the last within GATHER_QUIET_S (new connections), never
+longer than GATHER_MAX_S; a request that never reaches the engine is uncounted (else every idle start would wait the
+full bound)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import httpx
 
-from tandemrl.serve.engine_loop import GATHER_MAX_S, EngineLoop
+from tandemrl.serve.engine_loop import GATHER_MAX_S, GATHER_QUIET_S, EngineLoop
 from tandemrl.serve.state import Arrivals
 from tandemrl.types import Request, Rollout, SamplingParams
 from tests.serve.conftest import MODEL_NAME
@@ -68,6 +69,40 @@ def test_requests_still_arriving_join_an_idle_engines_first_step():
     finally:
         loop.stop()
     assert engine.steps == [["a", "b", "c"]]
+
+
+def _run_submits(engine: StepRecorder, names: str, gap_s: float) -> None:
+    """Submit one request per name, ``gap_s`` apart, none announced (as on new connections: each body is read and
+    submitted before the next request's bytes arrive); returns once all finished."""
+    loop = EngineLoop(engine, arriving=lambda: 0)  # type: ignore[arg-type]
+    done = threading.Event()
+    finished: list[str] = []
+
+    def sink(events) -> None:  # noqa: ANN001
+        finished.extend(e.rollout.request_id for e in events)
+        if len(finished) == len(names):
+            done.set()
+
+    loop.start()
+    try:
+        for name in names:
+            loop.submit([_request(name)], sink, stream=False)
+            time.sleep(gap_s)
+        assert done.wait(10)
+    finally:
+        loop.stop()
+
+
+def test_requests_that_follow_each_other_closely_join_an_idle_engines_first_step():
+    engine = StepRecorder()
+    _run_submits(engine, "abcd", GATHER_QUIET_S / 10)
+    assert engine.steps == [["a", "b", "c", "d"]]
+
+
+def test_requests_further_apart_than_the_quiet_window_start_without_waiting_for_each_other():
+    engine = StepRecorder()
+    _run_submits(engine, "ab", GATHER_QUIET_S * 20)
+    assert engine.steps == [["a"], ["b"]]
 
 
 def test_an_idle_engine_waits_for_arrivals_no_longer_than_the_bound():
