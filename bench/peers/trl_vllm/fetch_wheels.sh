@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Here (CPU machine, package index reachable), from the repo root: downloads TRL 1.16.0, vLLM 0.26.0 and the
 # packages they import that the GPU image lacks (CPython 3.12, x86-64 Linux), trims vLLM's wheel of two binaries
-# this run never loads, packs one reproducible tar and splits it into parts of <= 56 MiB (a device call carries at
-# most 64 MiB). Output in .trlvllm/ (git-ignored: see README.md): wheels/, WHEELS.txt, parts/partNN, tar.sha256,
+# this run never loads, packs one reproducible tar and splits it into parts of <= PART_MIB MiB (43 unless set: a
+# device call carries at most 64 MiB, so a part travels beside .whl/ and the tree with a benchmark of ours). Output in .trlvllm/ (git-ignored: see README.md): wheels/, WHEELS.txt, parts/partNN, tar.sha256,
 # NPARTS.
 set -euo pipefail
 KIT=.trlvllm
@@ -72,7 +72,7 @@ cat "$KIT/WHEELS.txt"
 TAR=$KIT/trl-vllm-wheels.tar
 tar --sort=name --mtime='2026-07-25 00:00:00Z' --owner=0 --group=0 --numeric-owner --format=gnu -cf "$TAR" -C "$KIT" wheels
 rm -rf "$P" && mkdir -p "$P"
-split -b 56M -d -a 2 "$TAR" "$P/part"
+split -b "${PART_MIB:-43}M" -d -a 2 "$TAR" "$P/part"
 echo "$(sha256sum "$TAR" | cut -c1-64)  trl-vllm-wheels.tar" > "$P/tar.sha256"
 ls "$P"/part[0-9][0-9] | wc -l > "$P/NPARTS"
 awk -v b="$(stat -c %s "$TAR")" -v h="$(cut -c1-64 "$P/tar.sha256")" -v n="$(cat "$P/NPARTS")" \
