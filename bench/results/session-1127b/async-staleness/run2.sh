@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 40 point 4: staleness 4 with the masked correction (and a smaller truncation cap), CPU default, 5 seeds.
+cd /work/wt-stale
+for spec in sync:1 sync:2 sync:3 sync:4 sync:5 s4mask:5 sync:6 s4mask:6 sync:7 s4mask:7 sync:8 s4mask:8 sync:9 s4mask:9 s4tis:0 s4tis:1 s4tis:2 s4tis:3 s4tis:4; do
+  mode=${spec%%:*}; seed=${spec##*:}
+  out=/work/stale2/$mode-$seed
+  [[ -f $out/summary.json ]] && continue
+  case $mode in
+    sync) sets=() ;;
+    s4mask) sets=(--set 'rollout.mode="async"' --set rollout.max_staleness=4 --set train.tis_cap=2.0 --set 'train.tis_mode="mask"') ;;
+    s4tis) sets=(--set 'rollout.mode="async"' --set rollout.max_staleness=4 --set train.tis_cap=2.0) ;;
+    s4cap12) sets=(--set 'rollout.mode="async"' --set rollout.max_staleness=4 --set train.tis_cap=1.2) ;;
+  esac
+  rm -rf $out
+  start=$(date +%s)
+  nice -n 19 /work/main/.venv/bin/python -c "import sys, tandemrl, tandemrl.cli; assert tandemrl.__file__.startswith(\"/work/wt-stale\"); sys.argv[0]=\"tandemrl\"; tandemrl.cli.main()" train --out $out --set train.seed=$seed --set log.tensorboard=false "${sets[@]}" > /work/stale2/$mode-$seed.log 2>&1
+  echo "$mode seed $seed exit $? $(( $(date +%s) - start )) s" >> /work/stale2/done.txt
+done
