@@ -18,8 +18,9 @@ class JobThread:
     def __init__(self, mirror: WeightMirror | None, out: RolloutQueue) -> None:
         self.mirror, self.out = mirror, out
         self._jobs: queue.Queue[RolloutJob | None] = queue.Queue()
-        self._busy_done_s = 0.0  # seconds spent sampling, since the start, up to the current busy period
-        self._busy_since: float | None = None  # when the current busy period began (None: idle)
+        # (seconds spent sampling up to the current busy period, when that period began or None: idle), replaced
+        # whole so that the trainer's thread never reads half an update
+        self._busy_state: tuple[float, float | None] = (0.0, None)
         self.trainer_version = 0
         self._thread = threading.Thread(target=self._run, name="tandemrl-rollout-worker", daemon=True)
         self._thread.start()
@@ -27,17 +28,17 @@ class JobThread:
     def busy_s(self, now: float) -> float:
         """Seconds spent sampling from the start to ``now`` (a perf_counter reading), the busy period in progress
         included: a share of any window of wall time stays within [0, 1]."""
-        since = self._busy_since
-        return self._busy_done_s + (max(now - since, 0.0) if since is not None else 0.0)
+        done, since = self._busy_state
+        return done + (max(now - since, 0.0) if since is not None else 0.0)
 
     def _busy(self, busy: bool) -> None:
         """The worker thread starts (True) or ends (False) a period of sampling."""
+        done, since = self._busy_state
         now = time.perf_counter()
         if busy:
-            self._busy_since = now
-        elif self._busy_since is not None:
-            self._busy_done_s += now - self._busy_since
-            self._busy_since = None
+            self._busy_state = (done, now)
+        elif since is not None:
+            self._busy_state = (done + now - since, None)
 
     def submit(self, job: RolloutJob) -> None:
         self._jobs.put(job)
