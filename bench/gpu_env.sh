@@ -1,7 +1,10 @@
 # Sourced by the bench/gpu_*.sh device calls: the carried wheels (.whl/: pydantic and what it needs, gguf; the GPU
 # image has none) into /tmp/site, and the environment every run there wants.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+# (once: bench/gpu_parallel.sh installs before its jobs start and sets GPU_SITE_READY, so they do not race on it)
+if [ -z "${GPU_SITE_READY:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
 # logged_step <seconds> <name> <command...>: the command cut at <seconds>, its log in $OUT/raw/<name>.log, a line
