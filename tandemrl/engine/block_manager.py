@@ -1,22 +1,20 @@
 """Paged KV-cache bookkeeping: a pool of fixed-size blocks, reference counts, and a prefix cache.
 
-A FULL block is named by a digest chained from its parent block's digest and its own token ids, so two
-sequences with the same leading blocks map them to the same physical blocks (GRPO's N samples of a prompt
-compute the prompt once). The cache map ``digest -> block`` points only at blocks whose K/V is (or, within
-the current step, will be) written for exactly that content:
-- ``allocate`` registers a sequence's full blocks at once, so the samples scheduled after it in the same
-  prefill step hit them (the runner writes a layer's K/V for all tokens before attending);
-- decode registers a block once all its tokens' K/V have been computed, i.e. at the first decode schedule after
-  that (registering earlier could publish a block whose owner is preempted before computing it). Decode may
-  reserve blocks for several steps ahead (``lookahead``): reserved blocks are never registered before they fill,
-  nor blocks holding tokens still pending on the device (their ids are not known yet).
-A freed block keeps its digest and can be revived by a later hit until it is handed out for new content.
-Free blocks are handed out oldest-freed first; blocks without a digest go first (they can never be revived).
+A FULL block is named by a digest chained from its parent block's digest and its own token ids, so sequences with
+the same leading blocks share the same physical blocks (GRPO's N samples of a prompt compute it once). The cache map
+``digest -> block`` points only at blocks whose K/V is (or, within the current step, will be) written for exactly
+that content:
+- ``allocate`` registers a sequence's full blocks at once, so samples scheduled after it in the same prefill step
+  hit them (the runner writes a layer's K/V for all tokens before attending);
+- decode registers a block at the first decode schedule after all its tokens' K/V were computed (earlier could
+  publish a block whose owner is preempted before computing it); blocks reserved ahead (``lookahead``) or holding
+  tokens still pending on the device are never registered before they fill.
+A freed block keeps its digest and can be revived by a later hit until it is handed out again; free blocks go out
+oldest-freed first, those without a digest (never revivable) before all.
 
 Cached K/V belongs to the weights that computed it: every digest chain starts from a root named by the weights
-version (``set_weights_version``) current when the sequence was allocated and by the sequence's policy version, so
-after the weights change (an optimizer step, a loaded state dict, a LoRA adapter switched) no new sequence can hit a
-block computed with the old ones.
+version (``set_weights_version``) and the sequence's policy version, so after the weights change no new sequence
+can hit a block computed with the old ones.
 """
 
 from __future__ import annotations
@@ -145,8 +143,8 @@ class BlockManager:
         self._append(seq, self._blocks_missing(seq, lookahead))
 
     def try_append_all(self, seqs: list[Sequence], lookaheads: list[int] | None = None) -> bool:
-        """``may_append`` for every sequence of a decode batch if the free blocks cover them all (the common
-        case: one counter, O(1) per sequence); False, changing nothing, if they do not."""
+        """``may_append`` for every sequence of a decode batch if the free blocks cover them all; False, changing
+        nothing, if they do not."""
         lookaheads = lookaheads or [1] * len(seqs)
         missing = [self._blocks_missing(s, n) for s, n in zip(seqs, lookaheads)]
         if sum(missing) > len(self._free):
@@ -189,8 +187,8 @@ class BlockManager:
         return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
     def _full_block_digests(self, seq: Sequence, count: int | None = None) -> list[bytes]:
-        """Digests of (at least) the first ``count`` full blocks of ``seq``, all of them by default; memoised
-        per sequence (its tokens only ever grow while it holds blocks), from the root it got when first seen."""
+        """Digests of (at least) the first ``count`` full blocks of ``seq`` (default: all), memoised per sequence:
+        its tokens only grow while it holds blocks."""
         root, digests = self._digest_memo.setdefault(seq.seq_id, (self._root(seq), []))
         if count is None:
             count = len(seq.token_ids) // self.block_size

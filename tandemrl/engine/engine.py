@@ -5,9 +5,8 @@ batch BEFORE it reads back the tokens of the batch launched by the step before, 
 staging and postprocessing run while the device computes instead of between its steps. The scheduler counts
 those tokens as pending placeholders (sequence.py); the runner feeds each one to the next batch on the device. A
 sequence that the read-back tokens finish (EOS, a stop string) may have computed one batch more than it needed;
-those tokens are dropped. Off: each step reads its own tokens back before returning. Tandem bursts with writers
-drawn ahead (bernoulli, chunk, alternating) are scheduled so too; speculative steps and tandem segments (sentence,
-word selectors), whose rows keep a number of tokens known only once they are read, stay synchronous.
+those tokens are dropped. Off (and always for speculative steps and tandem segments: ``__init__``), each step reads
+its own tokens back before returning.
 
 Policy versions: ``set_policy_version`` names the weights the runner holds from the next launched step on (call it
 between two steps, after the weights changed in place); each step records the version it was launched under for the

@@ -1,23 +1,20 @@
 """A tandem burst: the schedule of forwards by which a hot and a frozen model write a batch of rows together.
 
-With a selector that does not read the tokens (bernoulli, chunk, alternating) the writer of every position is
-known before anything is sampled, so a whole burst can be planned on the host and run on the device with no sync:
-a list of *forwards*, each of one model over the rows whose next position it owns. In a forward a row's model
-reads every token it has not read yet (the other model's run since its last turn, and its own last sample) and
-samples the next token; a row thus moves one position per forward of the model that owns that position, and each
-model reads each token once. Which model runs next: the one owning more rows' next positions, each row weighted by
-1 + the forwards it has waited (about 1.6 forwards per position for 64 rows at p = 0.5, 1.5 at p = 0.8, against 2
-when both models run at every position; simulated). With both models on GPUs the burst runs in *paired ticks*
-instead: each tick a forward of both models, over the rows each owns next, the two at once, on two streams of one
-GPU (a decode forward's short kernels leave most of it idle) or on two GPUs; 2 forwards per position, but a tick
-costs little more than one forward.
+With a selector that does not read the tokens (bernoulli, chunk, alternating) every position's writer is known
+before anything is sampled, so the host plans a whole burst and the device runs it with no sync: a list of
+*forwards*, each of one model over the rows whose next position it owns, reading every token it has not read yet
+(the other model's run since its last turn, and its own last sample) and sampling the next. The model owning more
+rows' next positions runs next, each row weighted by 1 + the forwards it has waited (simulated: about 1.6 forwards
+per position for 64 rows at p = 0.5, 1.5 at p = 0.8, against 2 when both run at every position). With both models
+on GPUs the burst runs in *paired ticks* instead: each tick a forward of both models at once, on two streams of one
+GPU (a decode forward's short kernels leave most of it idle) or on two GPUs: 2 forwards per position, but a tick
+costs little more than one.
 
 A burst ends with a *catch-up* forward of each model over the tokens it has not read but the last, without
-sampling: the loss needs the hot model's log-prob of every kept token (its logit at the position before), and with
-both caches holding every token but the last, the next burst starts as a plain decode step would, and a block of
-the prefix cache always holds both models' K/V.
+sampling: the loss needs the hot model's log-prob of every kept token, the next burst then starts like a plain
+decode step, and a prefix-cache block always holds both models' K/V.
 
-Coordinates: per row, token k is the k-th new token of the burst; k = -1 is the row's last token before it, which
+Coordinates: per row, token k is the burst's k-th new token; k = -1 is the row's last token before it, which
 neither model has read. A row's buffer holds tokens -1, 0, 1, ...
 """
 
@@ -33,8 +30,7 @@ HOT, FROZEN = True, False
 @dataclass
 class BurstForward:
     """One forward of one model over the batch rows ``rows``, packed one entry per token read: ``row`` (batch row) and
-    ``token`` (k) of each. ``sample``: whether each row samples a token after the last one it reads (False for the
-    catch-up, whose reads only score tokens already written)."""
+    ``token`` (k) of each. ``sample``: False for a catch-up (its reads only score tokens already written)."""
 
     hot: bool
     rows: np.ndarray  # [R]

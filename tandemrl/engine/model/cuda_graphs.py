@@ -1,27 +1,22 @@
 """CUDA graphs for decode: one graph per (batch bucket, block-table width), captured on first use, then replayed.
 
-A decode step launches a few kernels per layer; at small models and large batches the launch overhead, not the
-GPU, sets the pace, so we capture the whole decoder forward once per shape and replay it. Inputs live in static
-buffers the graph reads; a batch is padded up to its bucket with rows that write into the runner's scratch block
-(owned by no sequence) and attend to one token of it. The graph reads the model's parameter tensors by address:
-an in-place optimizer update is seen by the next replay; replacing a parameter tensor (``p.data = ...``) is not,
-so call ``free_kv_cache()`` on the runner (which drops the graphs) after doing that. For the same reason, toggling
-peft adapters (merge, disable) needs the graphs dropped too. The engine's sleep parks the graphs instead
-(slot.py): they serve again after the wake if the pool and every parameter are back at the addresses they read.
+At small models and large batches the kernel launches, not the GPU, set a decode step's pace, so the whole decoder
+forward is captured once per shape. A batch is padded to its bucket with rows that write into the scratch block
+(owned by no sequence) and attend to one token of it. A graph reads the parameters by address: an in-place update is
+seen by the next replay, a replaced tensor (``p.data = ...``) or a toggled peft adapter is not, so the graphs must be
+dropped then (``free_kv_cache()``). The engine's sleep parks them instead (slot.py): they serve again after the
+wake if the pool and every parameter are back at the addresses they read.
 
-Staging is one host-to-device copy per decode burst (see decode_plan.py): the host writes the burst's inputs
-into one pinned buffer laid out as ``[ids | positions | slots | context_lens | groups | table | later steps]``
-(``groups``: the attention's query groups, read only by the graphs captured for plans with ``row_of``): the first
-part is exactly what the graph of that (bucket, width) reads from the matching device buffer, with the table
-column-major (``[width, bucket]`` viewed as ``[bucket, width]``, so the columns a batch uses form one contiguous
-prefix and the copy moves only those; the Triton kernel never reads past a row's context, SDPA graphs copy every
-column); "later steps" holds ``[positions | slots | context_lens]`` of steps 1..K-1. Before step j > 0 one device
-copy moves step j's columns into place and one copies the tokens sampled at step j - 1 into ``ids``: the burst
-needs no host sync until its end. A tandem burst's forwards are staged all at once (``stage_forwards``).
+A burst is staged in one host-to-device copy of one pinned buffer laid out as
+``[ids | positions | slots | context_lens | groups | table | later steps]``: the head is exactly what the graph of
+that (bucket, width) reads, the table column-major (``[width, bucket]`` viewed as ``[bucket, width]``) so the
+columns a batch uses are one contiguous prefix and only those move (SDPA graphs read every column: all move);
+"later steps" holds ``[positions | slots | context_lens]`` of steps 1..K-1, moved into place by a device copy
+before each step. The burst needs no host sync until its end.
 
-The graph ends at the final norm (hidden states [bucket, hidden]); lm_head and sampling run eagerly after it, so a
-graph's private output stays small and the sampler's generator is never captured (a verify round's graph,
-round_graph.py, captures its greedy acceptance whole).
+The graph ends at the final norm; lm_head and sampling run eagerly after it, so a graph's private output stays small
+and the sampler's generator is never captured (a verify round's graph, round_graph.py, captures its greedy
+acceptance whole).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tandemrl.engine.model.sampler import race_noise
+
 PAD_TOKEN = -1
 """``RejectionResult.tokens`` past a row's last emitted token (its log-prob there is 0.0)."""
 
@@ -132,21 +134,12 @@ def _final_token(logp: Tensor, draft_probs: Tensor, target_argmax: Tensor, num_a
     use_residual = rejected & ~greedy & (residual.sum(dim=-1) > 0)
     # log of the (unnormalised) weights to sample from: the race below does not need them normalised
     log_weights = torch.where(use_residual[:, None], residual.log(), logp_a)
-    sampled = _sample_from_log_weights(log_weights, generator)
+    sampled = (log_weights + race_noise(log_weights, generator)).argmax(dim=-1)
 
     greedy_token = target_argmax.gather(1, a[:, None]).squeeze(1)
     token = torch.where(greedy, greedy_token, sampled)
     token_logp = logp_a.gather(-1, token[:, None]).squeeze(-1)
     return token, token_logp
-
-
-def _sample_from_log_weights(log_weights: Tensor, generator: torch.Generator | None) -> Tensor:
-    """[B, V] log of non-negative weights (-inf for 0) -> [B] long, index ``i`` with probability
-    ``w_i / sum(w)``. Exponential race (as in sampler.py): ``argmax(log w_i - log E_i)``, ``E_i ~ Exp(1)``; no
-    normalisation or cumulative sum needed."""
-    neg_log_noise = torch.empty_like(log_weights).exponential_(1.0, generator=generator)
-    neg_log_noise.clamp_min_(torch.finfo(neg_log_noise.dtype).tiny).log_().neg_()
-    return (log_weights + neg_log_noise).argmax(dim=-1)
 
 
 def _assemble(x: Tensor, draft_logp: Tensor, last_token: Tensor, last_logp: Tensor,

@@ -1,6 +1,5 @@
-"""One verify round as device work only: a proposer's proposals (proposers.py), the target's forward over the
-row's last token and the proposals, an acceptance rule (acceptance.py), and the launch's lengths, budgets and last
-tokens advanced in place. rounds.py runs a launch's rounds back to back; round_graph.py captures one whole.
+"""One verify round (rounds.py's steps 1-4) as device work only: the launch's lengths, budgets and last tokens are
+advanced in place. rounds.py runs a launch's rounds back to back; round_graph.py captures one whole.
 """
 
 from __future__ import annotations

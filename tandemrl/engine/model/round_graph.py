@@ -1,18 +1,13 @@
 """A whole verify round of speculative decoding in one CUDA graph: the draft's proposals, the target's verify
 forward, the acceptance and the launch's bookkeeping (round.py's ``one_round``) replayed as one launch.
 
-Round by round the eager path launches each forward's graph plus ~100 small kernels (the rows' columns, the draft's
-argmax, the acceptance, the updates), and the device idles between them: 17-19 % of a run at batch 8 against 9 % in
-plain decoding (bench/RESULTS.md). Here the graph reads a padded launch from static tensors and advances it in place,
-so a launch of R rounds is one copy in, R replays and a copy of each round's results out.
-
-Greedy rows only (any proposer: a model slot on the target's device, or host tokens loaded with the launch): their
-acceptance draws no random numbers (a benchmark's rule may, from the
-default generator, which graphs replay correctly), so every replay computes what the eager round would. The
-batch is padded to its bucket (``BATCH_BUCKETS``) with dead rows (no budget: they write only the scratch block) and
-the block table to a power of two columns; one graph per (bucket, width, k, proposer, rule), kept with the target's
-decode graphs and dropped with them. It reads the proposer's pool and weights too: a graph whose proposer's graphs
-were dropped since (a new pool, new weights) is captured again.
+Round by round the eager path launches each forward's graph plus ~100 small kernels, and the device idles between
+them: 17-19 % of a run at batch 8 against 9 % in plain decoding (bench/RESULTS.md). Here a launch of R rounds is one
+copy in, R replays and a copy of each round's results out. Greedy rows only: their acceptance draws no random
+numbers (a benchmark's rule may, from the default generator, which graphs replay correctly), so every replay
+computes what the eager round would. The batch is padded to its bucket with dead rows (no budget: they write only
+the scratch block), the table to a power of two columns. The graphs are kept with the target's decode graphs and
+dropped with them; one whose proposer's graphs were dropped since (a new pool, new weights) is captured again.
 """
 
 from __future__ import annotations
@@ -75,8 +70,8 @@ class RoundGraph:
 def round_graph(context: LaunchContext, name: str, target: ModelSlot, k: int, batch: int, width: int,
                 rule: str) -> RoundGraph | None:
     """The round graph for ``batch`` greedy rows of ``width`` table columns, ``k`` proposals of the proposer ``name``
-    (a model slot, or ``host``) and the acceptance rule ``rule``, captured on first use; None where graphs do not
-    apply (eager slots, the proposer on another device, a batch past the buckets)."""
+    (a model slot, or ``host``) and the rule ``rule``, captured on first use; None where graphs do not apply (eager
+    slots, the proposer on another device, a batch past the buckets)."""
     bucket = batch_bucket(batch)
     proposer = context.slots.get(name)
     model_off = proposer is not None and (proposer.enforce_eager or proposer.device != target.device)

@@ -5,13 +5,13 @@ Each round, for every row (L: its tokens so far, known on the device only after 
 1. the proposer proposes up to ``k`` tokens (a model slot on the device, or tokens known on the host);
 2. the target reads the last token and the proposals (positions L - 1 .. L - 1 + k) in one forward of a row per
    token (CUDA graphs apply, and the attention reads a sequence's K/V once for all its rows);
-3. the rule keeps a prefix of the proposals and adds the target's token after it (``bonus``: where the plan gives
-   the row a token of the target's; a tandem row whose frozen run goes on has none);
-4. L grows by the tokens kept, on the device: the next round's positions and KV slots are computed there from it
-   and the launch's block table, which the scheduler reserved for the worst case (every proposal kept).
-A row with ``d < k`` proposals computes the rest as dead rows, whose K/V go to the scratch block, never kept; a row
-whose budget is spent computes only dead rows. Where the round is graph-safe (greedy rows, a model proposer on the
-target's device, a rule with no side outputs) a round graph replays it whole (round_graph.py).
+3. the rule keeps a prefix of the proposals and adds the target's token after it (``bonus``: unless the row is a
+   tandem one whose frozen run goes on);
+4. L grows by the tokens kept, on the device, and with it the next round's positions and KV slots (the scheduler
+   reserved the launch's blocks for every proposal kept).
+A row with ``d < k`` proposals, or with its budget spent, computes dead rows, whose K/V go to the scratch block.
+Where the round is graph-safe (greedy rows, a model proposer on the target's device, a rule with no side outputs) a
+round graph replays it whole (round_graph.py).
 """
 
 from __future__ import annotations

@@ -186,14 +186,10 @@ class ModelRunner:
 
 def _kernels(config: EngineConfig, attention_backend: str, device: torch.device) -> tuple[bool, bool, bool]:
     """(Triton decode attention, the fused kernels, eager: no CUDA graphs) on ``device``."""
-    return (_pick_backend(attention_backend, device), config.fused_kernels and fused_available(device),
-            not config.cuda_graphs or device.type != "cuda")
-
-
-def _pick_backend(name: str, device: torch.device) -> bool:
-    """Whether decode uses the Triton kernel."""
-    if name not in ("auto", "triton", "sdpa"):
-        raise ValueError(f"attention_backend must be 'auto', 'triton' or 'sdpa', got {name!r}")
-    if name == "triton" and not triton_decode_available(device):
+    if attention_backend not in ("auto", "triton", "sdpa"):
+        raise ValueError(f"attention_backend must be 'auto', 'triton' or 'sdpa', got {attention_backend!r}")
+    triton = triton_decode_available(device)
+    if attention_backend == "triton" and not triton:
         raise ValueError(f"attention_backend='triton' needs the triton package and a CUDA device (got {device})")
-    return name != "sdpa" and triton_decode_available(device)
+    return (attention_backend != "sdpa" and triton, config.fused_kernels and fused_available(device),
+            not config.cuda_graphs or device.type != "cuda")

@@ -29,9 +29,7 @@ def sample_tokens(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Ten
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
     scaled = logits / temp.unsqueeze(-1)  # greedy rows: exactly the raw logits (x / 1.0 == x)
 
-    # -log E, E ~ Exp(1), computed in place: argmax(logp - log E) draws from softmax(logp)
-    neg_log_noise = torch.empty_like(scaled).exponential_(1.0, generator=generator)
-    neg_log_noise.clamp_min_(torch.finfo(neg_log_noise.dtype).tiny).log_().neg_()
+    neg_log_noise = race_noise(scaled, generator)
     greedy_tok = logits.argmax(dim=-1, keepdim=True)
 
     if apply_filters:
@@ -63,6 +61,13 @@ def sample_tokens(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Ten
     tokens = torch.where(greedy, greedy_tok.squeeze(-1), sampled)
     logprobs = torch.where(greedy, greedy_logp, sampled_logp)
     return tokens, logprobs
+
+
+def race_noise(like: Tensor, generator: torch.Generator | None) -> Tensor:
+    """-log E, E ~ Exp(1), shaped like ``like``: ``argmax(log w + noise)`` draws ``i`` with probability
+    ``w_i / sum(w)`` (the exponential race: no normalisation or cumulative sum needed)."""
+    noise = torch.empty_like(like).exponential_(1.0, generator=generator)
+    return noise.clamp_min_(torch.finfo(noise.dtype).tiny).log_().neg_()
 
 
 def sample_with_probs(logits: Tensor, temperature: Tensor,

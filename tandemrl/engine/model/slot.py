@@ -201,11 +201,9 @@ class ModelSlot:
     def column_forward(self, table: Tensor, row_of: np.ndarray | None = None, eager: bool = False
                        ) -> Callable[[Tensor, Tensor], Tensor]:
         """(input ids [B], columns [3, B]: positions, KV slots, context lengths) -> hidden [B, hidden], all on this
-        slot's device: one-step forwards whose inputs the device computes (verify rounds, round.py), over
-        the block table ``table`` [B, W] on the device. ``row_of`` [B]: the sequence of each row, for rows of one
-        sequence side by side (see ``DecodePlan.row_of``). A CUDA graph serves them where a bucket holds B rows (up
-        to 512: a verify forward reads batch x (k + 1) rows) and ``eager`` is False (a round graph captures the eager
-        forward: round_graph.py)."""
+        slot's device: one-step forwards whose inputs the device computes (verify rounds, round.py) over ``table``
+        [B, W]; ``row_of``: as ``DecodePlan.row_of``. CUDA graphs serve them unless ``eager`` (a round graph
+        captures the eager forward) or B is past the largest bucket."""
         groups = self._query_groups(row_of)
         graphed = not (eager or self.enforce_eager) and batch_bucket(len(table), FORWARD_BUCKETS) is not None
         with self.on_device():

@@ -1,24 +1,17 @@
 """Runs a tandem burst (engine/tandem_burst.py) on the device: its forwards in order, with no host sync.
 
 Each row's tokens live in one flat buffer on the device (token -1, then the burst's new ones). A forward gathers the
-tokens it reads from the buffer, runs its model over them as one decode step of a row per token (``_one_step``:
-CUDA graphs apply), samples each served row's next token from the logits of its last one and
-writes it into the buffer. In paired ticks a tick's frozen forward runs beside the hot one: on the frozen slot's
-stream of the same GPU (``_Streams``), or on its own GPU. A forward of the hot model also scores every token it
-reads the successor of: the hot model's log-prob of each kept token, whoever wrote it, goes into a second buffer.
-Every index a forward uses is planned on the host and copied to the device once per burst.
+tokens it reads, runs its model over them as one decode step of a row per token (``_one_step``: CUDA graphs apply),
+samples each served row's next token from the logits of its last one and writes it into the buffer; a hot forward
+also scores every token it reads the successor of (the loss needs the hot model's log-prob of each kept token,
+whoever wrote it). Every index is planned on the host and copied to the device once per burst. In paired ticks a
+tick's frozen forward runs beside the hot one (``_Streams``), or on its own GPU.
 
-A burst's catch-up forwards leave both caches holding every token but each row's last, so the next burst reads only
-that last token (buffer column 0), which may still be pending (asynchronous scheduling): it is fed on the device from
-the previous launch's tokens (pending.py), like the first step of a plain decode burst.
+The catch-ups leave both caches holding every token but each row's last, so the next burst reads only that one
+(buffer column 0), fed on the device from the previous launch if still pending (pending.py).
 
-The frozen model may live on another device than the hot one (``tandem.frozen_device``; placement.py): the buffers
-stay on the hot model's device, a frozen forward gets the tokens it reads there and sends its samples back; its
-indices and sampling columns are staged on its own device. Those reads are gathered and sent before the hot forward
-beside it is launched (``_frozen_reads_past``): the copies between two GPUs order the two devices' streams on each
-other (placement.py), so sent after it they would make the frozen GPU wait for the hot forward, and the two GPUs
-take turns. Sent before, the two forwards of a tick run at once and the devices meet once per tick, when the
-samples cross.
+A frozen model on another device (placement.py) gets the tokens it reads from the hot model's device, where the
+buffers stay, and sends its samples back; its indices and sampling columns are staged on its own device.
 """
 
 from __future__ import annotations
