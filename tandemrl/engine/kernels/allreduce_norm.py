@@ -107,7 +107,8 @@ class SymmetricAllReduceNorm:
         self.buffer = symm_mem.empty(max_rows * hidden, dtype=dtype, device=device)
         handle = symm_mem.rendezvous(self.buffer, pg.group_name)
         self.rank, self.world = handle.rank, handle.world_size
-        self.peer_ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        offset = self.buffer.data_ptr() - handle.buffer_ptrs[self.rank]  # a pool's allocation: same on every rank
+        self.peer_ptrs = torch.tensor([p + offset for p in handle.buffer_ptrs], dtype=torch.int64, device=device)
         self.pad_ptrs = torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device)
         pad_bytes = handle.get_signal_pad(self.rank).numel() * handle.get_signal_pad(self.rank).element_size()
         self.programs = min(MAX_PROGRAMS, pad_bytes // (4 * self.world))  # one int32 slot per (program, rank)
@@ -187,7 +188,8 @@ if triton is not None:
             total = tl.zeros([BLOCK_H], dtype=tl.float32)
             for peer in tl.static_range(WORLD):  # rank order: every rank adds the same floats in the same order
                 part = tl.load(peer_ptrs + peer).to(tl.pointer_type(dt))
-                total += tl.load(part + offs, mask=mask, other=0.0).to(tl.float32)
+                # .cg: past this SM's L1, which may hold a peer's lines from an earlier launch
+                total += tl.load(part + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
             x = total.to(dt)  # what an all-reduce returns
             # from here fused._add_rmsnorm_kernel's arithmetic, step for step
             if HAS_RESIDUAL:
