@@ -96,7 +96,7 @@ def greedy_runs(rank: int, world: int, device: torch.device) -> dict:
     out = {}
     for label, fused in (("fused", True), ("nccl", False)):
         tp = TensorParallelGroup(rank=rank, size=world, fused_allreduce=fused)
-        config = EngineConfig(block_size=16, num_blocks=256, tensor_parallel_size=world)  # CUDA graphs on
+        config = EngineConfig(block_size=16, num_blocks=256, max_num_seqs=8, tensor_parallel_size=world)  # graphs on
         backend = EngineBackend(model, None, config, device=device, tensor_parallel=tp)
         o_proj = backend.engine_model.model.layers[0].self_attn.o_proj
         rollouts = backend.generate(reqs)
