@@ -15,10 +15,6 @@ is that position's noise. A first difference counts as a rounding tie when the w
 between the two engines' tokens (the top-2 gap when the shard's token is the runner-up) is within that position's
 noise; a wider gap is a real mismatch.
 
---allreduce fused|nccl|both: the tensor-parallel engine's all-reduces (engine.tensor_parallel_fused_allreduce on or
-off); both: the fused engine (timings, parity), then the NCCL one at the same shapes (timings, greedy tokens against
-the fused engine's) in the same launch, one one-GPU baseline for both.
-
 --profile DIR: instead of the timings and parity, a torch.profiler breakdown of one decode step per (batch, prompt)
 of --shapes (bench/tp_profile.py), both engines; its JSON and gzipped traces in DIR.
 
@@ -134,10 +130,6 @@ def main() -> None:
     parser.add_argument("--parity-tokens", type=int, default=64)
     parser.add_argument("--kv-gib", type=float, default=24.0, help="KV cache of the whole model (shards: 1/N each)")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (EngineConfig.cuda_graphs off)")
-    parser.add_argument("--allreduce", choices=["fused", "nccl", "both"], default="fused",
-                        help="engine.tensor_parallel_fused_allreduce on, off, or both in turn (module docstring)")
-    parser.add_argument("--nccl-shapes", nargs="+", default=None,
-                        help="--allreduce both: the NCCL engine's shapes (default: --shapes)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model, short shapes, CPU and gloo")
     parser.add_argument("--out", type=Path, default=Path("bench/out/tp_decode.json"))
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -150,6 +142,7 @@ def main() -> None:
 
     from tandemrl.config import DistributedConfig
     from tandemrl.distributed.env import destroy_process_group, init_process_group
+    from tandemrl.distributed.tp_weights import tensor_parallel_group
 
     info = init_process_group(DistributedConfig(), "cpu" if args.cpu_smoke else "auto")
     device, world = info.device, info.world_size
@@ -183,16 +176,15 @@ def main() -> None:
         whole.close()
         save(args.out, result)  # a run cut short keeps the one-GPU rows
     dist.barrier()
-    fused = args.allreduce != "nccl"
-    rows, split_tokens, shard = split_run(info, model, num_blocks, max_seqs, args.eager, fused, shapes, parity_ids,
-                                          args.parity_tokens)
-    result["fused_allreduce"] = fused
-    if args.allreduce == "both":
-        nccl_shapes = [tuple(int(x) for x in s.split(":")) for s in args.nccl_shapes or args.shapes]
-        nccl_rows, nccl_tokens, _ = split_run(info, model, num_blocks, max_seqs, args.eager, False, nccl_shapes,
-                                              parity_ids, args.parity_tokens)
-        result["split_nccl"] = nccl_rows
-        result["greedy_fused_equals_nccl"] = sum(a == b for a, b in zip(split_tokens, nccl_tokens))
+    group = tensor_parallel_group(info.rank, world, world)
+    print(f"=== rank {info.rank}: tensor-parallel engine over {world} ranks", flush=True)
+    config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs, cuda_graphs=not args.eager,
+                          tensor_parallel_size=world)
+    split = EngineBackend(model, None, config, device=device, tensor_parallel=group)
+    rows = step_times(split, shapes, vocab, device)
+    split_tokens = run(split, parity_ids, args.parity_tokens, temperature=0.0)
+    shard = split.engine_model
+    split.close()
     checked = parity(model, shard, parity_ids, whole_tokens, split_tokens, device, info.rank)
     if device.type == "cuda":
         result["split_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -203,25 +195,6 @@ def main() -> None:
         report(result)
     dist.barrier()
     destroy_process_group()
-
-
-def split_run(info, model, num_blocks: int, max_seqs: int, eager: bool, fused: bool, shapes: list, parity_ids: list,
-              parity_tokens: int) -> tuple[list, list, torch.nn.Module]:
-    """Every rank: the tensor-parallel engine's step times and greedy tokens (fused all-reduce on or off)."""
-    from tandemrl.distributed.tp_weights import tensor_parallel_group
-
-    world = info.world_size
-    group = tensor_parallel_group(info.rank, world, world, fused_allreduce=fused)
-    print(f"=== rank {info.rank}: tensor-parallel engine over {world} ranks, "
-          f"{'fused' if fused else 'NCCL'} all-reduce", flush=True)
-    config = EngineConfig(num_blocks=num_blocks, max_num_seqs=max_seqs, cuda_graphs=not eager,
-                          tensor_parallel_size=world, tensor_parallel_fused_allreduce=fused)
-    split = EngineBackend(model, None, config, device=info.device, tensor_parallel=group)
-    rows = step_times(split, shapes, model.config.vocab_size, info.device)
-    tokens = run(split, parity_ids, parity_tokens, temperature=0.0)
-    shard = split.engine_model
-    split.close()
-    return rows, tokens, shard
 
 
 def profile(args, info, model: torch.nn.Module, config: EngineConfig, shapes: list[tuple[int, int]],
@@ -256,17 +229,10 @@ def profile(args, info, model: torch.nn.Module, config: EngineConfig, shapes: li
 
 
 def report(result: dict) -> None:
-    nccl = {(r["batch"], r["prompt"], r["new"]): r["decode_step_ms"] for r in result.get("split_nccl", [])}
-    label = "fused" if result.get("fused_allreduce") else "NCCL"
-    print(f"| batch | prompt+new | 1 GPU step ms | TP {label} step ms | TP / 1 GPU | TP NCCL step ms | NCCL / 1 GPU |")
+    print("| batch | prompt+new | 1 GPU step ms | TP step ms | TP / 1 GPU |")
     for w, s, ratio in zip(result["whole"], result["split"], result["ratio"]):
-        other = nccl.get((w["batch"], w["prompt"], w["new"]))
-        tail = f"{other:.2f} | {other / w['decode_step_ms']:.2f}" if other else "- | -"
         print(f"| {w['batch']} | {w['prompt']}+{w['new']} | {w['decode_step_ms']:.2f} | {s['decode_step_ms']:.2f} | "
-              f"{ratio:.2f} | {tail} |")
-    if "greedy_fused_equals_nccl" in result:
-        print(f"greedy tokens, fused all-reduce vs NCCL: {result['greedy_fused_equals_nccl']}/"
-              f"{result['parity']['sequences']} sequences identical")
+              f"{ratio:.2f} |")
     p = result["parity"]
     print(f"greedy parity: {p['exact']}/{p['sequences']} sequences exact; teacher-forced logit noise over "
           f"{p['positions']} positions: max {p['noise_max']:.4f}, median {p['noise_median']:.4f}; first differences: "

@@ -23,20 +23,19 @@ from tandemrl.engine.model.tensor_parallel import (ParamSlice, TensorParallelGro
                                                    take_slice, target_view)
 
 
-def tensor_parallel_group(rank: int, world_size: int, size: int, fused_allreduce: bool = True
-                          ) -> TensorParallelGroup:
+def tensor_parallel_group(rank: int, world_size: int, size: int) -> TensorParallelGroup:
     """Collective: this rank's group among consecutive blocks of ``size`` ranks (every rank makes every group, as
-    torch.distributed asks). ``fused_allreduce``: engine.tensor_parallel_fused_allreduce."""
+    torch.distributed asks)."""
     import torch.distributed as dist
 
     if size == world_size:
-        return TensorParallelGroup(rank=rank, size=size, fused_allreduce=fused_allreduce)
+        return TensorParallelGroup(rank=rank, size=size)
     mine = None
     for first in range(0, world_size, size):
         group = dist.new_group(list(range(first, first + size)))
         if first <= rank < first + size:
             mine = group
-    return TensorParallelGroup(rank=rank % size, size=size, group=mine, fused_allreduce=fused_allreduce)
+    return TensorParallelGroup(rank=rank % size, size=size, group=mine)
 
 
 @dataclass

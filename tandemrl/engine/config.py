@@ -60,11 +60,6 @@ class EngineConfig:
                        "heads, KV heads, MLP columns and vocabulary (its KV cache split by KV heads); must divide "
                        "the job's processes and the model's heads (docs/multi-gpu.md). 1: every rank runs its own "
                        "engine over the whole model"})
-    tensor_parallel_fused_allreduce: bool = field(default=True, metadata={
-        "description": "with engine.tensor_parallel_size 2, 4 or 8 on CUDA: decode batches (up to 256 rows) sum "
-                       "o_proj's and down_proj's partial products over the ranks through symmetric memory inside "
-                       "the next residual add + RMSNorm kernel (one launch, no NCCL call; every rank adds in rank "
-                       "order, so all hold the same bits); false: NCCL all-reduces (docs/multi-gpu.md)"})
 
     def validate(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "decode_steps",
@@ -84,7 +79,6 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
-        for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "fused_kernels",
-                     "tensor_parallel_fused_allreduce"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "async_scheduling", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")

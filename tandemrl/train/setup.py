@@ -186,8 +186,7 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
         placed = distribute_model(model, cfg.distributed.strategy, rank.world_size, device, cfg.model.lora.enabled,
                                   extra_copies=int(ref_model is not None),
                                   tensor_parallel_size=cfg.engine.tensor_parallel_size,
-                                  engine_replica=cfg.rollout.backend != "server",
-                                  fused_allreduce=cfg.engine.tensor_parallel_fused_allreduce)
+                                  engine_replica=cfg.rollout.backend != "server")
         engine_model, engine_weights, reduce_gradients = placed.engine_model, placed.engine_weights, \
             placed.reduce_gradients
         tensor_parallel = placed.tensor_parallel

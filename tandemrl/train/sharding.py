@@ -35,16 +35,14 @@ class RankModel:
 
 
 def distribute_model(model: nn.Module, asked: str, world_size: int, device: torch.device, lora: bool,
-                     extra_copies: int = 0, tensor_parallel_size: int = 1, engine_replica: bool = True,
-                     fused_allreduce: bool = True) -> RankModel:
+                     extra_copies: int = 0, tensor_parallel_size: int = 1, engine_replica: bool = True) -> RankModel:
     """Collective: every rank calls it. Replicates or shards ``model`` in place (the ranks agree: one rank that
     cannot replicate makes all shard). ``tensor_parallel_size`` > 1: the engine decodes this rank's tensor-parallel
     shard, refreshed slice by slice from the trained model (distributed/tp_weights.py). ``engine_replica`` False: no
-    engine here (a separate server samples), so a sharded model gets no full replica. ``fused_allreduce``:
-    engine.tensor_parallel_fused_allreduce, for the tensor-parallel group."""
+    engine here (a separate server samples), so a sharded model gets no full replica."""
     choice = agreed(choose_strategy(asked, model, device, lora, extra_copies), device)
     if tensor_parallel_size > 1:
-        return _tensor_parallel_engine(model, choice, world_size, tensor_parallel_size, fused_allreduce)
+        return _tensor_parallel_engine(model, choice, world_size, tensor_parallel_size)
     if choice.strategy == "replicate":
         from tandemrl.distributed.replicate import GradientAllReduce, NoGather, broadcast_trainable
 
@@ -62,8 +60,7 @@ def distribute_model(model: nn.Module, asked: str, world_size: int, device: torc
     return RankModel(choice, replica, WeightGather(model, replica), None)
 
 
-def _tensor_parallel_engine(model: nn.Module, choice: Choice, world_size: int, size: int,
-                            fused_allreduce: bool) -> RankModel:
+def _tensor_parallel_engine(model: nn.Module, choice: Choice, world_size: int, size: int) -> RankModel:
     """Train as ``choice`` says; the engine's shard starts from the trained weights (sharded: from the FSDP2 shards,
     no rank ever holding a whole replica)."""
     import torch.distributed as dist
@@ -79,7 +76,7 @@ def _tensor_parallel_engine(model: nn.Module, choice: Choice, world_size: int, s
         reduce_gradients = GradientAllReduce.of(model, world_size)
     else:
         shard_model(model)
-    group = tensor_parallel_group(dist.get_rank(), world_size, size, fused_allreduce)
+    group = tensor_parallel_group(dist.get_rank(), world_size, size)
     engine = empty_shard(model, group)
     weights = TensorParallelWeights(model, engine, size)
     weights.refresh()

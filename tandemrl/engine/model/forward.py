@@ -19,10 +19,8 @@ from torch import Tensor, nn
 
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
-from tandemrl.engine.kernels.allreduce_norm import PartialSum
 from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta, store_kv
 from tandemrl.engine.model.attention import decode_attention, prefill_attention
-from tandemrl.engine.model.tensor_parallel import RowParallelLinear
 from tandemrl.models.unwrap import unwrap_causal_lm
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
@@ -126,30 +124,22 @@ def forward_hidden(spec: DecoderSpec, input_ids: Tensor, meta: PrefillMeta | Dec
                                  spec.windows[i], fused)
         x, residual = _add_norm(layer.post_attention_layernorm, hidden, residual, fused)
         hidden = _mlp(layer.mlp, x) if fused else layer.mlp(x)
-    if isinstance(hidden, PartialSum):  # summed over the ranks inside the final norm's kernel: every row, then ours
-        normed = _add_norm(spec.norm, hidden, residual, fused)[0]
-        return normed if rows is None else normed[rows]
     if rows is not None:  # the final norm is a per-row op: normalising only the rows we keep is exact
         hidden = hidden[rows]
         residual = None if residual is None else residual[rows]
     return _add_norm(spec.norm, hidden, residual, fused)[0]
 
 
-def _add_norm(norm: nn.Module, x: Tensor | PartialSum, residual: Tensor | None, fused: bool
-              ) -> tuple[Tensor, Tensor]:
+def _add_norm(norm: nn.Module, x: Tensor, residual: Tensor | None, fused: bool) -> tuple[Tensor, Tensor]:
     """(norm(residual + x), residual + x); one kernel for a plain RMSNorm on the fused path, else the module. Also
-    Qwen3's per-head q/k norm (no residual). A tensor-parallel partial sum is all-reduced in that kernel."""
-    if isinstance(x, PartialSum):
-        if fk.is_plain_rmsnorm(norm):
-            return x.add_rmsnorm(residual, norm.weight, norm.variance_epsilon)
-        x = x.reduced()  # a norm the kernel does not compute: NCCL's sum, then the module
+    Qwen3's per-head q/k norm (no residual)."""
     if fused and fk.is_plain_rmsnorm(norm):
         return fk.add_rmsnorm(x, residual, norm.weight, norm.variance_epsilon)
     new_residual = x if residual is None else residual + x
     return norm(new_residual), new_residual
 
 
-def _mlp(mlp: nn.Module, x: Tensor) -> Tensor | PartialSum:
+def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
     """A SiLU-gated MLP with its activation product fused: gate/up in the same launch where they are plain
     Linear layers or plain LoRA layers over them, else module calls."""
     if not fk.is_silu_mlp(mlp):
@@ -160,13 +150,10 @@ def _mlp(mlp: nn.Module, x: Tensor) -> Tensor | PartialSum:
     return _project(mlp.down_proj, act, fused=True)
 
 
-def _project(module: nn.Module, x: Tensor, fused: bool) -> Tensor | PartialSum:
+def _project(module: nn.Module, x: Tensor, fused: bool) -> Tensor:
     """A projection (o_proj, down_proj): the module call (cuBLAS for a plain Linear), except a peft LoRA Linear on
-    the fused path, whose base and adapter run in one launch (fused_linear.lora_projection), and a tensor-parallel
-    row-parallel layer on the fused path, whose un-reduced product the next norm sums (``_add_norm``)."""
+    the fused path, whose base and adapter run in one launch (fused_linear.lora_projection)."""
     out = fl.lora_projection(module, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
-    if fused and out is None and isinstance(module, RowParallelLinear):
-        out = module.partial(x)
     return module(x) if out is None else out
 
 
@@ -178,8 +165,7 @@ def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tenso
 
 
 def _self_attention(spec: DecoderSpec, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
-                    v_cache: Tensor, meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False
-                    ) -> Tensor | PartialSum:
+                    v_cache: Tensor, meta: PrefillMeta | DecodeMeta, window: int | None, fused: bool = False) -> Tensor:
     """cos, sin: [N, 1, D] on the torch path, [N, D] on the fused path (which rotates q and k in place)."""
     N = x.shape[0]
     q, k, v = _qkv(attn, x, fused)

@@ -15,9 +15,6 @@ local shapes and stay the one path), with four modules swapped:
 KV heads fewer than N (e.g. 1 KV head over 2 ranks) are replicated: each rank keeps the one KV head its query heads
 read (N must be a multiple of the KV heads). Norms, RoPE and biases of row-parallel layers are whole on every rank.
 The collectives are torch.distributed's in-place all_reduce and all-gather (NCCL captures them in CUDA graphs).
-With ``fused_allreduce`` (engine.tensor_parallel_fused_allreduce) on CUDA, decode-size row-parallel outputs skip
-NCCL: ``RowParallelLinear.partial`` leaves the product in symmetric memory and the next norm sums it over the ranks
-in the same launch (kernels/allreduce_norm.py; forward.py's ``_add_norm``).
 
 Every rank of the group computes the same hidden states and logits bit for bit (the collectives hand every rank the
 same sums), so the same seeded sampler draws the same tokens on each: the ranks' schedulers stay in step without
@@ -36,7 +33,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tandemrl.engine.kernels.allreduce_norm import MAX_ROWS, PartialSum, SymmetricAllReduceNorm
 from tandemrl.models.unwrap import unwrap_causal_lm
 
 KEY = "engine.tensor_parallel_size"
@@ -53,7 +49,6 @@ class TensorParallelGroup:
     rank: int
     size: int
     group: Any = None
-    fused_allreduce: bool = True  # decode rows' all-reduce fused into the next RMSNorm where it can run
 
     def all_reduce_(self, x: Tensor) -> Tensor:
         dist.all_reduce(x, group=self.group)
@@ -146,18 +141,10 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.tp = tp
-        self.reducer: SymmetricAllReduceNorm | None = None  # set by empty_shard where the fused all-reduce runs
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.tp.all_reduce_(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
-
-    def partial(self, x: Tensor) -> PartialSum | None:
-        """This rank's product, un-reduced, for the next norm to sum (forward.py); None: call the module (no
-        reducer, a bias, too many rows)."""
-        if self.reducer is None or self.bias is not None or not self.reducer.fits(x):
-            return None
-        return self.reducer.partial(x, self.weight)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -206,11 +193,6 @@ def empty_shard(model: nn.Module, tp: TensorParallelGroup) -> nn.Module:
         _swap_parallel_modules(shard, lm, sizes, tp)
         shard = shard.to(source.dtype)  # after the swap: the parallel modules are built in the default dtype
     shard = shard.to_empty(device=source.device).eval().requires_grad_(False)
-    reducer = SymmetricAllReduceNorm.create(tp.group, MAX_ROWS, int(config.hidden_size), source.dtype,
-                                            source.device) if tp.fused_allreduce else None
-    for module in shard.modules():
-        if isinstance(module, RowParallelLinear):
-            module.reducer = reducer
     if _tied(lm):  # to_empty gave each module a parameter of its own
         shard.lm_head.weight = shard.model.embed_tokens.weight
     shard.shard_sizes = sizes  # the full model's slicing, for whoever fills the weights (shard_params)
