@@ -16,7 +16,7 @@
 # The call: run  command "PART=ab bash bench/gpu_shape.sh"  carry [".whl", ".ab"]  timeout_s 600 (or NEW=. with only
 # .ab/base archived: `git archive REV tandemrl $(git ls-files bench | grep -v ^bench/results) | tar -x -C .ab/base`). Logs and JSON go to
 # $OUT/shape.tar.gz, the summary to $OUT/summary.md (at most 8 files come back). Env: ROUNDS (A/B rounds, 1),
-# TEST_SECONDS, REPEATS (GRPO and tandem steps timed per setting, 3).
+# TEST_SECONDS, REPEATS (GRPO and tandem steps timed per setting, 3), TANDEM (0: no tandem runs).
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_shape}
 mkdir -p "$OUT"
@@ -38,6 +38,7 @@ if [ "${PART:-ab}" = ab ]; then
           --out "$OUT/tp-$side-$r.json" > "$OUT/tp-$side-$r.log" 2>&1 || echo "throughput $side failed"
       in_tree "${TREE[$side]}" timeout 120 python3 -m bench.grpo_step --backend engine --repeats "$R" \
           --out "$OUT/grpo-$side-$r.json" > "$OUT/grpo-$side-$r.log" 2>&1 || echo "grpo $side failed"
+      [ "${TANDEM:-1}" = 1 ] || { echo "round $r $side done at $SECONDS s"; continue; }  # TANDEM=0: decode and GRPO only
       # point 2: tandem as verify rounds, beside the bursts (ROUNDS_TOO=0 leaves them out)
       rounds=$([ "$side" = new ] && [ "${ROUNDS_TOO:-1}" = 1 ] && echo --rounds-too)
       # shellcheck disable=SC2086  # rounds is empty or one word
