@@ -8,9 +8,11 @@ Zero copy: the kernels take each module's weight pointer, never a concatenation,
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
 computes x @ A^T of every adapter of the group (lora_shrink.py: split along K, partial sums per slice), and the
 base projection's epilogue adds the slices and (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B
-are peft's parameters, nothing is merged. The launchers return None where they do not apply (hooks; merged,
-disabled or DoRA adapters; mixed dtypes; autograd; too many rows; shapes where cuBLAS wins) and the caller uses the
-modules.
+are peft's parameters, nothing is merged. An adapted group the dispatch rule gives to cuBLAS (above 64 rows, long
+reductions) runs its base projections on cuBLAS as a plain group would (F.linear), then the same shrink and one
+`lora_expand_` launch adding the adapters' products to those outputs in place (tensor cores, peft's rounding), not
+peft's module chain. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters;
+mixed dtypes; autograd; too many rows; plain groups at shapes where cuBLAS wins) and the caller uses the modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
 (each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
@@ -34,7 +36,8 @@ rows 1/64/256, bench/results/session-1126g/linear-ab/, and at 0.5B, rows 64/128/
   The whole 1.5B batch-256 decode step agrees: 3.542 / 3.550 ms with q/k/v grouped against 3.823 ms with cuBLAS
   (two alternating runs, one H100, bench/results/session-1127b/dispatch); one earlier hold's 4.295 ms did not repeat.
   An adapter keeps these limits (o_proj/down_proj with one: up to 1024; LoRA at 1.5B batch 256 through our
-  kernels measured 26.3k tok/s against 38k through cuBLAS + peft).
+  kernels measured 26.3k tok/s against 38k through cuBLAS + peft); past them an adapted group takes cuBLAS for its
+  base projections and the shrink + `lora_expand_` launches for its adapters (not measured yet).
 """
 
 from __future__ import annotations
