@@ -230,7 +230,7 @@ def qkv_projection(
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer; peft
     LoRA projections with their adapter's product added in the same launch (`lora_shrink` first). An adapted
-    group the grouped launch declines: three cuBLAS projections (separate tensors) + `_add_lora`.
+    group the grouped launch declines: `_cublas_with_lora` (three separate tensors).
 
     None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
     tiles: None picks them (`pick_tiles`); benchmarks pass their own.
@@ -261,7 +261,7 @@ def qkv_projection(
 def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
     """A peft LoRA Linear's output, base and adapter in one launch (after `lora_shrink`); None for anything else
     (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply. Above the grouped
-    launch's range: the cuBLAS base projection + `_add_lora`."""
+    launch's range: `_cublas_with_lora`."""
     group = _group_operands("proj", [module], x, max_rows)
     if group is None:
         return None
@@ -278,7 +278,7 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
 @dataclass(frozen=True)
 class _Group:
     """How a group of projections runs: our grouped launch (grouped), or, for an adapted group the grouped launch
-    declines (above the GEMV range with a long reduction), cuBLAS base projections + `_add_lora` (lora_expand.py)."""
+    declines (above the GEMV range with a long reduction), `_cublas_with_lora`."""
 
     operands: list[tuple[nn.Linear, LoraParts | None]]
     grouped: bool
