@@ -429,10 +429,13 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch):
 @needs_kernels
 @pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
     not HAS_CUDA, reason="CUDA graphs need a GPU"))])
-def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs):
+@pytest.mark.parametrize("route", ["grouped", "expand"])
+def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs, route):
     """A peft model (adapters on every linear layer) decodes on the fused path, adapters in the grouped launches,
     and generates what the same model with its adapters merged into the base weights generates; an in-place step
-    on the adapter is seen by the same runner's next rollout (its graphs, if any, read peft's tensors)."""
+    on the adapter is seen by the same runner's next rollout (its graphs, if any, read peft's tensors).
+    route "expand": every adapted group as above the grouped range with long reductions (cuBLAS base
+    projections + lora_shrink + lora_expand), at this test's small batches."""
     import copy
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -452,6 +455,12 @@ def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs):
         return out
 
     monkeypatch.setattr(fl, "lora_projection", counted)
+    expands = []
+    if route == "expand":
+        rule, expand = fl.grouped_launch_wins, fl.lora_expand_
+        monkeypatch.setattr(fl, "grouped_launch_wins", lambda op, rows, k, adapted: not adapted and rule(
+            op, rows, k, adapted))
+        monkeypatch.setattr(fl, "lora_expand_", lambda *args, **kwargs: expands.append(1) or expand(*args, **kwargs))
 
     def runner_for(model):
         runner = mr.ModelRunner(model, EngineConfig(block_size=BLOCK, cuda_graphs=graphs), DEVICE)
@@ -477,6 +486,7 @@ def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs):
     runner = runner_for(model)
     adapted = rollout(runner)
     assert served["lora"] >= 2 * len(unwrap_causal_lm(model).model.layers)  # o and down, at least the prefill
+    assert bool(expands) == (route == "expand")
     assert_same(adapted, rollout(runner_for(copy.deepcopy(model).merge_and_unload())))
     with torch.no_grad():  # an optimizer step that zeroes the adapters: the base model's generation again
         for p in lora_b:

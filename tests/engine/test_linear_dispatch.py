@@ -108,3 +108,30 @@ def test_plain_projection_launcher_declines(no_launch):
     x = torch.empty(1, 896, device="meta")
     with torch.no_grad():
         assert fl._group_operands("proj", _linears(896, (896,)), x, None) is None
+
+
+def _adapted(k: int, widths: tuple[int, ...]) -> list[nn.Module]:
+    """Plain peft LoRA Linear layers (rank 8) over bias-free nn.Linear ones (CPU: peft builds real tensors)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    holder = nn.Module()
+    for i, n in enumerate(widths):
+        setattr(holder, f"proj{i}", nn.Linear(k, n, bias=False))
+    inject_adapter_in_model(LoraConfig(r=8, target_modules=[f"proj{i}" for i in range(len(widths))]), holder)
+    return [getattr(holder, f"proj{i}") for i in range(len(widths))]
+
+
+@pytest.mark.parametrize("op, rows, k, route", [
+    ("qkv", 64, 3584, "grouped"), ("qkv", 256, 1536, "grouped"), ("qkv", 256, 3584, "expand"),
+    ("gate_up", 256, 896, "grouped"), ("gate_up", 256, 1536, "expand"), ("gate_up", 65, 3584, "expand"),
+    ("proj", 64, 8960, "grouped"), ("proj", 256, 896, "grouped"), ("proj", 256, 1536, "expand"),
+    ("proj", fl.GROUPED_LINEAR_MAX_ROWS + 1, 1536, None)])
+def test_adapted_groups_the_grouped_launch_declines_take_the_expand_route(no_launch, op, rows, k, route):
+    """An adapted group keeps the grouped launch where the rule gives it; where the rule gives a plain group to
+    cuBLAS, it runs cuBLAS base projections + the LoRA shrink and expand (not peft's module chain); prefill-size
+    inputs run the modules."""
+    widths = {"qkv": (k, 128, 128), "gate_up": (64, 64), "proj": (k,)}[op]
+    x = torch.empty(rows, k)
+    with torch.no_grad():
+        group = fl._group_operands(op, _adapted(k, widths), x, None)
+    assert (None if group is None else "grouped" if group.grouped else "expand") == route

@@ -8,9 +8,11 @@ Zero copy: the kernels take each module's weight pointer, never a concatenation,
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
 computes x @ A^T of every adapter of the group (lora_shrink.py: split along K, partial sums per slice), and the
 base projection's epilogue adds the slices and (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B
-are peft's parameters, nothing is merged. The launchers return None where they do not apply (hooks; merged,
-disabled or DoRA adapters; mixed dtypes; autograd; too many rows; shapes where cuBLAS wins) and the caller uses the
-modules.
+are peft's parameters, nothing is merged. An adapted group the dispatch rule gives to cuBLAS (above 64 rows, long
+reductions) runs its base projections on cuBLAS as a plain group would (F.linear), then the same shrink and one
+`lora_expand_` launch adding the adapters' products to those outputs in place (tensor cores, peft's rounding), not
+peft's module chain. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters;
+mixed dtypes; autograd; too many rows; plain groups at shapes where cuBLAS wins) and the caller uses the modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
 (each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
@@ -34,7 +36,8 @@ rows 1/64/256, bench/results/session-1126g/linear-ab/, and at 0.5B, rows 64/128/
   The whole 1.5B batch-256 decode step agrees: 3.542 / 3.550 ms with q/k/v grouped against 3.823 ms with cuBLAS
   (two alternating runs, one H100, bench/results/session-1127b/dispatch); one earlier hold's 4.295 ms did not repeat.
   An adapter keeps these limits (o_proj/down_proj with one: up to 1024; LoRA at 1.5B batch 256 through our
-  kernels measured 26.3k tok/s against 38k through cuBLAS + peft).
+  kernels measured 26.3k tok/s against 38k through cuBLAS + peft); past them an adapted group takes cuBLAS for its
+  base projections and the shrink + `lora_expand_` launches for its adapters (not measured yet).
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.nn.modules import module as _torch_module
 
 from tandemrl.engine.kernels import pdl
-from tandemrl.engine.kernels.fused import is_silu_mlp
+from tandemrl.engine.kernels.fused import is_silu_mlp, silu_mul
 from tandemrl.engine.kernels.lora import LoraParts, lora_parts
+from tandemrl.engine.kernels.lora_expand import lora_expand_
 from tandemrl.engine.kernels.lora_shrink import lora_shrink
 
 try:  # optional: without Triton the callers keep the module calls
@@ -224,15 +229,20 @@ def qkv_projection(
     attn: nn.Module, x: Tensor, *, max_rows: int | None = None, tiles: LinearTiles | None = None,
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """(q_proj(x), k_proj(x), v_proj(x)) in one launch, as column views of one [..., Nq + Nk + Nv] buffer; peft
-    LoRA projections with their adapter's product added in the same launch (`lora_shrink` first).
+    LoRA projections with their adapter's product added in the same launch (`lora_shrink` first). An adapted
+    group the grouped launch declines: `_cublas_with_lora` (three separate tensors).
 
     None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
     tiles: None picks them (`pick_tiles`); benchmarks pass their own.
     """
     projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    operands = _group_operands("qkv", projs, x, max_rows)
-    if operands is None:
+    group = _group_operands("qkv", projs, x, max_rows)
+    if group is None:
         return None
+    operands = group.operands
+    if not group.grouped:
+        q, k, v = _cublas_with_lora(operands, x)
+        return q, k, v  # separate [..., N] tensors
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     rows = x2.shape[0]
@@ -250,11 +260,14 @@ def qkv_projection(
 
 def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
     """A peft LoRA Linear's output, base and adapter in one launch (after `lora_shrink`); None for anything else
-    (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply."""
-    operands = _group_operands("proj", [module], x, max_rows)
-    if operands is None:
+    (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply. Above the grouped
+    launch's range: `_cublas_with_lora`."""
+    group = _group_operands("proj", [module], x, max_rows)
+    if group is None:
         return None
-    (base, parts), = operands
+    if not group.grouped:
+        return _cublas_with_lora(group.operands, x)[0]
+    (base, parts), = group.operands
     x2 = x.reshape(-1, x.shape[-1])
     out = _new_output(x2.shape[0], base.weight.shape[0], x)
     if x2.shape[0]:
@@ -262,11 +275,20 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
     return out.view(*x.shape[:-1], base.weight.shape[0])
 
 
-def _group_operands(op: str, modules: list[nn.Module | None], x: Tensor, max_rows: int | None
-                    ) -> list[tuple[nn.Linear, LoraParts | None]] | None:
-    """(base Linear, LoRA parts or None) of each module, or None where a launch cannot serve them all: a module
-    missing, hooked or neither a plain nn.Linear nor a plain peft LoRA Linear over one (lora.py), adapters of mixed
-    dtypes, an input the kernels do not take, or a shape where cuBLAS wins (`grouped_launch_wins`)."""
+@dataclass(frozen=True)
+class _Group:
+    """How a group of projections runs: our grouped launch (grouped), or, for an adapted group the grouped launch
+    declines (above the GEMV range with a long reduction), `_cublas_with_lora`."""
+
+    operands: list[tuple[nn.Linear, LoraParts | None]]
+    grouped: bool
+
+
+def _group_operands(op: str, modules: list[nn.Module | None], x: Tensor, max_rows: int | None) -> _Group | None:
+    """(base Linear, LoRA parts or None) of each module and the route, or None where neither route serves them all
+    (the caller runs the modules): a module missing, hooked or neither a plain nn.Linear nor a plain peft LoRA
+    Linear over one (lora.py), adapters of mixed dtypes, an input the kernels do not take, or a plain group at a
+    shape where cuBLAS wins (`grouped_launch_wins`)."""
     if not _no_global_hooks():
         return None
     operands = []
@@ -284,9 +306,10 @@ def _group_operands(op: str, modules: list[nn.Module | None], x: Tensor, max_row
     if len({parts.a.dtype for parts in adapters}) > 1:
         return None
     rows = x.numel() // max(1, x.shape[-1])
-    if not grouped_launch_wins(op, rows, x.shape[-1], bool(adapters)):
+    grouped = grouped_launch_wins(op, rows, x.shape[-1], bool(adapters))
+    if not (grouped or adapters) or not _launchable(x, max_rows):
         return None
-    return operands if _launchable(x, max_rows) else None
+    return _Group(operands, grouped)
 
 
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
@@ -309,6 +332,21 @@ def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | Non
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
         IEEE=x2.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages, **lora,
         **pdl.launch_options(x2.device))
+
+
+def _cublas_with_lora(operands: list[tuple[nn.Linear, LoraParts | None]], x: Tensor) -> list[Tensor]:
+    """Each base projection of x as the module path runs it (cuBLAS, F.linear on the base weight and bias), then
+    one `lora_shrink` for the group's adapters and one `lora_expand_` adding their products to the outputs in
+    place (peft's rounding: lora_expand.py)."""
+    outs = [F.linear(x, base.weight, base.bias) for base, _ in operands]
+    adapted = [(out, parts) for out, (_, parts) in zip(outs, operands) if parts is not None]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0]:
+        sms = _sm_count(x.device)
+        xa = lora_shrink(x2, [p.a for _, p in adapted], sms)
+        lora_expand_([out.view(-1, out.shape[-1]) for out, _ in adapted], xa, [p.b for _, p in adapted],
+                     [p.scaling for _, p in adapted], sms)
+    return outs
 
 
 def _lora_operands(x2: Tensor, adapters: list[LoraParts | None], dummy: Tensor) -> dict:
@@ -339,12 +377,14 @@ def gate_up_silu(
     with the measured `_TMA_GATE_UP_TILES`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
     (for whichever kernel runs) and may force descriptors (tma=True) or plain loads (tma=False).
     """
-    operands = _group_operands("gate_up", [mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
-    if operands is None:
+    group = _group_operands("gate_up", [mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
+    if group is None:
         return None
-    (gate, gate_lora), (up, up_lora) = operands
+    (gate, gate_lora), (up, up_lora) = group.operands
     if gate.weight.shape != up.weight.shape:
         return None
+    if not group.grouped:  # cuBLAS gate and up, their adapters added in one launch, then the SiLU product
+        return silu_mul(*_cublas_with_lora(group.operands, x))
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     rows, inter = x2.shape[0], gate.weight.shape[0]

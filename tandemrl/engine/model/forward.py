@@ -152,7 +152,7 @@ def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
 
 def _project(module: nn.Module, x: Tensor, fused: bool) -> Tensor:
     """A projection (o_proj, down_proj): the module call (cuBLAS for a plain Linear), except a peft LoRA Linear on
-    the fused path, whose base and adapter run in one launch (fused_linear.lora_projection)."""
+    the fused path, whose base and adapter run in our launches (fused_linear.lora_projection)."""
     out = fl.lora_projection(module, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
     return module(x) if out is None else out
 
