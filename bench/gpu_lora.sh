@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Issue 37 point 3's GPU check (LoRA decode against the adapter-free step), one device call of about 6-7 minutes
-# (the pieces' caps add up to 395 s):
-#   1. the GPU runs of the LoRA kernel tests (the split shrink, the grouped launches against peft, the runner's
-#      greedy output against the merged model, with and without CUDA graphs) and the dispatch rule's;
+# Issue 37 point 3's GPU check (LoRA decode against the adapter-free step), one device call of about 7-8 minutes
+# (the pieces' caps add up to 530 s):
+#   1. the GPU runs of the LoRA kernel tests (the split shrink, the expand, the grouped launches and the cuBLAS +
+#      shrink + expand route against peft, the runner's greedy output against the merged model on both routes, with
+#      and without CUDA graphs) and the dispatch rule's;
 #   2. bench.engine_throughput at 1.5B and 7B, batch 64 and 256, 128 + 512, without and with --lora-rank 64 (the
 #      LoRA / plain decode step ratio per row in the summary);
-#   3. bench.lora_profile: per-kernel device time of one decode step, plain vs LoRA, 1.5B batch 64; and at batch
-#      256 with the adapters in our grouped launches at every K (the A/B of fused_linear's rule that sends adapted
-#      projections with K > 1024 above 64 rows to cuBLAS + peft: compare its LoRA step with the engine_throughput
-#      row of the same shape).
-# The call: run  command "bash bench/gpu_lora.sh"  kind nvidia-h100-x1  carry [".whl"]  timeout_s 480.
+#   3. bench.lora_profile with PDL off (TANDEMRL_PDL=0: each kernel's own device time, no early-launch waits
+#      counted): per-kernel device time of one decode step, plain vs LoRA, 1.5B at batch 64 and 256.
+# The call: run  command "bash bench/gpu_lora.sh"  kind nvidia-h100-x1  carry [".whl"]  timeout_s 600.
 # Each piece has its own timeout (named in the summary if it runs out). Logs and JSON in $OUT/lora.tar.gz, the
 # tables in $OUT/summary.md.
 set -uo pipefail
@@ -20,19 +19,21 @@ SUMMARY="$OUT/summary.md"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$SUMMARY"
 START=$SECONDS
 
-logged_step 100 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
-    tests/engine/test_linear_dispatch.py tests/engine/test_fused_linear.py -k "lora or dora or shrink or slabs or rule"
+logged_step 200 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
+    tests/engine/test_lora_expand.py tests/engine/test_linear_dispatch.py tests/engine/test_fused_linear.py \
+    tests/engine/test_model_runner.py -k "lora or dora or shrink or slabs or rule or expand"
 tail -n 3 "$OUT/raw/tests.log" >> "$SUMMARY"
 
 TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48 --batches 64 256)
 logged_step 40 plain-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --out "$OUT/raw/plain-1.5b.json"
-logged_step 45 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --lora-rank 64 --out "$OUT/raw/lora-1.5b.json"
+logged_step 60 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --lora-rank 64 --out "$OUT/raw/lora-1.5b.json"
 logged_step 50 plain-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --out "$OUT/raw/plain-7b.json"
-logged_step 70 lora-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --lora-rank 64 --out "$OUT/raw/lora-7b.json"
-logged_step 45 profile-1.5b-64 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 \
+logged_step 90 lora-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --lora-rank 64 --out "$OUT/raw/lora-7b.json"
+TANDEMRL_PDL=0 logged_step 45 profile-1.5b-64 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 \
     --out "$OUT/raw/profile-1.5b-64.json"
-logged_step 45 grouped-1.5b-256 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 --grouped-adapters \
-    --rows 12 --out "$OUT/raw/grouped-1.5b-256.json"
+# PDL off: a kernel launched early would count its wait for the one before it as its own device time
+TANDEMRL_PDL=0 logged_step 45 profile-1.5b-256 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 \
+    --rows 16 --out "$OUT/raw/profile-1.5b-256.json"
 
 {
   echo
@@ -52,7 +53,7 @@ for arch in ("1.5b", "7b"):
         print(f"| {arch} | {p['batch']} | {p['decode_step_ms']:.2f} | {q['decode_step_ms']:.2f} | "
               f"{q['decode_step_ms'] / p['decode_step_ms']:.2f} | {p['engine_tok_s']:.0f} | {q['engine_tok_s']:.0f} |")
 EOF
-  for name in profile-1.5b-64 grouped-1.5b-256; do
+  for name in profile-1.5b-64 profile-1.5b-256; do
     echo
     sed -n '/^qwen/,$p' "$OUT/raw/$name.log" 2>/dev/null
   done
