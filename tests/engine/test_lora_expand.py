@@ -16,6 +16,11 @@ from tests.engine.test_fused_linear import INTER, _lora_layer, _tols, _x
 WIDTHS = (72, 24, 40)  # odd widths: the last column tile of each output is masked
 
 
+def _product_tols(dtype: torch.dtype) -> dict:
+    """Tolerances for a product of two rounded projections: twice a single projection's in 16 bits."""
+    return {key: 2 * value for key, value in _tols(dtype).items()} if dtype != torch.float32 else _tols(dtype)
+
+
 def _peft_reference(base: torch.Tensor, xa: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
     """peft's ``result + lora_B(xa) * scaling`` (xa lora_A's output in B's dtype), cast back to base's dtype."""
     return (base + (xa.to(b.dtype) @ b.T) * scaling).to(base.dtype)
@@ -103,8 +108,10 @@ def test_expand_route_matches_peft(expand_route, dtype, rows, targets):
         q, k, v = fl.qkv_projection(attn, x)
         for got, module in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
             torch.testing.assert_close(got, module(x), **_tols(dtype))
+        # SiLU(gate) * up multiplies two 16-bit roundings (base, then base + adapter, as peft rounds them): where
+        # TF32's adapter product tips one of them to the next value, the product moves by up to two units more
         torch.testing.assert_close(fl.gate_up_silu(mlp, x), fk.silu_mul_ref(mlp.gate_proj(x), mlp.up_proj(x)),
-                                   **_tols(dtype))
+                                   **_product_tols(dtype))
         o, down = fl.lora_projection(attn.o_proj, x), fl.lora_projection(mlp.down_proj, act)
         if targets is None:
             torch.testing.assert_close(o, attn.o_proj(x), **_tols(dtype))

@@ -37,7 +37,8 @@ rows 1/64/256, bench/results/session-1126g/linear-ab/, and at 0.5B, rows 64/128/
   (two alternating runs, one H100, bench/results/session-1127b/dispatch); one earlier hold's 4.295 ms did not repeat.
   An adapter keeps these limits (o_proj/down_proj with one: up to 1024; LoRA at 1.5B batch 256 through our
   kernels measured 26.3k tok/s against 38k through cuBLAS + peft); past them an adapted group takes cuBLAS for its
-  base projections and the shrink + `lora_expand_` launches for its adapters (not measured yet).
+  base projections and the shrink + `lora_expand_` launches for its adapters (batch 256: 1.67x the
+  adapter-free step at 1.5B and 1.49x at 7B, against 2.42x and 2.00x through peft's float32 modules).
 """
 
 from __future__ import annotations
