@@ -16,8 +16,9 @@ from pathlib import Path
 PACKAGE = "tandemrl"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
 
-# Modules outside tandemrl.engine the engine may import: leaves that import nothing from tandemrl themselves.
-ENGINE_MAY_IMPORT = frozenset({"tandemrl.types", "tandemrl.models.unwrap"})
+# Modules outside tandemrl.engine the engine may import: they import nothing from tandemrl but each other (the
+# tensor-parallel shard model reads models.unwrap; the engine only asks it whether a model is a shard).
+ENGINE_MAY_IMPORT = frozenset({"tandemrl.types", "tandemrl.models.unwrap", "tandemrl.models.tensor_parallel"})
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,9 @@ def test_engine_imports_nothing_above_it() -> None:
     assert not wrong, "the engine imports from layers above it:\n" + show(wrong)
 
 
-def test_engine_allowed_outside_modules_are_leaves() -> None:
+def test_engine_allowed_outside_modules_import_only_each_other() -> None:
     graph = import_graph()
-    wrong = [e for m in ENGINE_MAY_IMPORT for e in graph[m]]
+    wrong = [e for m in ENGINE_MAY_IMPORT for e in graph[m] if e.target not in ENGINE_MAY_IMPORT]
     assert not wrong, "a module the engine may import imports other tandemrl modules:\n" + show(wrong)
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from tandemrl.backends.hf_backend import eos_token_ids, sampling_mode
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.engine import LLMEngine
-from tandemrl.engine.model.tensor_parallel import TensorParallelGroup, is_shard
+from tandemrl.models.tensor_parallel import TensorParallelGroup, is_shard
 from tandemrl.engine.speculative import DRAFT
 from tandemrl.engine.step import TARGET
 from tandemrl.engine.tandem import FROZEN
@@ -124,7 +124,7 @@ def _tensor_parallel_models(size: int, model: nn.Module, frozen: nn.Module | Non
     """``size``: engine.tensor_parallel_size, which must be the group's. Over a group of several ranks, this rank's
     shards of the policy (unless the trainer built it: distributed/tp_weights.py) and of tandem's frozen model (the
     whole one is then dropped); a draft model stays whole on every rank."""
-    from tandemrl.engine.model.tensor_parallel import shard_for_rank
+    from tandemrl.models.tensor_parallel import shard_for_rank
 
     if size != (tp.size if tp is not None else 1):
         where = f"a group of {tp.size}" if tp is not None else "one rank"

@@ -1,5 +1,5 @@
 """The tensor-parallel engine's weights, refreshed from the trained model after each update: each rank receives only
-its slice of every parameter (engine/model/tensor_parallel.py says which), never a whole replica.
+its slice of every parameter (models/tensor_parallel.py says which), never a whole replica.
 
 Sharded training (FSDP2) holds every parameter as a DTensor whose rows are split over the job's ranks (Shard(0),
 torch.chunk's split: ceil(rows / world) per rank). Rank r's engine needs rows start:stop (q/k/v, gate/up, vocabulary)
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import increment_version
 
-from tandemrl.engine.model.tensor_parallel import (ParamSlice, TensorParallelGroup, param_slice, shard_params,
+from tandemrl.models.tensor_parallel import (ParamSlice, TensorParallelGroup, param_slice, shard_params,
                                                    take_slice, target_view)
 
 

@@ -90,7 +90,7 @@ def _hf_source(model: nn.Module, replica: nn.Module) -> tuple[nn.Module, dict | 
     """Collective. What the Hugging Face files are written from: the engine's replica, or the trained model when the
     engine holds only a tensor-parallel shard (engine.tensor_parallel_size > 1); an FSDP2-sharded source (sharded
     and no replica: a server samples) with its whole weights gathered into rank 0's host memory (never onto a GPU)."""
-    from tandemrl.engine.model.tensor_parallel import is_shard
+    from tandemrl.models.tensor_parallel import is_shard
     from tandemrl.sync.checkpoint import full_state
 
     source = model if is_shard(replica) else replica

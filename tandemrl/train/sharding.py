@@ -66,7 +66,7 @@ def _tensor_parallel_engine(model: nn.Module, choice: Choice, world_size: int, s
     import torch.distributed as dist
 
     from tandemrl.distributed.tp_weights import TensorParallelWeights, tensor_parallel_group
-    from tandemrl.engine.model.tensor_parallel import empty_shard
+    from tandemrl.models.tensor_parallel import empty_shard
 
     reduce_gradients = None
     if choice.strategy == "replicate":

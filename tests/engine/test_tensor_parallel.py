@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.model.tensor_parallel import shard_sizes
+from tandemrl.models.tensor_parallel import shard_sizes
 from tandemrl.models.tiny import ensure_tiny_model
 
 

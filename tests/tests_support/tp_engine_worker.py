@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.model.tensor_parallel import TensorParallelGroup
+from tandemrl.models.tensor_parallel import TensorParallelGroup
 from tandemrl.speculative.config import SpeculativeConfig
 from tandemrl.tandem.config import TandemConfig
 from tandemrl.types import Request, SamplingParams

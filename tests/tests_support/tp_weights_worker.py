@@ -12,7 +12,7 @@ import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tandemrl.distributed.tp_weights import TensorParallelWeights, tensor_parallel_group
-from tandemrl.engine.model.tensor_parallel import empty_shard, shard_for_rank
+from tandemrl.models.tensor_parallel import empty_shard, shard_for_rank
 from tandemrl.train.sharding import shard_model
 
 CONFIGS = {  # 1 KV head (replicated when split 2 ways) and an odd vocabulary; Qwen2.5-0.5B's heads, untied

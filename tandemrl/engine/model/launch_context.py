@@ -11,7 +11,7 @@ import torch
 
 from tandemrl.engine.model.slot import ModelSlot
 from tandemrl.engine.model.step_sampler import StepSampler
-from tandemrl.engine.model.tensor_parallel import is_shard
+from tandemrl.models.tensor_parallel import is_shard
 from tandemrl.engine.tandem import FROZEN
 
 
