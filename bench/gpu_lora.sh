@@ -19,10 +19,10 @@ SUMMARY="$OUT/summary.md"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$SUMMARY"
 START=$SECONDS
 
-logged_step 200 tests python3 -m pytest -x -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
+logged_step 200 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
     tests/engine/test_lora_expand.py tests/engine/test_linear_dispatch.py tests/engine/test_fused_linear.py \
     tests/engine/test_model_runner.py -k "lora or dora or shrink or slabs or rule or expand"
-tail -n 3 "$OUT/raw/tests.log" >> "$SUMMARY"
+{ grep -E "^(FAILED|ERROR)" "$OUT/raw/tests.log"; tail -n 1 "$OUT/raw/tests.log"; } >> "$SUMMARY"
 
 TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48 --batches 64 256)
 logged_step 40 plain-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --out "$OUT/raw/plain-1.5b.json"
