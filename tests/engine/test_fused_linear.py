@@ -69,6 +69,14 @@ def _x(rows, dtype, hidden=HIDDEN, seed=1) -> torch.Tensor:
     return torch.randn(rows, hidden, generator=torch.Generator().manual_seed(seed + rows)).to(DEVICE, dtype)
 
 
+def _qkv_like_modules(attn: nn.Module, x: torch.Tensor, dtype) -> tuple[torch.Tensor, ...]:
+    """fl.qkv_projection's q, k, v, each checked against its module's own output."""
+    q, k, v = fl.qkv_projection(attn, x)
+    for got, module in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
+        torch.testing.assert_close(got, module(x), **_tols(dtype))
+    return q, k, v
+
+
 def _mlp_ref(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return fk.silu_mul_ref(mlp.gate_proj(x), mlp.up_proj(x))
 

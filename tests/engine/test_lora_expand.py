@@ -11,7 +11,7 @@ from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
 from tandemrl.engine.kernels import lora_expand as le
 from tests.engine.kernel_env import DEVICE, DTYPES, needs_kernels
-from tests.engine.test_fused_linear import INTER, _lora_layer, _tols, _x
+from tests.engine.test_fused_linear import INTER, _lora_layer, _qkv_like_modules, _tols, _x
 
 WIDTHS = (72, 24, 40)  # odd widths: the last column tile of each output is masked
 
@@ -105,9 +105,7 @@ def test_expand_route_matches_peft(expand_route, dtype, rows, targets):
     attn, mlp = layer.self_attn, layer.mlp
     x, act = _x(rows, dtype), _x(rows, dtype, INTER)
     with torch.no_grad():
-        q, k, v = fl.qkv_projection(attn, x)
-        for got, module in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
-            torch.testing.assert_close(got, module(x), **_tols(dtype))
+        q, k, v = _qkv_like_modules(attn, x, dtype)
         # SiLU(gate) * up multiplies two 16-bit roundings (base, then base + adapter, as peft rounds them): where
         # TF32's adapter product tips one of them to the next value, the product moves by up to two units more
         torch.testing.assert_close(fl.gate_up_silu(mlp, x), fk.silu_mul_ref(mlp.gate_proj(x), mlp.up_proj(x)),

@@ -11,7 +11,7 @@ from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
 from tandemrl.engine.kernels import lora_shrink as ls
 from tests.engine.kernel_env import DEVICE, DTYPES, needs_kernels
-from tests.engine.test_fused_linear import INTER, _lora_layer, _tols, _x
+from tests.engine.test_fused_linear import INTER, _lora_layer, _qkv_like_modules, _tols, _x
 
 
 @pytest.mark.parametrize("rows, ranks, k, expected", [
@@ -66,9 +66,7 @@ def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, r
     attn, mlp = layer.self_attn, layer.mlp
     x, act = _x(rows, dtype), _x(rows, dtype, INTER)
     with torch.no_grad():
-        q, k, v = fl.qkv_projection(attn, x)
-        for got, module in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
-            torch.testing.assert_close(got, module(x), **_tols(dtype))
+        _qkv_like_modules(attn, x, dtype)
         torch.testing.assert_close(fl.gate_up_silu(mlp, x), fk.silu_mul_ref(mlp.gate_proj(x), mlp.up_proj(x)),
                                    **_tols(dtype))
         torch.testing.assert_close(fl.lora_projection(attn.o_proj, x), attn.o_proj(x), **_tols(dtype))
