@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from tandemrl.config import TrainConfig
@@ -39,10 +38,11 @@ def two_rank_update(tmp_path_factory) -> tuple[dict, Path, Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).parents[1]))  # the spawned ranks import tests_support
         from tests_support.fsdp_update_worker import run_rank
+        from tests_support.spawn import spawn_ranks
 
         model_dir = ensure_tiny_model(root / "tiny")
-        mp.spawn(run_rank, args=(2, str(root / "store"), str(model_dir), str(root / "result.json"), AGGREGATIONS,
-                                 str(root / "checkpoints")), nprocs=2, join=True)
+        spawn_ranks(run_rank, (2, str(root / "store"), str(model_dir), str(root / "result.json"), AGGREGATIONS,
+                               str(root / "checkpoints")), 2, root / "store")
     return json.loads((root / "result.json").read_text()), model_dir, root / "checkpoints"
 
 

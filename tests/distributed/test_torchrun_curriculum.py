@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from tandemrl.config import CurriculumConfig
 from tandemrl.curriculum import Curriculum
@@ -25,8 +24,9 @@ def test_every_rank_keeps_the_curriculum_one_process_would(tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).parents[1]))  # the spawned processes import tests_support
         from tests_support.curriculum_ranks_worker import RANKS, run
+        from tests_support.spawn import spawn_ranks
 
-        mp.spawn(run, args=(str(tmp_path / "store"), ids, rewards, str(tmp_path / "rank")), nprocs=RANKS, join=True)
+        spawn_ranks(run, (str(tmp_path / "store"), ids, rewards, str(tmp_path / "rank")), RANKS, tmp_path / "store")
     one = Curriculum(CurriculumConfig(), list(range(40)), 4)
     one.record(ids, rewards)
     one.end_epoch(1)

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 
 LAYOUTS = [(4, 2), (2, 2)]  # (world, tp_size): 2 engines of 2 ranks over 4; 1 engine over 2
@@ -20,9 +19,10 @@ def results(tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).parents[1]))  # the spawned ranks import tests_support
         from tests_support.tp_weights_worker import run_rank
+        from tests_support.spawn import spawn_ranks
 
-        mp.spawn(run_rank, args=(LAYOUTS, str(root / "store"), str(root / "result.json")),
-                 nprocs=max(world for world, _ in LAYOUTS), join=True)
+        spawn_ranks(run_rank, (LAYOUTS, str(root / "store"), str(root / "result.json")),
+                    max(world for world, _ in LAYOUTS), root / "store")
     return json.loads((root / "result.json").read_text())
 
 

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from tandemrl.engine.config import EngineConfig
 from tandemrl.models.tensor_parallel import shard_sizes
@@ -22,9 +21,10 @@ def two_ranks(tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).parents[1]))  # the spawned ranks import tests_support
         from tests_support.tp_engine_worker import run_rank
+        from tests_support.spawn import spawn_ranks
 
         tiny = ensure_tiny_model(root / "tiny")
-        mp.spawn(run_rank, args=(2, str(root / "store"), str(tiny), str(root / "result.json")), nprocs=2, join=True)
+        spawn_ranks(run_rank, (2, str(root / "store"), str(tiny), str(root / "result.json")), 2, root / "store")
     return json.loads((root / "result.json").read_text())
 
 
