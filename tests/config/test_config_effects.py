@@ -3,7 +3,7 @@
 import pytest
 
 from tandemrl.config import Config, ConfigError, config_to_toml, load_config
-from tandemrl.config_effects import check_effects, set_keys
+from tandemrl.config.effects import check_effects, set_keys
 from tandemrl.tandem.config import TandemConfig
 
 SERVER = ['rollout.backend="server"', 'rollout.server_url="http://127.0.0.1:8000"']

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# tandemrl.config.Config, not imported: config.py calls this module from its validator (no import circle)
+# tandemrl.config.root.Config, not imported: root.py calls this module from its validator (no import circle)
 Config = Any
 
 

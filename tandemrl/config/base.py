@@ -1,0 +1,62 @@
+"""What every config section shares: unknown keys are errors, numbers are plain finite numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import (BaseModel, ConfigDict, ValidationError, ValidationInfo, ValidatorFunctionWrapHandler,
+                      field_validator)
+from pydantic_core import PydanticCustomError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _plain_numbers(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        """Numbers are numbers: pydantic's lax mode would read `true` as 1 (lr = true trained at lr 1.0) and "0.5"
+        as 0.5; and no setting here means anything at inf or nan. An int stays valid where a float is expected."""
+        # a boolean is refused before the range checks, whose message ("should be >= 2 (got True)") would mislead
+        early = isinstance(value, bool) and _takes_numbers_not_bools(cls.model_fields[info.field_name].annotation)
+        problem = ((), value, "expected a number, not a boolean") if early else None
+        result = None if early else handler(value)
+        problem = problem or _coerced_number(value, result, ())
+        if problem is not None:
+            loc, got, message = problem
+            raise ValidationError.from_exception_data(
+                cls.__name__, [{"type": PydanticCustomError("plain_number", message), "loc": loc, "input": got}])
+        return result
+
+
+def _takes_numbers_not_bools(annotation: Any) -> bool:
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return bool not in members and any(m in (int, float) for m in members)
+
+
+def _coerced_number(given: Any, result: Any, loc: tuple) -> tuple[tuple, Any, str] | None:
+    """(where, the value, why) for the first number in `result` that was not a plain finite number in `given`.
+    Walks lists, tuples, dicts and dataclass sections; a nested Section has checked itself."""
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        if isinstance(given, bool):
+            return loc, given, "expected a number, not a boolean"
+        if isinstance(given, (str, bytes)):
+            return loc, given, "expected a number, not a string (write it without quotes)"
+        if isinstance(result, float) and not math.isfinite(result):
+            return loc, given, "expected a finite number"
+        return None
+    if isinstance(result, (list, tuple)) and isinstance(given, (list, tuple)) and len(given) == len(result):
+        pairs = [(i, g, r) for i, (g, r) in enumerate(zip(given, result))]
+    elif isinstance(result, dict) and isinstance(given, dict):
+        pairs = [(k, given[k], r) for k, r in result.items() if k in given]
+    elif dataclasses.is_dataclass(result) and isinstance(given, dict):
+        pairs = [(f.name, given[f.name], getattr(result, f.name)) for f in dataclasses.fields(result) if f.name in given]
+    else:
+        return None
+    for key, g, r in pairs:
+        if (problem := _coerced_number(g, r, (*loc, key))) is not None:
+            return problem
+    return None

@@ -1,0 +1,126 @@
+"""A config from the user's words: a TOML file, `--set section.key=value` overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from tandemrl.config.data import DataConfig
+from tandemrl.config.root import Config
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the user: names the key and what would be valid."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a TOML file (optional), apply `a.b=c` overrides, validate everything."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_toml(Path(path))
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return validate_config(raw)
+
+
+def validate_config(raw: dict[str, Any]) -> Config:
+    """The config from the user's keys; the task's own defaults (tandemrl/data/task_defaults.py) fill the keys the
+    user left out."""
+    from tandemrl.data.task_defaults import with_task_defaults
+
+    data = raw.get("data")
+    task = data.get("task", DataConfig.model_fields["task"].default) if isinstance(data, dict) else None
+    raw = with_task_defaults(raw, task)
+    _check_registered_names(raw)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects section.key=value, got {item!r}")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def _parse_value(text: str) -> Any:
+    """TOML literal if it parses (3, 1e-4, true, [..], "x"), else the bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _check_registered_names(raw: dict[str, Any]) -> None:
+    # Imported here: algorithm registries pull in torch, which the config module itself should not need.
+    from tandemrl.algo.advantages import ADVANTAGES
+    from tandemrl.algo.losses import AGGREGATIONS, POLICY_LOSSES
+
+    train = raw.get("train", {})
+    if not isinstance(train, dict):
+        return
+    for key, registry in (("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS), ("policy_loss", POLICY_LOSSES)):
+        if key in train and train[key] not in registry.names():
+            raise ConfigError(
+                f"train.{key} = {train[key]!r} is not known; valid choices: {', '.join(registry.names())}"
+            )
+
+
+def _describe(err: ValidationError) -> str:
+    messages = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "config"
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            messages.append(_unknown_key_message(e["loc"]))
+        elif e["type"] == "value_error":  # our own checks: their messages name the keys
+            messages.append(str(e.get("ctx", {}).get("error", e["msg"])))
+        else:
+            messages.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    if len(messages) == 1:  # one problem, one line
+        return f"invalid config: {messages[0]}"
+    return "invalid config:\n  " + "\n  ".join(messages)
+
+
+def _unknown_key_message(loc: tuple[Any, ...]) -> str:
+    section: type = Config
+    for part in loc[:-1]:
+        field = _field_names(section).get(str(part))
+        if field is None or not _field_names(field):
+            break
+        section = field
+    valid = list(_field_names(section))
+    key = ".".join(str(p) for p in loc)
+    hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"unknown config key {key!r}{suggestion}; valid keys here: {', '.join(valid)}"
+
+
+def _field_names(section: Any) -> dict[str, Any]:
+    """A section's keys and their types: a pydantic model's fields or a dataclass's ({} for a plain value)."""
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        return {name: f.annotation for name, f in section.model_fields.items()}
+    if dataclasses.is_dataclass(section):
+        return {f.name: f.type for f in dataclasses.fields(section)}
+    return {}
