@@ -31,6 +31,21 @@ class Section(BaseModel):
                 cls.__name__, [{"type": PydanticCustomError("plain_number", message), "loc": loc, "input": got}])
         return result
 
+    def differs_from_default(self, name: str) -> bool:
+        """Whether key ``name`` holds a value other than its default. A run's config.toml writes every key, defaults
+        included, so a check that asks "did the user set this?" asks this instead."""
+        return getattr(self, name) != type(self).model_fields[name].default
+
+
+def check_dataclass_section(section: Any, own_prefix: str, key_prefix: str) -> None:
+    """Run the ``validate()`` of a plain-dataclass section (engine, tandem, speculative: they live beside the code
+    that reads them), its messages reworded to name the config's keys: ``own_prefix`` (e.g. "EngineConfig.")
+    becomes ``key_prefix`` (e.g. "engine.")."""
+    try:
+        section.validate()
+    except ValueError as err:
+        raise ValueError(str(err).replace(own_prefix, key_prefix)) from None
+
 
 def _takes_numbers_not_bools(annotation: Any) -> bool:
     members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)

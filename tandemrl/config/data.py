@@ -52,17 +52,14 @@ class DataConfig(Section):
         if self.system_prompt is not None and not self.use_chat_template and self.path is None:
             raise ValueError("data.system_prompt needs data.use_chat_template = true (a system message only exists "
                              "in the chat template)")
-        held_out = [key for key in ("test_fraction", "split_seed") if getattr(self, key) != _DATA_DEFAULTS[key]]
+        held_out = [key for key in ("test_fraction", "split_seed") if self.differs_from_default(key)]
         if self.test_path is not None and held_out:
             raise ValueError(f"data.{held_out[0]} has no effect with data.test_path set (nothing is held out): "
                              f"remove one of them")
-        if self.task is not None and self.prompt_column != "prompt":  # a resolved config.toml writes the default
+        if self.task is not None and self.differs_from_default("prompt_column"):
             raise ValueError(f"data.prompt_column applies to your own dataset; data.task = {self.task!r} has its "
                              "own columns: unset one of them")
         return self
-
-
-_DATA_DEFAULTS = {name: field.default for name, field in DataConfig.model_fields.items()}
 
 
 class CurriculumConfig(Section):

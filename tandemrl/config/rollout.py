@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tandemrl.config.base import Section
+from tandemrl.config.base import Section, check_dataclass_section
 from tandemrl.config.vllm import VLLMConfig
 from tandemrl.speculative.config import SpeculativeConfig
 
@@ -56,10 +56,7 @@ class RolloutConfig(Section):
     @model_validator(mode="after")
     def _check_speculative(self) -> RolloutConfig:
         spec = self.speculative
-        try:
-            spec.validate()
-        except ValueError as err:
-            raise ValueError(str(err).replace("speculative.", "rollout.speculative.")) from None
+        check_dataclass_section(spec, "speculative.", "rollout.speculative.")
         if spec.method == "draft" and not spec.draft_model:
             raise ValueError("rollout.speculative.method = 'draft' needs rollout.speculative.draft_model "
                              "(a hub id or a local directory)")

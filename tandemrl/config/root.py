@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from tandemrl.config.base import Section
+from tandemrl.config.base import Section, check_dataclass_section
 from tandemrl.config.data import CurriculumConfig, DataConfig
 from tandemrl.config.effects import check_effects, preset_keys
 from tandemrl.config.model import ModelConfig
@@ -36,20 +36,14 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_engine(self) -> Config:
-        try:
-            self.engine.validate()
-        except ValueError as err:
-            raise ValueError(str(err).replace("EngineConfig.", "engine.")) from None
+        check_dataclass_section(self.engine, "EngineConfig.", "engine.")
         return self
 
     @model_validator(mode="after")
     def _check_tandem(self) -> Config:
         if not self.tandem.enabled:
             return self
-        try:
-            self.tandem.validate()
-        except ValueError as err:
-            raise ValueError(str(err).replace("TandemSelectorConfig.", "tandem.")) from None
+        check_dataclass_section(self.tandem, "TandemSelectorConfig.", "tandem.")
         if self.rollout.backend != "engine" or self.rollout.speculative.enabled:
             raise ValueError("tandem.enabled needs rollout.backend = 'engine' and no rollout.speculative")
         return self

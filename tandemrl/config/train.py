@@ -63,10 +63,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _check_micro_batches(self) -> TrainConfig:
-        # A run's config.toml writes every key: only a budget other than the default counts as set.
-        budget = "max_tokens_per_micro_batch"
-        if self.micro_batch_size is not None and budget in self.model_fields_set and \
-                self.max_tokens_per_micro_batch != type(self).model_fields[budget].default:
+        if self.micro_batch_size is not None and self.differs_from_default("max_tokens_per_micro_batch"):
             raise ValueError("train.micro_batch_size and train.max_tokens_per_micro_batch both size the update's "
                              "micro-batches: set one of them")
         return self
