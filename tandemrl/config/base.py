@@ -13,6 +13,8 @@ from pydantic_core import PydanticCustomError
 
 
 class Section(BaseModel):
+    """The base of every pydantic section: an unknown key is an error, an assignment is validated too."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     @field_validator("*", mode="wrap")
