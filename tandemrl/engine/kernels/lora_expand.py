@@ -1,6 +1,6 @@
 """The LoRA expand on its own: ``out_i += ((x A_i^T) B_i^T) * scaling_i`` into outputs a GEMM already wrote.
 
-Above the GEMV range, where cuBLAS computes the base projections (fused_linear's dispatch rule), an adapted group
+Above the GEMV range, where cuBLAS computes the base projections (linear_dispatch.py), an adapted group
 runs as: cuBLAS base projections, one `lora_shrink` for the group's adapters (partials [splits, rows, ranks]), then
 one launch of this kernel for up to three outputs (column views of one buffer or separate tensors). Each program
 owns a [BLOCK_M, BLOCK_N] tile of one output: it adds the shrink's slabs of its rows (`lora_xa`), multiplies by the
