@@ -43,6 +43,7 @@ try:  # optional: without Triton the callers keep the module calls
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from tandemrl.engine.kernels.lora_expand import peft_rounded_add
     from tandemrl.engine.kernels.lora_shrink import lora_xa
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
@@ -295,8 +296,7 @@ if triton is not None:
             delta = tl.dot(xa, b_t, input_precision="ieee")
         else:
             delta = tl.dot(xa, b_t)
-        lora = (delta.to(ad).to(tl.float32) * scaling).to(ad).to(tl.float32)
-        return acc.to(out_dtype).to(tl.float32) + lora
+        return peft_rounded_add(acc.to(out_dtype).to(tl.float32), delta, scaling, ad)
 
     @triton.jit
     def _linear_tile(
