@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 37 point 2's engine A/B: the linear dispatch (fused_linear.grouped_launch_wins: our grouped kernel or cuBLAS
+# Issue 37 point 2's engine A/B: the linear dispatch (linear_dispatch.grouped_launch_wins: our grouped kernel or cuBLAS
 # per op and shape) and the GEMV tile rule (pick_tiles) of this tree against two baseline trees, alternating on one
 # GPU: decode throughput of Qwen2.5-0.5B / 1.5B / 7B (random bf16 weights), 128 + 512 tokens, batches 1 / 64 / 256,
 # each row with its decode step against the bandwidth floor.

@@ -7,7 +7,8 @@ cuBLAS's in the engine, not timed) at each row count three ways: cuBLAS (F.linea
 grouped kernel with the tiles the engine picks, and the best of a tile sweep (`linear_grid`), each as µs per layer,
 TB/s of weight bytes, TFLOP/s and the multiple of the roofline floor (bench.linear_roofline), with the winner and
 the proposed dispatch; a markdown table beside the JSON (same name, .md). Our kernel is timed where the engine
-does not use it (o/down; above 64 rows the reductions beyond fused_linear._MAX_K_ABOVE_GEMV) too: the question.
+does not use it (o/down; above 64 rows the reductions beyond linear_dispatch._MAX_K_ABOVE_GEMV) too: the
+question.
 `--compile-only --shard i/n` runs each variant once untimed so that n such processes in parallel fill Triton's
 disk cache before the timed run (bench/gpu_linear_ab.sh).
 
@@ -35,8 +36,8 @@ except ImportError:  # a CPU install: the bench needs a GPU to run, not to impor
 
 from bench.grpo_step import ARCHITECTURES, build_model
 from bench.linear_roofline import ELEMENT_BYTES, LinearShape, ab_entry, layer_shapes, markdown_table, peak_for
-from tandemrl.engine.kernels import fused_linear, triton_attention
-from tandemrl.engine.kernels.fused_linear import LinearTiles
+from tandemrl.engine.kernels import fused_linear, linear_dispatch, linear_tiles, triton_attention
+from tandemrl.engine.kernels.linear_tiles import LinearTiles
 from tandemrl.engine.kernels.triton_attention import DecodeAttentionTiles
 
 
@@ -123,7 +124,8 @@ def _ours_single(module, x, variant: Variant):
 
 def _ours_everywhere():
     """Our launchers at every K above 64 rows too (the engine's dispatch sends long reductions to cuBLAS there)."""
-    return mock.patch.dict(fused_linear._MAX_K_ABOVE_GEMV, dict.fromkeys(fused_linear._MAX_K_ABOVE_GEMV, 1 << 30))
+    limits = linear_dispatch._MAX_K_ABOVE_GEMV
+    return mock.patch.dict(limits, dict.fromkeys(limits, 1 << 30))
 
 
 def _applied(result):
@@ -155,11 +157,11 @@ def linear_ops(layers, config: dict, rows: int) -> dict[str, LinearOp]:
 
 def engine_tiles(shape: LinearShape, sms: int) -> dict:
     """The tiles the engine's launchers pick for this shape (the `tiles=None` call), for the record."""
-    if shape.name == "gate_up" and shape.rows > fused_linear._GEMV_ROWS:
-        tiles, tma = fused_linear._TMA_GATE_UP_TILES[fused_linear._bucket(shape.rows)], True
+    if shape.name == "gate_up" and shape.rows > linear_tiles.GEMV_ROWS:
+        tiles, tma = linear_tiles.tma_gate_up_tiles(shape.rows, ELEMENT_BYTES), True
     else:
         widths, per = ((shape.widths[0],), 2) if shape.name == "gate_up" else (shape.widths, 1)
-        tiles, tma = fused_linear.pick_tiles(shape.rows, widths, shape.k, ELEMENT_BYTES, per, sms), False
+        tiles, tma = linear_tiles.pick_tiles(shape.rows, widths, shape.k, ELEMENT_BYTES, per, sms), False
     return Variant(tiles, tma).label()
 
 

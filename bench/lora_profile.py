@@ -25,7 +25,7 @@ from bench.engine_throughput import engine_run, random_prompts
 from bench.grpo_step import ARCHITECTURES, build_model
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
-from tandemrl.engine.kernels import fused_linear
+from tandemrl.engine.kernels import linear_dispatch
 from tandemrl.models.lora import LoraSettings, apply_lora
 from tandemrl.models.unwrap import unwrap_causal_lm
 
@@ -68,8 +68,8 @@ def per_step(model, args, seed: int) -> dict:
 
 def grouped_everywhere():
     """Adapted projections through our grouped launches at any K (the plain ones keep the engine's rule)."""
-    rule = fused_linear.grouped_launch_wins
-    return mock.patch.object(fused_linear, "grouped_launch_wins",
+    rule = linear_dispatch.grouped_launch_wins
+    return mock.patch.object(linear_dispatch, "grouped_launch_wins",
                              lambda op, rows, k, adapted: adapted or rule(op, rows, k, adapted))
 
 

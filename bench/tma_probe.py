@@ -28,7 +28,7 @@ except ImportError:  # a CPU install: the bench needs a GPU to run, not to impor
 from bench.grpo_step import build_model
 from bench.kernel_sweep import per_layer_us
 from tandemrl.engine.kernels import fused_linear
-from tandemrl.engine.kernels.fused_linear import LinearTiles
+from tandemrl.engine.kernels.linear_tiles import LinearTiles
 
 
 if triton is not None:  # prototype kernel; the module imports without Triton (it runs on GPUs only)

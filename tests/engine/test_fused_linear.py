@@ -16,6 +16,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.kernels import linear_dispatch as ld
+from tandemrl.engine.kernels import linear_tiles as lt
 from tandemrl.engine.config import EngineConfig
 from tandemrl.engine.model import runner as mr
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
@@ -85,31 +87,31 @@ def _mlp_ref(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def test_pick_tiles_reads_weights_once_in_wide_column_tiles():
     # Qwen2.5-0.5B decode at batch 1: q/k/v 896/128/128 columns, gate/up 4864 each, hidden 896
-    qkv = fl.pick_tiles(1, (896, 128, 128), 896, 2)
+    qkv = lt.pick_tiles(1, (896, 128, 128), 896, 2)
     assert (qkv.block_m, qkv.block_n) == (16, 16) and sum(n // 16 for n in (896, 128, 128)) >= 132 // 3
-    mlp = fl.pick_tiles(1, (4864,), 896, 2, weights_per_tile=2)
+    mlp = lt.pick_tiles(1, (4864,), 896, 2, weights_per_tile=2)
     assert (mlp.block_m, mlp.block_n) == (16, 32) and 4864 // 32 >= 132 // 3
     for rows, block_m in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
         for widths, per in (((896, 128, 128), 1), ((4864,), 2)):
-            t = fl.pick_tiles(rows, widths, 896, 2, per)
+            t = lt.pick_tiles(rows, widths, 896, 2, per)
             assert t.block_m == block_m and all(w % t.block_n == 0 for w in widths)  # no tile straddles
             assert t.block_n >= block_m // 4 and 896 % t.block_k == 0
             assert 2 <= t.num_stages <= 4
             assert t.num_stages * (block_m + per * t.block_n) * t.block_k * 2 <= 128 * 1024
-    assert fl.pick_tiles(3, (24,), 20, 4).block_k == 32  # short reductions: one masked K step
+    assert lt.pick_tiles(3, (24,), 20, 4).block_k == 32  # short reductions: one masked K step
     # decode batches of 128 and 256 (and anything larger) take the measured tiles of their bucket
     for rows, bucket in ((65, 128), (128, 128), (129, 256), (256, 256), (300, 256)):
         for per in (1, 2):
-            assert fl.pick_tiles(rows, (896,), 896, 2, per) == fl._LARGE_BATCH_TILES[(per, bucket)]
+            assert lt.pick_tiles(rows, (896,), 896, 2, per) == lt._LARGE_BATCH_TILES[(per, bucket)]
 
 
 def test_tile_defaults_are_the_measured_values():
     """What the engine launches above the GEMV range (it passes no tiles): the H100 sweeps' winners. Changing one
     is a tuning decision, made here too."""
-    T = fl.LinearTiles
-    assert fl._LARGE_BATCH_TILES == {(1, 128): T(64, 32, 128, 4, 4), (1, 256): T(64, 64, 128, 4, 3),
+    T = lt.LinearTiles
+    assert lt._LARGE_BATCH_TILES == {(1, 128): T(64, 32, 128, 4, 4), (1, 256): T(64, 64, 128, 4, 3),
                                      (2, 128): T(128, 64, 64, 8, 4), (2, 256): T(128, 32, 64, 4, 3)}
-    assert fl._TMA_GATE_UP_TILES == {128: T(128, 64, 64, 4, 4), 256: T(128, 64, 64, 4, 3)}
+    assert lt._TMA_GATE_UP_TILES == {128: T(128, 64, 64, 4, 4), 256: T(128, 64, 64, 4, 3)}
     for fn, names in ((fl.qkv_projection, ("tiles",)), (fl.gate_up_silu, ("tiles", "tma"))):
         assert all(inspect.signature(fn).parameters[n].default is None for n in names)
 
@@ -197,7 +199,7 @@ def test_explicit_tiles_match_modules(rows):
     """Tiles a benchmark passes instead of the picked ones (masked K steps, masked last tiles), for q/k/v and for
     both gate/up kernels where descriptors apply: the modules' results."""
     dtype = DTYPES[0]
-    tiles = fl.LinearTiles(32, 16, 32, num_warps=4, num_stages=2)
+    tiles = lt.LinearTiles(32, 16, 32, num_warps=4, num_stages=2)
     attn, mlp, x = _attn(dtype, (True, False, True)), _mlp(dtype, bias=True), _x(rows, dtype)
     tma_choices = [False] + ([True] if fl._tma_ready(x, mlp.gate_proj.weight, mlp.up_proj.weight) else [])
     with torch.no_grad():
@@ -215,7 +217,7 @@ def test_qkv_projection_keeps_leading_dims_and_row_limit():
         q, k, v = fl.qkv_projection(attn, x)
         assert q.shape == (2, 3, 3 * HEAD) and v.shape == (2, 3, HEAD)
         torch.testing.assert_close(v, attn.v_proj(x), **_tols(torch.float32))
-        big = _x(fl.GROUPED_LINEAR_MAX_ROWS + 1, torch.float32)
+        big = _x(ld.GROUPED_LINEAR_MAX_ROWS + 1, torch.float32)
         assert fl.qkv_projection(attn, big) is None  # prefill-size input: the caller uses cuBLAS
         assert fl.qkv_projection(attn, x, max_rows=5) is None
         q, _, _ = fl.qkv_projection(attn, big, max_rows=1 << 30)  # the 256-row tiles, a masked last row tile
@@ -465,8 +467,8 @@ def test_lora_runner_greedy_equals_the_merged_model(monkeypatch, graphs, route):
     monkeypatch.setattr(fl, "lora_projection", counted)
     expands = []
     if route == "expand":
-        rule, expand = fl.grouped_launch_wins, fl.lora_expand_
-        monkeypatch.setattr(fl, "grouped_launch_wins", lambda op, rows, k, adapted: not adapted and rule(
+        rule, expand = ld.grouped_launch_wins, fl.lora_expand_
+        monkeypatch.setattr(ld, "grouped_launch_wins", lambda op, rows, k, adapted: not adapted and rule(
             op, rows, k, adapted))
         monkeypatch.setattr(fl, "lora_expand_", lambda *args, **kwargs: expands.append(1) or expand(*args, **kwargs))
 
@@ -510,8 +512,8 @@ def test_float32_tiles_above_the_gemv_range_fit_the_shared_memory_of_the_bfloat1
     shared memory for the 128-row gate/up (an H100 has 232,448): BLOCK_K halves instead."""
     for rows in (65, 128, 256):
         for per in (1, 2):
-            bf16, fp32 = (fl.pick_tiles(rows, (1536,), 576, size, per) for size in (2, 4))
+            bf16, fp32 = (lt.pick_tiles(rows, (1536,), 576, size, per) for size in (2, 4))
             smem = [(t.block_m + per * t.block_n) * t.block_k * size * t.num_stages for t, size in ((bf16, 2), (fp32, 4))]
             assert smem[1] == smem[0] and fp32.block_k == bf16.block_k // 2
-    tma = fl.for_element_size(fl._TMA_GATE_UP_TILES[128], 4)
+    tma = lt.for_element_size(lt._TMA_GATE_UP_TILES[128], 4)
     assert (tma.block_m + 2 * tma.block_n) * tma.block_k * 4 * tma.num_stages <= 232_448

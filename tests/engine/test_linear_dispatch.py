@@ -1,5 +1,5 @@
-"""Which kernel and tiles the engine's linear layers take per op and shape (fused_linear's dispatch rule), checked
-against the H100 A/Bs it was derived from: bench/results/session-1126g/linear-ab/ (Qwen2.5-1.5B and 7B, rows
+"""Which kernel and tiles the engine's linear layers take per op and shape (linear_dispatch.py, linear_tiles.py),
+checked against the H100 A/Bs it was derived from: bench/results/session-1126g/linear-ab/ (Qwen2.5-1.5B and 7B, rows
 1/64/256, cuBLAS vs our kernel with every swept tile) and bench/results/engine-v5/kernel_sweep.json (0.5B).
 No kernel runs here: the rule alone, on the CPU."""
 
@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.kernels import linear_dispatch as ld
+from tandemrl.engine.kernels import linear_tiles as lt
 
-T = fl.LinearTiles
+T = lt.LinearTiles
 # (hidden, q/k/v widths, intermediate) of the measured architectures
 SHAPES = {"0.5b": (896, (896, 128, 128), 4864), "1.5b": (1536, (1536, 256, 256), 8960),
           "7b": (3584, (3584, 512, 512), 18944)}
@@ -43,7 +44,7 @@ MEASURED_WINNERS = {
 @pytest.mark.parametrize("arch, op, rows", sorted(MEASURED_WINNERS))
 def test_dispatch_follows_the_measured_winner(arch, op, rows):
     kind = "proj" if op in ("o", "down") else op
-    wins = fl.grouped_launch_wins(kind, rows, _k(arch, op), adapted=False)
+    wins = ld.grouped_launch_wins(kind, rows, _k(arch, op), adapted=False)
     assert ("ours" if wins else "cublas") == MEASURED_WINNERS[arch, op, rows]
 
 
@@ -52,10 +53,10 @@ def test_single_projections_stay_cublas():
     grouped launch saves peft's chain of kernels up to 64 rows, and above for reductions up to 1024 only."""
     for rows in (1, 16, 64, 65, 256):
         for k in (896, 1536, 3584, 18944):
-            assert not fl.grouped_launch_wins("proj", rows, k, adapted=False)
-    assert fl.grouped_launch_wins("proj", 64, 18944, adapted=True)
-    assert fl.grouped_launch_wins("proj", 256, 896, adapted=True)
-    assert not fl.grouped_launch_wins("proj", 256, 1536, adapted=True)
+            assert not ld.grouped_launch_wins("proj", rows, k, adapted=False)
+    assert ld.grouped_launch_wins("proj", 64, 18944, adapted=True)
+    assert ld.grouped_launch_wins("proj", 256, 896, adapted=True)
+    assert not ld.grouped_launch_wins("proj", 256, 1536, adapted=True)
 
 
 # GEMV-range tiles: (arch, op, rows) -> the fastest swept tiles (block_m/n/k, warps, stages), or one within 2 % of
@@ -79,14 +80,14 @@ def test_gemv_tiles_are_the_measured_fastest(arch, op, rows):
     hidden, qkv, inter = SHAPES[arch]
     widths = {"qkv": qkv, "o": (hidden,), "gate_up": (inter,), "down": (hidden,)}[op]
     per = 2 if op == "gate_up" else 1
-    assert fl.pick_tiles(rows, widths, _k(arch, op), 2, per, sms=132) == MEASURED_GEMV_TILES[arch, op, rows]
+    assert lt.pick_tiles(rows, widths, _k(arch, op), 2, per, sms=132) == MEASURED_GEMV_TILES[arch, op, rows]
 
 
 @pytest.fixture
 def no_launch(monkeypatch):
     """The eligibility checks as on a GPU, without Triton or a launch."""
-    monkeypatch.setattr(fl, "triton", fl.triton or object())
-    monkeypatch.setattr(fl, "_INTERPRET", True)
+    monkeypatch.setattr(ld, "triton", ld.triton or object())
+    monkeypatch.setattr(ld, "_INTERPRET", True)
 
 
 def _linears(k: int, widths: tuple[int, ...]) -> list[nn.Linear]:
@@ -95,19 +96,19 @@ def _linears(k: int, widths: tuple[int, ...]) -> list[nn.Linear]:
 
 @pytest.mark.parametrize("op, rows, k, grouped", [
     ("qkv", 64, 3584, True), ("qkv", 256, 1536, True), ("qkv", 256, 2048, True), ("qkv", 256, 3584, False),
-    ("qkv", fl.GROUPED_LINEAR_MAX_ROWS + 1, 896, False),
+    ("qkv", ld.GROUPED_LINEAR_MAX_ROWS + 1, 896, False),
     ("gate_up", 64, 3584, True), ("gate_up", 256, 896, True), ("gate_up", 256, 1536, False)])
 def test_launchers_follow_the_rule(no_launch, op, rows, k, grouped):
     widths = (k, 128, 128) if op == "qkv" else (4 * k, 4 * k)
     x = torch.empty(rows, k, device="meta")
     with torch.no_grad():
-        assert (fl._group_operands(op, _linears(k, widths), x, None) is not None) == grouped
+        assert (ld.route_group(op, _linears(k, widths), x, None) is not None) == grouped
 
 
 def test_plain_projection_launcher_declines(no_launch):
     x = torch.empty(1, 896, device="meta")
     with torch.no_grad():
-        assert fl._group_operands("proj", _linears(896, (896,)), x, None) is None
+        assert ld.route_group("proj", _linears(896, (896,)), x, None) is None
 
 
 def _adapted(k: int, widths: tuple[int, ...]) -> list[nn.Module]:
@@ -125,7 +126,7 @@ def _adapted(k: int, widths: tuple[int, ...]) -> list[nn.Module]:
     ("qkv", 64, 3584, "grouped"), ("qkv", 256, 1536, "grouped"), ("qkv", 256, 3584, "expand"),
     ("gate_up", 256, 896, "grouped"), ("gate_up", 256, 1536, "expand"), ("gate_up", 65, 3584, "expand"),
     ("proj", 64, 8960, "grouped"), ("proj", 256, 896, "grouped"), ("proj", 256, 1536, "expand"),
-    ("proj", fl.GROUPED_LINEAR_MAX_ROWS + 1, 1536, None)])
+    ("proj", ld.GROUPED_LINEAR_MAX_ROWS + 1, 1536, None)])
 def test_adapted_groups_the_grouped_launch_declines_take_the_expand_route(no_launch, op, rows, k, route):
     """An adapted group keeps the grouped launch where the rule gives it; where the rule gives a plain group to
     cuBLAS, it runs cuBLAS base projections + the LoRA shrink and expand (not peft's module chain); prefill-size
@@ -133,5 +134,5 @@ def test_adapted_groups_the_grouped_launch_declines_take_the_expand_route(no_lau
     widths = {"qkv": (k, 128, 128), "gate_up": (64, 64), "proj": (k,)}[op]
     x = torch.empty(rows, k)
     with torch.no_grad():
-        group = fl._group_operands(op, _adapted(k, widths), x, None)
+        group = ld.route_group(op, _adapted(k, widths), x, None)
     assert (None if group is None else "grouped" if group.grouped else "expand") == route

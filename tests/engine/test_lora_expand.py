@@ -9,6 +9,7 @@ import torch
 
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.kernels import linear_dispatch as ld
 from tandemrl.engine.kernels import lora_expand as le
 from tests.engine.kernel_env import DEVICE, DTYPES, needs_kernels
 from tests.engine.test_fused_linear import INTER, _lora_layer, _qkv_like_modules, _tols, _x
@@ -81,14 +82,14 @@ def test_expand_tiles():
 def expand_route(monkeypatch):
     """Every adapted group on the cuBLAS + shrink + expand route (as above the grouped range with long
     reductions), its launches counted; plain groups keep the rule."""
-    original_rule, original_expand = fl.grouped_launch_wins, fl.lora_expand_
+    original_rule, original_expand = ld.grouped_launch_wins, fl.lora_expand_
     launches = []
 
     def expand(outs, *args, **kwargs):
         launches.append(len(outs))
         return original_expand(outs, *args, **kwargs)
 
-    monkeypatch.setattr(fl, "grouped_launch_wins", lambda op, rows, k, adapted: not adapted and original_rule(
+    monkeypatch.setattr(ld, "grouped_launch_wins", lambda op, rows, k, adapted: not adapted and original_rule(
         op, rows, k, adapted))
     monkeypatch.setattr(fl, "lora_expand_", expand)
     return launches
@@ -133,4 +134,4 @@ def test_expand_route_keeps_leading_dims_and_empty_inputs(expand_route):
         torch.testing.assert_close(fl.lora_projection(attn.o_proj, x), attn.o_proj(x), **_tols(torch.float32))
         empty = fl.qkv_projection(attn, x[:, :0])
         assert [t.shape[:2] for t in empty] == [(2, 0)] * 3
-        assert fl.qkv_projection(attn, _x(fl.GROUPED_LINEAR_MAX_ROWS + 1, torch.float32)) is None  # prefill: peft
+        assert fl.qkv_projection(attn, _x(ld.GROUPED_LINEAR_MAX_ROWS + 1, torch.float32)) is None  # prefill: peft

@@ -8,54 +8,33 @@ Zero copy: the kernels take each module's weight pointer, never a concatenation,
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
 computes x @ A^T of every adapter of the group (lora_shrink.py: split along K, partial sums per slice), and the
 base projection's epilogue adds the slices and (x A^T) B^T * scaling, rounded as peft does; the adapter's A and B
-are peft's parameters, nothing is merged. An adapted group the dispatch rule gives to cuBLAS (above 64 rows, long
-reductions) runs its base projections on cuBLAS as a plain group would (F.linear), then the same shrink and one
-`lora_expand_` launch adding the adapters' products to those outputs in place (tensor cores, peft's rounding), not
-peft's module chain. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters;
-mixed dtypes; autograd; too many rows; plain groups at shapes where cuBLAS wins) and the caller uses the modules.
+are peft's parameters, nothing is merged. An adapted group the dispatch rule (linear_dispatch.py) gives to cuBLAS
+runs its base projections on cuBLAS as a plain group would (F.linear), then the same shrink and one `lora_expand_`
+launch adding the adapters' products to those outputs in place (tensor cores, peft's rounding), not peft's module
+chain. The launchers return None where they do not apply (hooks; merged, disabled or DoRA adapters; mixed dtypes;
+autograd; too many rows; plain groups at shapes where cuBLAS wins) and the caller uses the modules.
 
 Kernel: grid (column tiles of the concatenated output, row tiles of x); a column tile never straddles two weights
-(each weight has its own run of tiles, the last one masked). Up to 64 rows decode is a memory-bound GEMV, so the
-tile choice (`pick_tiles`) keeps one row tile (every weight read once) and sizes the column tiles by a rule measured
-at Qwen2.5-1.5B and 7B shapes. Decode batches of 128 and 256 rows use tiles measured on an H100 at hidden 896
-(`python -m bench.kernel_sweep`). At those batches gate/up is a compute-bound GEMM, and on Hopper its tiles come
-through the bulk tensor copy engine (TMA, host tensor descriptors; `python -m bench.tma_probe`: 13.8 vs 15.3 us per
-layer at 256 rows, 10.8 vs 13.7 at 128); the GEMV range keeps plain loads, as do inputs whose pointers or strides
-TMA cannot take.
-
-Which kernel runs (`grouped_launch_wins`; H100 A/Bs against cuBLAS of every linear op at Qwen2.5-1.5B/7B shapes,
-rows 1/64/256, bench/results/session-1126g/linear-ab/, and at 0.5B, rows 64/128/256, engine-v5/kernel_sweep.json):
-- o_proj, down_proj (one weight, no adapter): cuBLAS, always. One GEMM has no launch to save; ours never beat it by
-  more than 4 % (1.5B o_proj) and lost by up to 1.6x (1.5B down_proj at 1 row: 22.2 vs 13.8 us per layer).
-- q/k/v and gate/up + SiLU up to 64 rows: ours at every size (q/k/v 1.5-2.9x faster than cuBLAS's three GEMMs,
-  gate/up + SiLU 1.1-1.3x): one launch instead of two or three, each weight read once.
-- above 64 rows, ours for reductions (the hidden size) up to `_MAX_K_ABOVE_GEMV[op]`: cuBLAS's larger GEMMs reach
-  1.3-1.6x our kernel's TFLOP/s (7B, 256 rows), so the launches ours saves pay only while the GEMMs are short.
-  q/k/v at 256 rows: ours at K 896 (5.9 vs 14.1 us) and 1536 (7.9 vs 17.5), cuBLAS at 3584 (32.7 vs 40.9);
-  gate/up: ours at 896 (15.1 vs 19.8), a tie at 1536 (38.2 vs 38.2: cuBLAS), cuBLAS at 3584 (146.9 vs 201.9).
-  The whole 1.5B batch-256 decode step agrees: 3.542 / 3.550 ms with q/k/v grouped against 3.823 ms with cuBLAS
-  (two alternating runs, one H100, bench/results/session-1127b/dispatch); one earlier hold's 4.295 ms did not repeat.
-  An adapter keeps these limits (o_proj/down_proj with one: up to 1024; LoRA at 1.5B batch 256 through our
-  kernels measured 26.3k tok/s against 38k through cuBLAS + peft); past them an adapted group takes cuBLAS for its
-  base projections and the shrink + `lora_expand_` launches for its adapters (batch 256: 1.67x the
-  adapter-free step at 1.5B and 1.49x at 7B, against 2.42x and 2.00x through peft's float32 modules).
+(each weight has its own run of tiles, the last one masked); tiles from linear_tiles.py. Above the GEMV range
+gate/up is a compute-bound GEMM, and on Hopper its tiles come through the bulk tensor copy engine (TMA, host tensor
+descriptors; `python -m bench.tma_probe`: 13.8 vs 15.3 us per layer at 256 rows, 10.8 vs 13.7 at 128); the GEMV
+range keeps plain loads, as do inputs whose pointers or strides TMA cannot take.
 """
 
 from __future__ import annotations
 
-
 import functools
 import os
-from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.nn.modules import module as _torch_module
 
 from tandemrl.engine.kernels import pdl
 from tandemrl.engine.kernels.fused import is_silu_mlp, silu_mul
-from tandemrl.engine.kernels.lora import LoraParts, lora_parts
+from tandemrl.engine.kernels.linear_dispatch import route_group
+from tandemrl.engine.kernels.linear_tiles import DEFAULT_SMS, GEMV_ROWS, LinearTiles, pick_tiles, tma_gate_up_tiles
+from tandemrl.engine.kernels.lora import LoraParts
 from tandemrl.engine.kernels.lora_expand import lora_expand_
 from tandemrl.engine.kernels.lora_shrink import lora_shrink
 
@@ -64,139 +43,15 @@ try:  # optional: without Triton the callers keep the module calls
     import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from tandemrl.engine.kernels.lora_expand import peft_rounded_add
     from tandemrl.engine.kernels.lora_shrink import lora_xa
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
-# Inputs with more rows go to the modules (prefill-size GEMMs are cuBLAS's); the largest decode batch bucket.
-GROUPED_LINEAR_MAX_ROWS = 256
-_GEMV_ROWS = 64  # up to here the tiles follow the GEMV rule of `pick_tiles`
-# Above _GEMV_ROWS rows, the longest reduction (K) at which each op's grouped launch was measured to beat cuBLAS
-# (see the module doc): "proj" is o_proj / down_proj with a peft adapter (without one they are always cuBLAS's).
-_MAX_K_ABOVE_GEMV = {"qkv": 2048, "gate_up": 1024, "proj": 1024}
-# GEMV tiles: the widest column tile (at most 64 weight columns per program) that still gives a launch at least
-# SMs / this many programs. H100 sweeps at Qwen2.5-1.5B/7B shapes (session-1126g/linear-ab): at 16 rows the fastest
-# tiles ran 48-72 programs (1.5B q/k/v 6.2 us with 64 programs vs 10.6 with 256), at 64 rows 72-128.
-_GEMV_SM_DIVISOR = {16: 3, 32: 3, 64: 2}
-_GEMV_MAX_COLUMNS = 64
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
-_DEFAULT_SMS = 132  # H100 SXM; used where the device cannot be asked (interpreter)
-_SMEM_BUDGET = 96 * 1024  # bytes of pipelined tiles per program: two programs fit an SM's shared memory
-_BLOCK_N_CHOICES = (64, 32, 16, 8)
 
 
-@dataclass(frozen=True)
-class LinearTiles:
-    """Tiles and launch options of one grouped-projection launch; the launchers take one as `tiles=` (benchmarks),
-    or pick their own (`pick_tiles`, `_TMA_GATE_UP_TILES`: what the engine runs)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-# (weights per tile, rows up to) -> the fastest tiles of the H100 sweep at hidden 896: q/k/v (1) and gate/up (2).
-# Fewer, larger tiles win there (72-300 programs); x is re-read from L2 by each column tile. At hidden 1536
-# (Qwen2.5-1.5B q/k/v, 256 rows, session-1126g/linear-ab) (1, 256) was again the sweep's fastest: 7.9 us (the
-# engine runs cuBLAS there all the same: the module doc).
-_LARGE_BATCH_TILES = {
-    (1, 128): LinearTiles(64, 32, 128, num_warps=4, num_stages=4),
-    (1, 256): LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
-    (2, 128): LinearTiles(128, 64, 64, num_warps=8, num_stages=4),
-    (2, 256): LinearTiles(128, 32, 64, num_warps=4, num_stages=3),
-}
-# rows up to -> gate/up tiles of the TMA kernel (H100, `python -m bench.tma_probe`: 10.8 / 13.8 us per layer)
-_TMA_GATE_UP_TILES = {
-    128: LinearTiles(128, 64, 64, num_warps=4, num_stages=4),
-    256: LinearTiles(128, 64, 64, num_warps=4, num_stages=3),
-}
-
-
-def for_element_size(tiles: LinearTiles, elem_size: int) -> LinearTiles:
-    """Measured tiles (for 2-byte inputs) with BLOCK_K scaled so a pipeline stage holds the same bytes: float32 tiles
-    of the same shape would need twice the shared memory (262,144 bytes for the 128-row gate/up, over an H100's
-    232,448)."""
-    return replace(tiles, block_k=max(16, tiles.block_k * 2 // elem_size))
-
-
-def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weights_per_tile: int = 1,
-               sms: int = _DEFAULT_SMS) -> LinearTiles:
-    """Tiles for `rows` x [sum(widths)] output columns over a reduction of length k.
-
-    BLOCK_M: the smallest of 16/32/64 holding all rows (tl.dot wants >= 16; extra rows are masked, never read),
-    so up to 64 rows every weight byte is read once. BLOCK_N: the largest of 64/32/16/8 with at most
-    _GEMV_MAX_COLUMNS weight columns per program (gate/up: 32) whose launch still has sms / _GEMV_SM_DIVISOR
-    programs (Qwen2.5-1.5B q/k/v at batch 1: 2048 columns -> 32, 64 programs; 7B: 4608 -> 64, 72 programs), not below
-    BLOCK_M / 4, where re-reading x per column tile would cost more L2 traffic than the weights. BLOCK_K 128 (64 for
-    gate/up at 64 rows, two accumulators per program: 23.6 vs 25.8 us per layer at 1.5B, a tie at 7B), and as many
-    stages (2-4) as _SMEM_BUDGET holds. More than 64 rows: the measured `_LARGE_BATCH_TILES` of the next bucket
-    (128 or 256).
-    """
-    if rows > _GEMV_ROWS:
-        return for_element_size(_LARGE_BATCH_TILES[(weights_per_tile, _bucket(rows))], elem_size)
-    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    row_tiles = -(-rows // block_m)
-    min_n, max_n = max(8, block_m // 4), _GEMV_MAX_COLUMNS // weights_per_tile
-    min_programs = sms // _GEMV_SM_DIVISOR[block_m]
-    block_n = min_n
-    for bn in _BLOCK_N_CHOICES:
-        if min_n <= bn <= max_n and row_tiles * sum(-(-w // bn) for w in widths) >= min_programs:
-            block_n = bn
-            break
-    block_k = max(16, min(128 if elem_size <= 2 else 64, 1 << max(0, (k - 1).bit_length())))
-    if weights_per_tile > 1 and block_m == 64:
-        block_k = max(16, block_k // 2)
-    stage_bytes = (block_m + weights_per_tile * block_n) * block_k * elem_size
-    num_stages = max(2, min(4, _SMEM_BUDGET // stage_bytes))
-    return LinearTiles(block_m, block_n, block_k, num_warps=4, num_stages=num_stages)
-
-
-# ---------------------------------------------------------------------------------------------- eligibility
-
-def _plain_linear(module: nn.Module, x: Tensor) -> bool:
-    """nn.Linear (or a subclass keeping its forward) without hooks whose weight/bias the kernel can read as is."""
-    if not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward:
-        return False  # peft LoRA layers are not nn.Linear; subclasses with their own forward compute more
-    if module._forward_hooks or module._forward_pre_hooks:
-        return False
-    weight, bias = module.weight, module.bias
-    if type(weight) not in (Tensor, nn.Parameter) or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        return False  # tensor subclasses (DTensor/FSDP shards) are not plain memory
-    if weight.dtype != x.dtype or weight.device != x.device or not weight.is_contiguous():
-        return False
-    if bias is not None and (type(bias) not in (Tensor, nn.Parameter) or bias.dtype != x.dtype
-                             or bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
-        return False
-    # The kernel records no autograd graph: only take it where none is wanted.
-    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                             or (bias is not None and bias.requires_grad)))
-
-
-def grouped_launch_wins(op: str, rows: int, k: int, adapted: bool) -> bool:
-    """The dispatch rule (module doc): whether our grouped launch serves `op` for rows x k inputs, rather than
-    cuBLAS (the module calls). op: "qkv" (q/k/v), "gate_up" (gate/up + SiLU) or "proj" (o_proj / down_proj);
-    adapted: a peft adapter on one of its projections (a plain projection alone is always cuBLAS's)."""
-    if op == "proj" and not adapted:
-        return False
-    return rows <= _GEMV_ROWS or k <= _MAX_K_ABOVE_GEMV[op]
-
-
-def _launchable(x: Tensor, max_rows: int | None) -> bool:
-    """Triton present, x on CUDA (or the interpreter), a float dtype, unit-stride features, few enough rows."""
-    if triton is None or not (x.is_cuda or _INTERPRET):
-        return False
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dim() < 1 or x.stride(-1) != 1:
-        return False
-    limit = GROUPED_LINEAR_MAX_ROWS if max_rows is None else max_rows
-    return x.numel() // max(1, x.shape[-1]) <= limit
-
-
-def _no_global_hooks() -> bool:
-    """torch.nn.modules.module.register_module_forward_hook applies to every module: respect it."""
-    return not (_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
-
+# ---------------------------------------------------------------------------------------------- device
 
 @functools.lru_cache(maxsize=None)
 def _device_properties(device: torch.device):
@@ -206,7 +61,7 @@ def _device_properties(device: torch.device):
 
 def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of `device`."""
-    return _device_properties(device).multi_processor_count if device.type == "cuda" else _DEFAULT_SMS
+    return _device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
 
 
 def _tma_ready(*tensors: Tensor) -> bool:
@@ -233,11 +88,12 @@ def qkv_projection(
     LoRA projections with their adapter's product added in the same launch (`lora_shrink` first). An adapted
     group the grouped launch declines: `_cublas_with_lora` (three separate tensors).
 
-    None where it does not apply (see the module doc); max_rows: None reads GROUPED_LINEAR_MAX_ROWS at call time.
+    None where it does not apply (see the module doc); max_rows: None reads linear_dispatch's
+    GROUPED_LINEAR_MAX_ROWS at call time.
     tiles: None picks them (`pick_tiles`); benchmarks pass their own.
     """
     projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    group = _group_operands("qkv", projs, x, max_rows)
+    group = route_group("qkv", projs, x, max_rows)
     if group is None:
         return None
     operands = group.operands
@@ -263,7 +119,7 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
     """A peft LoRA Linear's output, base and adapter in one launch (after `lora_shrink`); None for anything else
     (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply. Above the grouped
     launch's range: `_cublas_with_lora`."""
-    group = _group_operands("proj", [module], x, max_rows)
+    group = route_group("proj", [module], x, max_rows)
     if group is None:
         return None
     if not group.grouped:
@@ -275,42 +131,6 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
         _grouped_linear(x2, [base.weight], [base.bias], out, None, [parts])
     return out.view(*x.shape[:-1], base.weight.shape[0])
 
-
-@dataclass(frozen=True)
-class _Group:
-    """How a group of projections runs: our grouped launch (grouped), or, for an adapted group the grouped launch
-    declines (above the GEMV range with a long reduction), `_cublas_with_lora`."""
-
-    operands: list[tuple[nn.Linear, LoraParts | None]]
-    grouped: bool
-
-
-def _group_operands(op: str, modules: list[nn.Module | None], x: Tensor, max_rows: int | None) -> _Group | None:
-    """(base Linear, LoRA parts or None) of each module and the route, or None where neither route serves them all
-    (the caller runs the modules): a module missing, hooked or neither a plain nn.Linear nor a plain peft LoRA
-    Linear over one (lora.py), adapters of mixed dtypes, an input the kernels do not take, or a plain group at a
-    shape where cuBLAS wins (`grouped_launch_wins`)."""
-    if not _no_global_hooks():
-        return None
-    operands = []
-    for module in modules:
-        if module is None:
-            return None
-        if _plain_linear(module, x):
-            operands.append((module, None))
-            continue
-        parts = lora_parts(module, x)
-        if parts is None or not _plain_linear(parts.base, x):
-            return None
-        operands.append((parts.base, parts))
-    adapters = [parts for _, parts in operands if parts is not None]
-    if len({parts.a.dtype for parts in adapters}) > 1:
-        return None
-    rows = x.numel() // max(1, x.shape[-1])
-    grouped = grouped_launch_wins(op, rows, x.shape[-1], bool(adapters))
-    if not (grouped or adapters) or not _launchable(x, max_rows):
-        return None
-    return _Group(operands, grouped)
 
 
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
@@ -375,10 +195,10 @@ def gate_up_silu(
     adapter's product added (after `lora_shrink`, plain loads). None where it does not apply.
 
     The engine passes neither tiles nor tma: above the GEMV range tensor descriptors where they apply (`_use_tma`)
-    with the measured `_TMA_GATE_UP_TILES`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
+    with the measured `tma_gate_up_tiles`, otherwise plain loads with `pick_tiles`. Benchmarks pass their own tiles
     (for whichever kernel runs) and may force descriptors (tma=True) or plain loads (tma=False).
     """
-    group = _group_operands("gate_up", [mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
+    group = route_group("gate_up", [mlp.gate_proj, mlp.up_proj], x, max_rows) if is_silu_mlp(mlp) else None
     if group is None:
         return None
     (gate, gate_lora), (up, up_lora) = group.operands
@@ -392,7 +212,7 @@ def gate_up_silu(
     out = _new_output(rows, inter, x)
     adapted = gate_lora is not None or up_lora is not None  # the adapter's epilogue: plain loads only
     if rows and not adapted and _use_tma(rows, tma, x2, gate.weight, up.weight):
-        t = tiles if tiles is not None else for_element_size(_TMA_GATE_UP_TILES[_bucket(rows)], x.element_size())
+        t = tiles if tiles is not None else tma_gate_up_tiles(rows, x.element_size())
         _gate_up_silu_tma(x2, gate, up, out, t)
     elif rows:
         t = tiles if tiles is not None else pick_tiles(rows, (inter,), K, x.element_size(), 2, _sm_count(x.device))
@@ -411,15 +231,10 @@ def _use_tma(rows: int, tma: bool | None, *tensors: Tensor) -> bool:
     """tma None: the engine's rule, descriptors above the GEMV range where they can address the operands. An
     explicit True that descriptors cannot serve raises rather than timing the other kernel under its name."""
     if tma is None:
-        return rows > _GEMV_ROWS and _tma_ready(*tensors)
+        return rows > GEMV_ROWS and _tma_ready(*tensors)
     if tma and not _tma_ready(*tensors):
         raise ValueError("gate_up_silu: tma=True needs Hopper (or the interpreter) and 16-byte aligned operands")
     return tma
-
-
-def _bucket(rows: int) -> int:
-    """The decode batch bucket of the measured large-batch tiles."""
-    return 128 if rows <= 128 else 256
 
 
 def _gate_up_silu_tma(x: Tensor, gate: nn.Linear, up: nn.Linear, out: Tensor, t: LinearTiles) -> None:
@@ -481,8 +296,7 @@ if triton is not None:
             delta = tl.dot(xa, b_t, input_precision="ieee")
         else:
             delta = tl.dot(xa, b_t)
-        lora = (delta.to(ad).to(tl.float32) * scaling).to(ad).to(tl.float32)
-        return acc.to(out_dtype).to(tl.float32) + lora
+        return peft_rounded_add(acc.to(out_dtype).to(tl.float32), delta, scaling, ad)
 
     @triton.jit
     def _linear_tile(

@@ -1,6 +1,6 @@
 """The LoRA expand on its own: ``out_i += ((x A_i^T) B_i^T) * scaling_i`` into outputs a GEMM already wrote.
 
-Above the GEMV range, where cuBLAS computes the base projections (fused_linear's dispatch rule), an adapted group
+Above the GEMV range, where cuBLAS computes the base projections (linear_dispatch.py), an adapted group
 runs as: cuBLAS base projections, one `lora_shrink` for the group's adapters (partials [splits, rows, ranks]), then
 one launch of this kernel for up to three outputs (column views of one buffer or separate tensors). Each program
 owns a [BLOCK_M, BLOCK_N] tile of one output: it adds the shrink's slabs of its rows (`lora_xa`), multiplies by the
@@ -10,7 +10,7 @@ shrink, IEEE for float32 models), and reads, adds and writes back its output til
 Rounding: peft's. The base output arrives rounded to its dtype (cuBLAS, as peft's base_layer call); lora_B's
 product is rounded to the adapter's dtype, multiplied by scaling and rounded again, added to the base in float32
 and rounded once to the output's dtype: ``result + lora_B(lora_A(x)) * scaling`` with type promotion, then the cast
-back. The grouped kernels' epilogue (fused_linear._lora_add) rounds the same way.
+back (`peft_rounded_add`, which the grouped kernels' epilogue, fused_linear._lora_add, calls too).
 """
 
 from __future__ import annotations
@@ -73,6 +73,13 @@ def lora_expand_(outs: list[Tensor], xa: Tensor, b_weights: list[Tensor], scalin
 if triton is not None:
 
     @triton.jit
+    def peft_rounded_add(base, delta, scaling, ad):
+        """base + delta * scaling in float32, rounded as peft does (module doc): lora_B's product delta (float32)
+        rounded to the adapter's dtype ad, times scaling, rounded again; base is the output already rounded to its
+        dtype. The caller rounds the sum to the output's dtype. Shared with the grouped kernels' epilogue."""
+        return base + (delta.to(ad).to(tl.float32) * scaling).to(ad).to(tl.float32)
+
+    @triton.jit
     def _expand_tile(out_ptr, stride_om, N, col0, offs_m, M, xa_ptr, stride_xa, stride_split, xa_col0, b_ptr, rank,
                      scaling, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      RANK_STEP: tl.constexpr, IEEE: tl.constexpr):
@@ -92,11 +99,10 @@ if triton is not None:
                 acc = tl.dot(xa, b_t, acc, input_precision="ieee")
             else:
                 acc = tl.dot(xa, b_t, acc)
-        lora = (acc.to(ad).to(tl.float32) * scaling).to(ad).to(tl.float32)
         mask = (offs_m[:, None] < M) & n_ok[None, :]
         ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
         base = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(ptrs, (base + lora).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(ptrs, peft_rounded_add(base, acc, scaling, ad).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _lora_expand_kernel(

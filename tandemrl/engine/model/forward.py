@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from tandemrl.engine.kernels import fused as fk
 from tandemrl.engine.kernels import fused_linear as fl
+from tandemrl.engine.kernels import linear_dispatch as dispatch
 from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta, store_kv
 from tandemrl.engine.model.attention import decode_attention, prefill_attention
 from tandemrl.models.unwrap import unwrap_causal_lm
@@ -144,7 +145,7 @@ def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
     Linear layers or plain LoRA layers over them, else module calls."""
     if not fk.is_silu_mlp(mlp):
         return mlp(x)
-    act = fl.gate_up_silu(mlp, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS)  # one launch for decode batches
+    act = fl.gate_up_silu(mlp, x, max_rows=dispatch.GROUPED_LINEAR_MAX_ROWS)  # one launch for decode batches
     if act is None:  # hooked projections or adapters the kernels do not serve, or prefill-size inputs (cuBLAS)
         act = fk.silu_mul(mlp.gate_proj(x), mlp.up_proj(x))
     return _project(mlp.down_proj, act, fused=True)
@@ -153,14 +154,14 @@ def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
 def _project(module: nn.Module, x: Tensor, fused: bool) -> Tensor:
     """A projection (o_proj, down_proj): the module call (cuBLAS for a plain Linear), except a peft LoRA Linear on
     the fused path, whose base and adapter run in our launches (fused_linear.lora_projection)."""
-    out = fl.lora_projection(module, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
+    out = fl.lora_projection(module, x, max_rows=dispatch.GROUPED_LINEAR_MAX_ROWS) if fused else None
     return module(x) if out is None else out
 
 
 def _qkv(attn: nn.Module, x: Tensor, fused: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The q, k, v projections: on the fused path one grouped launch for decode batches (column views of one
     buffer; LoRA adapters included), else the modules themselves (hooks, prefill-size inputs)."""
-    grouped = fl.qkv_projection(attn, x, max_rows=fl.GROUPED_LINEAR_MAX_ROWS) if fused else None
+    grouped = fl.qkv_projection(attn, x, max_rows=dispatch.GROUPED_LINEAR_MAX_ROWS) if fused else None
     return grouped if grouped is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
 
 
