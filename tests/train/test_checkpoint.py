@@ -486,9 +486,12 @@ def test_kill_9_at_random_moments_leaves_a_loadable_checkpoint(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "ready", (tmp_path / "zygote.log").read_text()[-3000:]
         start = time.monotonic()
-        # a busy machine saves slower: go on past 4 s (up to 60) until the checkpoints have moved on
+        # a busy machine saves slower: go on past 4 s (up to 60) until the checkpoints have moved on, and let a
+        # saver that was killed before its first save live longer next time (the moments stay random)
+        stretch = 1
         while len(steps) < 9 and time.monotonic() - start < (4 if len(steps) >= 5 and steps[-1] >= 3 else 60):
-            proc.stdin.write(f"{rng.uniform(0.02, 0.35):.3f}\n")
+            stretch = stretch + 1 if len(steps) > 1 and steps[-1] == steps[-2] else 1
+            proc.stdin.write(f"{rng.uniform(0.02, 0.35) * min(stretch, 8):.3f}\n")
             proc.stdin.flush()
             assert proc.stdout.readline().strip() == "killed", (tmp_path / "zygote.log").read_text()[-3000:]
             path = find_latest(root)
