@@ -17,7 +17,8 @@ class TrainConfig(Section):
     max_minutes: float | None = Field(None, gt=0, description="stop stepping after this many minutes of the run "
                                       "(resumes included), then evaluate and save as after max_steps")
     seed: int = Field(0, description="seeds sampling, data order and initialisation")
-    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate")
+    lr: float = Field(5e-4, gt=0.0, description="AdamW learning rate (the default suits the offline demo's tiny "
+                      "model; a pretrained LLM wants about 1e-6)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
