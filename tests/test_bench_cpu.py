@@ -349,6 +349,12 @@ def test_ngram_real_bench_on_a_finished_runs_prompts(tmp_path):
             assert row["differing_prompts"] == 0 and row["tokens"] == rows[(0.0, None)]["tokens"]
 
 
+def test_serve_host_cost_answers_every_request_and_prints_the_cost():
+    out = run_bench("bench.serve_host_cost", "--rounds", "2").stdout  # its own process: it freezes the collector
+    assert out.startswith("event-loop CPU per request: ") and "2 rounds of 64, gc freeze" in out, out
+    assert float(out.split(": ")[1].split(" us")[0]) > 0
+
+
 @pytest.mark.parametrize("group", ["SPECULATIVE", "TANDEM"])
 def test_host_timeline_names_functions_that_exist(group):
     """A renamed or removed engine function must not silently drop out of the host timeline."""

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The server against the in-process engine (issue 40 point 3), A/B in one device call: bench.serve's load rounds
+# (64 streaming clients x 256 tokens, 128-token prompts, new and kept-alive connections; its in-process figure from
+# the same process) from the base tree (.ab/base: a git archive of the tree before the change) and from this tree,
+# alternating base, new, base, new while time is left (each run about 100 s).
+# The call: run  command "bash bench/gpu_serve_ab.sh"  carry [".whl", ".ab"]  timeout_s 600  (kind nvidia-h100-x1)
+# Make .ab/base: rm -rf .ab && mkdir -p .ab/base && git archive BASE tandemrl pyproject.toml \
+#                  $(git ls-files bench | grep -v ^bench/results) | tar -x -C .ab/base
+set -uo pipefail
+WHEELS=${WHEELS:-.whl}
+SITE=${SITE:-/tmp/site-serve}
+OUT=${OUT:-bench/out/gpu_serve_ab}
+BUDGET=${BUDGET:-560}
+mkdir -p "$OUT"
+# WHEELS=none: the python on PATH has the serve packages already (a CPU check: BENCH_ARGS="--cpu-smoke ...")
+[[ $WHEELS == none ]] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; echo "wheel install failed"; exit 1; }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+START=$SECONDS
+round=0
+for side in base new base new base new; do
+    [[ $((SECONDS - START + 130)) -le $BUDGET ]] || { echo "no time for $side run $round"; break; }
+    dir=$PWD; [[ $side == base ]] && dir=$PWD/.ab/base
+    name="$side-$round"
+    t0=$SECONDS
+    (cd "$dir" && PYTHONPATH=$SITE:$dir timeout -k 10 130 python3 -m bench.serve --modes inprocess ${BENCH_ARGS:-} \
+        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1)
+    echo "$name: rc $?, $((SECONDS - t0)) s"
+    grep -E "server tok/s|kept-alive|new connections" "$OUT/$name.log" | head -6
+    round=$((round + 1))
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+print("| run | in-process tok/s | server new conn. | / in-process | server kept-alive | / in-process |")
+print("| --- | --- | --- | --- | --- | --- |")
+for path in sorted(Path(sys.argv[1]).glob("*.json"), key=lambda p: int(p.stem.split("-")[1])):
+    r = json.loads(path.read_text())
+    nan = float("nan")
+    tok_s = lambda key: r.get(key, {}).get("tok_s", nan)
+    print(f"| {path.stem} | {tok_s('in_process'):.0f} | {tok_s('load'):.0f} | {r.get('server_over_in_process', nan):.2f} "
+          f"| {tok_s('load_reused'):.0f} | {r.get('server_reused_over_in_process', nan):.2f} |")
+PY
