@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandemrl.config import Config, ConfigError, load_config, validate_config
+from tandemrl.config import Config, ConfigError, validate_config
+from tandemrl.config.loading import read_toml, set_key
 from tandemrl.train.inputs import INLINE_REWARD, RunInputs, inline_data_path, reward_record
 
 ConfigLike = Config | Mapping[str, Any] | str | os.PathLike | None
@@ -85,42 +86,26 @@ def _raw_config(config: ConfigLike) -> dict[str, Any]:
     if isinstance(config, Config):
         return config.model_dump(exclude_unset=True)
     if isinstance(config, (str, os.PathLike)):
-        load_config(config)  # a clear error for a missing or invalid file
-        import tomllib
-
-        return tomllib.loads(Path(config).read_text())
+        return read_toml(Path(config))  # validated with the arguments merged in
     if isinstance(config, Mapping):
         raw: dict[str, Any] = {}
         for key, value in config.items():
-            _set(raw, key, value)
+            set_key(raw, key, value, f"config key {key!r}")
         return raw
     raise ConfigError(f"config must be a Config, a dict or a TOML file path; got {type(config).__name__}")
-
-
-def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
-    *sections, name = dotted.split(".")
-    node = raw
-    for section in sections:
-        node = node.setdefault(section, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"config key {dotted!r}: {section!r} is a value, not a section")
-    if isinstance(value, Mapping) and isinstance(node.get(name), dict):
-        for key, inner in value.items():
-            _set(node[name], key, inner)
-    else:
-        node[name] = dict(value) if isinstance(value, Mapping) else value
 
 
 def _set_model(raw: dict[str, Any], inputs: RunInputs, model: Any) -> None:
     if model is None:
         return
     if isinstance(model, (str, os.PathLike)):
-        _set(raw, "model.name_or_path", str(model))
+        set_key(raw, "model.name_or_path", str(model), "the model argument")
         return
     if not hasattr(model, "config") or not hasattr(model, "forward"):
         raise TypeError(f"model must be a hub id, a path or a transformers PreTrainedModel; got {type(model).__name__}")
     inputs.model = model
-    _set(raw, "model.name_or_path", getattr(model, "name_or_path", "") or type(model).__name__)
+    set_key(raw, "model.name_or_path", getattr(model, "name_or_path", "") or type(model).__name__,
+            "the model argument")
 
 
 def _set_data(raw: dict[str, Any], inputs: RunInputs, train: Any, test: Any, out_dir: Path) -> None:
@@ -128,11 +113,12 @@ def _set_data(raw: dict[str, Any], inputs: RunInputs, train: Any, test: Any, out
         if dataset is None:
             continue
         if isinstance(dataset, (str, os.PathLike)):
-            _set(raw, key, str(dataset))
+            set_key(raw, key, str(dataset), f"the {split} dataset argument")
             continue
         _check_serializable(dataset, f"{split} dataset")
         setattr(inputs, "train_dataset" if split == "train" else "eval_dataset", dataset)
-        _set(raw, key, str(inline_data_path(out_dir, split).resolve()))  # the run keeps a copy there
+        path = inline_data_path(out_dir, split).resolve()  # the run keeps a copy there
+        set_key(raw, key, str(path), f"the {split} dataset argument")
 
 
 def _check_serializable(rows: Any, what: str) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -22,7 +22,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a TOML file (optional), apply `a.b=c` overrides, validate everything."""
     raw: dict[str, Any] = {}
     if path is not None:
-        raw = _read_toml(Path(path))
+        raw = read_toml(Path(path))
     for item in overrides or []:
         _apply_override(raw, item)
     return validate_config(raw)
@@ -43,7 +43,7 @@ def validate_config(raw: dict[str, Any]) -> Config:
         raise ConfigError(_describe(err)) from None
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -56,13 +56,23 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects section.key=value, got {item!r}")
-    parts = key.strip().split(".")
+    set_key(raw, key.strip(), _parse_value(text.strip()), f"--set {item!r}")
+
+
+def set_key(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    """Set ``section.key`` in the user's nested dicts; a mapping merges into a section already there. ``where``
+    names the key's source in an error."""
+    *sections, name = dotted.split(".")
     node = raw
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
+    for section in sections:
+        node = node.setdefault(section, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
-    node[parts[-1]] = _parse_value(text.strip())
+            raise ConfigError(f"{where}: {section!r} is a value, not a section")
+    if isinstance(value, Mapping) and isinstance(node.get(name), dict):
+        for key, inner in value.items():
+            set_key(node[name], key, inner, where)
+    else:
+        node[name] = dict(value) if isinstance(value, Mapping) else value
 
 
 def _parse_value(text: str) -> Any:
