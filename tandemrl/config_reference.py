@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import annotated_types
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from tandemrl.config import Config, toml_literal
+from tandemrl.config.base import section_fields
 
 REGENERATE = "python -m tandemrl.config_reference > docs/configuration.md"
 
@@ -118,7 +118,8 @@ def all_keys() -> list[str]:
 def sections(model: type = Config, prefix: str = "") -> Iterator[SectionDoc]:
     """Every section under ``model`` (the top-level Config lists none of its own keys), depth first."""
     keys, nested = [], []
-    for name, annotation, default, description in _fields(model):
+    for spec in section_fields(model):
+        name, annotation, default, description = spec.name, spec.annotation, spec.default, spec.description
         dotted = f"{prefix}{name}"
         if _is_section(annotation):
             nested.append((dotted, annotation))
@@ -129,19 +130,6 @@ def sections(model: type = Config, prefix: str = "") -> Iterator[SectionDoc]:
         yield SectionDoc(prefix.rstrip("."), _doc(model), tuple(keys))
     for dotted, section in nested:
         yield from sections(section, dotted + ".")
-
-
-def _fields(model: type) -> Iterator[tuple[str, Any, Any, str | None]]:
-    """(name, type, default, description) of each field of a pydantic model or a dataclass."""
-    if issubclass(model, BaseModel):
-        for name, info in model.model_fields.items():
-            default = info.default_factory() if info.default is PydanticUndefined else info.default
-            yield name, info.annotation, default, info.description
-    else:
-        hints = typing.get_type_hints(model)
-        for f in dataclasses.fields(model):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            yield f.name, hints[f.name], default, f.metadata.get("description")
 
 
 def _is_section(annotation: Any) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -37,6 +38,33 @@ class Section(BaseModel):
         """Whether key ``name`` holds a value other than its default. A run's config.toml writes every key, defaults
         included, so a check that asks "did the user set this?" asks this instead."""
         return getattr(self, name) != type(self).model_fields[name].default
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """One key of a section class: what the error messages, the no-effect checks and the reference read."""
+
+    name: str
+    annotation: Any  # the type, resolved (a nested section is its class)
+    default: Any
+    description: str | None
+
+
+def section_fields(section: Any) -> list[FieldSpec]:
+    """The keys of a section class, a pydantic model's or a plain dataclass's, in the order it declares them; []
+    for anything else."""
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        return [FieldSpec(name, info.annotation, info.get_default(call_default_factory=True), info.description)
+                for name, info in section.model_fields.items()]
+    if isinstance(section, type) and dataclasses.is_dataclass(section):
+        hints = typing.get_type_hints(section)
+        return [FieldSpec(f.name, hints[f.name], _dataclass_default(f), f.metadata.get("description"))
+                for f in dataclasses.fields(section)]
+    return []
+
+
+def _dataclass_default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def check_dataclass_section(section: Any, own_prefix: str, key_prefix: str) -> None:

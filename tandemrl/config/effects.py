@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tandemrl.config.base import section_fields
+
 # tandemrl.config.root.Config, not imported: root.py calls this module from its validator (no import circle)
 Config = Any
 
@@ -122,14 +124,11 @@ def set_keys(section: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _fields(section: Any) -> Iterator[tuple[str, Any, Any]]:
-    if isinstance(section, BaseModel):
-        for name, field in type(section).model_fields.items():  # in the order the section declares them
-            if name in section.model_fields_set:
-                yield name, getattr(section, name), field.get_default(call_default_factory=True)
-    elif dataclasses.is_dataclass(section) and not isinstance(section, type):
-        for f in dataclasses.fields(section):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            yield f.name, getattr(section, f.name), default
+    """(name, value, default) of each key of a section object; of a pydantic one only the keys the user gave."""
+    given = section.model_fields_set if isinstance(section, BaseModel) else None
+    for spec in section_fields(type(section)):
+        if given is None or spec.name in given:
+            yield spec.name, getattr(section, spec.name), spec.default
 
 
 def _is_section(value: Any) -> bool:

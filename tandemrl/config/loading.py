@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from tandemrl.config.base import section_fields
 from tandemrl.config.data import DataConfig
 from tandemrl.config.root import Config
 
@@ -128,9 +128,5 @@ def _unknown_key_message(loc: tuple[Any, ...]) -> str:
 
 
 def _field_names(section: Any) -> dict[str, Any]:
-    """A section's keys and their types: a pydantic model's fields or a dataclass's ({} for a plain value)."""
-    if isinstance(section, type) and issubclass(section, BaseModel):
-        return {name: f.annotation for name, f in section.model_fields.items()}
-    if dataclasses.is_dataclass(section):
-        return {f.name: f.type for f in dataclasses.fields(section)}
-    return {}
+    """A section's keys and their types ({} for a plain value)."""
+    return {spec.name: spec.annotation for spec in section_fields(section)}
