@@ -4,7 +4,7 @@ The public entry: ``from tandemrl.config import Config, load_config, TrainConfig
 Where each part lives:
 
 - ``base``: what every section shares (unknown keys are errors, numbers are plain finite numbers)
-- ``model``, ``data``, ``rollout``, ``vllm``, ``reward``, ``train``: the sections, by the part of a run they set
+- ``model``, ``data``, ``rollout``, ``vllm``, ``reward``, ``training``: the sections, by the part of a run they set
 - ``root``: the root ``Config`` and the checks that read more than one section; ``effects``: keys set to no effect
 - ``loading``: TOML in, ``--set`` overrides, error messages that name the key; ``to_toml``: TOML out
 """
@@ -19,7 +19,7 @@ from tandemrl.config.reward import InferenceRewardConfig, RewardConfig
 from tandemrl.config.rollout import RolloutConfig, SyncConfig, ToolsConfig
 from tandemrl.config.root import Config
 from tandemrl.config.to_toml import config_to_toml, toml_literal
-from tandemrl.config.train import CheckpointConfig, DistributedConfig, EvalConfig, LogConfig, TrainConfig
+from tandemrl.config.training import CheckpointConfig, DistributedConfig, EvalConfig, LogConfig, TrainConfig
 from tandemrl.config.vllm import VLLMConfig
 from tandemrl.engine.config import EngineConfig
 from tandemrl.speculative.config import SpeculativeConfig

@@ -10,7 +10,7 @@ from tandemrl.config.effects import check_effects, preset_keys
 from tandemrl.config.model import ModelConfig
 from tandemrl.config.reward import RewardConfig
 from tandemrl.config.rollout import RolloutConfig, SyncConfig, ToolsConfig
-from tandemrl.config.train import CheckpointConfig, DistributedConfig, EvalConfig, LogConfig, TrainConfig
+from tandemrl.config.training import CheckpointConfig, DistributedConfig, EvalConfig, LogConfig, TrainConfig
 from tandemrl.engine.config import EngineConfig
 from tandemrl.tandem.config import TandemConfig
 
