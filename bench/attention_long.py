@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from bench.kernel_sweep import per_layer_us
+from tandemrl.engine.kernels import attention_tiles
 from tandemrl.engine.kernels import triton_attention as ta
 
 # (name, query heads, KV heads, head_dim, rows, context): the long rows and a short one (no regression)
@@ -38,13 +39,14 @@ def measure(name: str, heads: int, kv_heads: int, head_dim: int, rows: int, cont
     ctx = torch.full((rows,), context, device="cuda")
     q = torch.randn(rows, heads, head_dim, device="cuda", dtype=torch.bfloat16)
     kv_bytes = 2 * rows * context * kv_heads * head_dim * k_cache.element_size()
-    picked = ta.decode_splits(rows, kv_heads, 32768 // BLOCK, BLOCK, ta._sm_count(q.device))  # engine's table
+    sms = attention_tiles.device_sm_count(q.device)
+    picked = attention_tiles.decode_splits(rows, kv_heads, 32768 // BLOCK, BLOCK, sms)  # the engine's table
     variants = {"engine": dict(num_splits=picked), "single": dict(num_splits=1)}
     for splits in (2, 4, 8):
         variants[f"splits {splits}"] = dict(num_splits=splits)
     # single-pass tiles of twice the default's bytes: 128 tokens at head_dim 128, what ran before kv_tile_tokens
     variants["engine, tiles x2"] = dict(num_splits=picked,
-                                        tiles=replace(ta.DEFAULT_DECODE_TILES, single_pass_block_n=256))
+                                        tiles=replace(attention_tiles.DEFAULT_DECODE_TILES, single_pass_block_n=256))
     row = {"shape": name, "kv_dtype": str(kv_dtype), "engine_splits": picked, "kv_mib": kv_bytes / 2**20}
     for label, kwargs in variants.items():
         us = per_layer_us(lambda _: ta.triton_paged_decode(q, k_cache, v_cache, tables, ctx, 0.1, None, **kwargs),

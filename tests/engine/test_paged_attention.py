@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import tandemrl.engine.kernels.attention_tiles as attention_tiles
 import tandemrl.engine.kernels.triton_attention as triton_attention
 from tandemrl.engine.kernels.paged_kv import DecodeMeta, store_kv
 from tandemrl.engine.model.attention import (
@@ -18,10 +19,8 @@ from tandemrl.engine.model.attention import (
     prefill_attention,
     sdpa_decode,
 )
+from tandemrl.engine.kernels.attention_tiles import DEFAULT_DECODE_TILES, DecodeAttentionTiles, decode_splits
 from tandemrl.engine.kernels.triton_attention import (
-    DEFAULT_DECODE_TILES,
-    DecodeAttentionTiles,
-    decode_splits,
     triton_decode_available,
     triton_paged_decode,
     triton_paged_prefill,
@@ -161,7 +160,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or triton_attentio
 
 def test_decode_splits_depend_on_shapes_only():
     # batch 1, 2 KV heads, 4096-token tables on 132 SMs: as many partitions as allowed
-    assert decode_splits(1, 2, 256, 16, 132) == triton_attention._MAX_SPLITS
+    assert decode_splits(1, 2, 256, 16, 132) == attention_tiles.MAX_SPLITS
     # rows x heads reaching two programs per SM: one split (the single-pass kernel)
     assert decode_splits(132, 2, 256, 16, 132) == 1 and decode_splits(256, 2, 256, 16, 132) == 1
     assert decode_splits(32, 2, 256, 16, 132) == 5  # ceil(264 / 64): two programs per SM
@@ -180,12 +179,12 @@ def test_long_contexts_split_where_rows_fill_the_sms():
     partitions where the table allows contexts over 1024 tokens, none where it does not (a 640-token table)."""
     assert decode_splits(64, 2, 9216 // 16, 16, 132) == 3 and decode_splits(32, 4, 4096 // 16, 16, 132) == 3
     assert decode_splits(64, 2, 40, 16, 132) == 1 and decode_splits(64, 2, 128, 16, 132) == 2
-    assert triton_attention.split_min_tokens(128, 132) == DEFAULT_DECODE_TILES.long_split_tokens
-    assert triton_attention.split_min_tokens(65, 132) == DEFAULT_DECODE_TILES.block_n
+    assert attention_tiles.split_min_tokens(128, 132) == DEFAULT_DECODE_TILES.long_split_tokens
+    assert attention_tiles.split_min_tokens(65, 132) == DEFAULT_DECODE_TILES.block_n
 
 
 def test_kv_tiles_keep_their_bytes_per_stage():
-    tile = triton_attention.kv_tile_tokens
+    tile = attention_tiles.kv_tile_tokens
     assert tile(128, 64, 2) == 128 and tile(128, 128, 2) == 64 and tile(128, 128, 1) == 128
     assert tile(64, 80, 2) == 32 and tile(16, 256, 4) == 16 and tile(64, 64, 4) == 32
 
@@ -235,10 +234,10 @@ def test_triton_decode_splits_match_sdpa(dtype, H, kvh, D, window, splits):
 def test_long_split_regime_merges_long_rows_and_writes_short_ones_directly(monkeypatch, window):
     """Rows x KV heads filling half the SMs (4 here): partitions of at least long_split_tokens, so rows of at
     most that many tokens are written by partition 0 itself (no merge), longer ones merged; every row written."""
-    monkeypatch.setattr(triton_attention, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(triton_attention, "device_sm_count", lambda device: 4)
     tiles = DecodeAttentionTiles(long_split_tokens=64)
     q, k_cache, v_cache, tables, ctx = _split_case(torch.float32, 6, 2, 32, [1, 16, 64, 65, 200, 129], seed=11)
-    assert triton_attention.split_min_tokens(len(ctx) * 2, 4, tiles) == 64
+    assert attention_tiles.split_min_tokens(len(ctx) * 2, 4, tiles) == 64
     ref = sdpa_decode(q, k_cache, v_cache, tables, ctx, 32 ** -0.5, window)
     if torch.cuda.is_available():
         torch.full((1 << 22,), float("nan"), device="cuda")
@@ -280,7 +279,7 @@ def test_grouped_decode_matches_sdpa(dtype, H, kvh, window):
     """Rows of one sequence side by side (a verify step, a tandem forward) attended by one program per group: runs
     longer than a program's capacity (cut in several groups), single rows, the padding row of a graph bucket (one
     token of a scratch block), each query seeing keys up to its own position only. Same as one row at a time."""
-    capacity = triton_attention.decode_query_capacity(H, kvh)
+    capacity = attention_tiles.decode_query_capacity(H, kvh)
     runs = [(0, 3), (1, 1), (2, capacity + 2), (3, 2 * capacity), (4, 1)]  # (sequence, queries)
     contexts = [40, 17, 200, 65, 1]
     q, k_cache, v_cache, tables, _ = _split_case(dtype, H, kvh, 32, contexts, seed=H + kvh)
@@ -323,7 +322,7 @@ def test_triton_decode_graph_replays_with_new_context_lens(B, width):
     staged = tables.t().contiguous().t()
     ctx = torch.randint(1, 50, (B,), device=dev)
     if B == 64:  # the long-context regime is what this case is for
-        assert decode_splits(B, kvh, width, bs, triton_attention._sm_count(dev)) > 1
+        assert decode_splits(B, kvh, width, bs, attention_tiles.device_sm_count(dev)) > 1
     triton_paged_decode(q, k_cache, v_cache, staged, ctx, 0.125, None)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -6,13 +6,13 @@ the layout, the GQA folding and the sliding-window rule.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from tandemrl.engine.kernels import pdl
+from tandemrl.engine.kernels.attention_tiles import (DEFAULT_DECODE_TILES, MAX_SPLITS, DecodeAttentionTiles,
+                                                     decode_rows, decode_splits, device_sm_count, few_programs,
+                                                     kv_tile_tokens, split_min_tokens)
 from tandemrl.engine.kernels.paged_kv import PrefillMeta
 
 try:  # optional: without Triton the SDPA paths of attention.py serve
@@ -21,45 +21,10 @@ try:  # optional: without Triton the SDPA paths of attention.py serve
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
-
-@dataclass(frozen=True)
-class DecodeAttentionTiles:
-    """Launch choices of `triton_paged_decode`: a parameter, so benchmarks sweep them without touching the module.
-    The defaults are what the engine runs (its callers pass nothing); changing one is a tuning decision.
-
-    Token counts are for head_dim 64 with 2-byte K/V (where they were measured); `kv_tile_tokens` scales them so a
-    pipeline stage holds the same bytes at any head size and cache dtype (head_dim 128 in bf16: half the tokens;
-    in fp8: the same). At 128 tokens x 128 dims a 2-stage single pass needs 128 KiB of shared memory, one program
-    per SM, which left the KV reads of long contexts at half the bandwidth. Long partitions (`long_split_tokens`)
-    use the single-pass tiles; `block_n` / `stages` serve the short partitions of few rows.
-
-    Split-K: at head_dim 64 in bf16 on sm_90, 64 tokens x 4 warps compiles to 80 registers and 21 KiB of shared
-    memory (the next K and V tiles prefetched by cp.async): ~6 programs fit an SM, so 256 rows x 2 KV heads run in
-    one wave with ~16 KiB each in flight. 128-token tiles (96 registers, 40 KiB) halve the loop trips; 8 warps halve
-    the registers but not the per-program latency. Single pass (one program per row and KV head): 128-token tiles
-    with 2 stages were fastest on an H100 (`python -m bench.kernel_sweep`, context 384: 9.8 vs 11.1 us per layer at
-    64 rows, 21.9 vs 22.0 at 256).
-    """
-
-    block_n: int = 64  # split-K: tokens per inner step, and the granularity of the partitions
-    stages: int = 3  # split-K: software pipelining depth of the K/V loads (Triton's default)
-    single_pass_block_n: int = 128
-    single_pass_stages: int = 2
-    num_warps: int = 4  # both variants
-    split_target_waves: int = 2  # `decode_splits` aims at this many decode programs per SM
-    # Shortest partition once rows x KV heads fill half the SMs: there a split pays for its workspace round trip
-    # and merge only on long contexts (a row whose context fits one partition skips both).
-    long_split_tokens: int = 1024
-
-
-DEFAULT_DECODE_TILES = DecodeAttentionTiles()
-
 # Triton paged prefill: rows of a program (queries x the query heads of one KV head) and keys per inner step.
 _PREFILL_BLOCK_M = 128
 _PREFILL_BLOCK_N = 64
 _PREFILL_WARPS = 8
-_MAX_SPLITS = 64  # the merge kernel reads all partitions of a head as one [splits, head_dim] tile
-_FALLBACK_SM_COUNT = 132  # off CUDA (the interpreter): an H100's
 _LOG2E = 1.4426950408889634  # the kernels use exp2 with log2(e) folded into the softmax scale
 
 
@@ -98,9 +63,10 @@ def triton_paged_decode(
     if query_groups is not None:
         num_splits = 1  # a group's queries end at different positions: the split-K merge assumes one context
     if num_splits is None:
-        num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, _sm_count(q.device), tiles=tiles)
-    if not 1 <= num_splits <= _MAX_SPLITS:
-        raise ValueError(f"triton_paged_decode: num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
+        sms = device_sm_count(q.device)
+        num_splits = decode_splits(B, kv_heads, block_tables.shape[1], block_size, sms, tiles=tiles)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"triton_paged_decode: num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("triton_paged_decode: the K and V caches need the same strides and a unit last stride")
     # Every operand is read through its strides (block tables staged column-major by CUDA graphs, q as a view of
@@ -111,13 +77,13 @@ def triton_paged_decode(
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     single = num_splits == 1
     # Long partitions (rows x KV heads fill half the SMs) stream like the single pass: its larger tiles.
-    long_tiles = single or not _few_programs(B * kv_heads, _sm_count(q.device))
+    long_tiles = single or not few_programs(B * kv_heads, device_sm_count(q.device))
     block_n = kv_tile_tokens(tiles.single_pass_block_n if long_tiles else tiles.block_n, D, k_cache.element_size())
-    common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=_decode_rows(group), HEAD_DIM=D,
+    common = dict(BLOCK_SIZE=block_size, GROUP=group, BLOCK_G=decode_rows(group), HEAD_DIM=D,
                   BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_WINDOW=window is not None,
                   BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=tiles.num_warps,
                   num_stages=tiles.single_pass_stages if long_tiles else tiles.stages)
-    min_chunk = max(block_n, split_min_tokens(B * kv_heads, _sm_count(q.device), tiles))
+    min_chunk = max(block_n, split_min_tokens(B * kv_heads, device_sm_count(q.device), tiles))
     if single:
         part_acc = part_m = part_l = out  # unused by the single-pass variant
     else:
@@ -177,71 +143,6 @@ def triton_paged_prefill(
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=_PREFILL_BLOCK_N, HAS_WINDOW=window is not None,
         IEEE=q.dtype == torch.float32, num_warps=_PREFILL_WARPS, **pdl.launch_options(q.device))
     return out
-
-
-def decode_query_capacity(num_heads: int, kv_heads: int) -> int:
-    """Rows one decode program attends for at most with ``query_groups``: as many queries as fill the tile rows
-    the GROUP query heads of a KV head leave free (16 rows of the tensor-core tile: 8 queries at 2 heads per KV
-    head), so grouping costs no extra math."""
-    group = num_heads // kv_heads
-    return _decode_rows(group) // group
-
-
-def _decode_rows(group: int) -> int:
-    return max(16, triton.next_power_of_2(group)) if triton is not None else max(16, group)
-
-
-def decode_splits(rows: int, kv_heads: int, width: int, block_size: int, sm_count: int, *,
-                  tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES) -> int:
-    """Partitions per (row, KV head) context for `triton_paged_decode`, from host-known shapes only (a CUDA graph
-    captured per (rows, width) keeps its grid; each row's context length picks on the device how many of them it
-    fills, see `split_min_tokens`).
-
-    When rows x KV heads reach `tiles.split_target_waves` programs per SM: 1, the single-pass kernel without
-    workspace or merge. Below that, enough partitions for that many programs per SM (a decode program is
-    latency-bound: more of them in flight means more bytes in flight), never more than partitions of
-    `split_min_tokens` in the widest context the table allows (the rest would always be empty), at most _MAX_SPLITS
-    (the merge reads them in one tile). So 64 rows x 2 KV heads on 132 SMs get 3 partitions of contexts over 1024
-    tokens (they ran at one program per SM, half the bandwidth), and shorter contexts stay in one.
-    """
-    programs = rows * kv_heads
-    target = tiles.split_target_waves * sm_count
-    if programs >= target:
-        return 1
-    partitions = -(-width * block_size // split_min_tokens(programs, sm_count, tiles))
-    return max(1, min(-(-target // programs), partitions, _MAX_SPLITS))
-
-
-def split_min_tokens(programs: int, sm_count: int, tiles: DecodeAttentionTiles = DEFAULT_DECODE_TILES) -> int:
-    """The shortest partition of a split context (the kernel rounds it up to whole tiles): one tile while rows x KV
-    heads leave more than half the SMs idle (batch 1: any context gains from more programs); else
-    `tiles.long_split_tokens`, so a context that fits one partition is attended as by the single pass and written
-    out directly, without the merge."""
-    return tiles.block_n if _few_programs(programs, sm_count) else tiles.long_split_tokens
-
-
-def _few_programs(programs: int, sm_count: int) -> bool:
-    """Whether (row, KV head) programs leave more than half the SMs idle."""
-    return 2 * programs < sm_count
-
-
-def kv_tile_tokens(tokens: int, head_dim: int, kv_element_size: int) -> int:
-    """Tokens per K/V tile for `tokens` given at head_dim 64 in 2-byte K/V: the same bytes per pipeline stage (shared
-    memory, and so programs per SM) at any head size and cache dtype; a power of two, at least 16 (tl.dot)."""
-    scaled = tokens * 64 * 2 // ((1 << (head_dim - 1).bit_length()) * kv_element_size)
-    return max(16, 1 << (max(1, scaled) - 1).bit_length())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """The device's SM count; off CUDA (Triton's interpreter) an H100's, so tests walk the same split policy."""
-    if device.type != "cuda":
-        return _FALLBACK_SM_COUNT
-    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 if triton is not None:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tandemrl.engine.kernels.triton_attention import decode_query_capacity
+from tandemrl.engine.kernels.attention_tiles import decode_query_capacity
 from tandemrl.engine.kernels.paged_kv import DecodeMeta, PrefillMeta
 from tandemrl.engine.model.attention import query_groups
 from tandemrl.engine.model.cuda_graphs import FORWARD_BUCKETS, DecodeGraphs, batch_bucket
