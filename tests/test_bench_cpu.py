@@ -260,7 +260,9 @@ def test_tp_decode_profile_breaks_one_decode_step_down_for_both_engines(tmp_path
         assert row["steps"] == 4 and row["kernels"] > 0 and row["wall_us"] > 0
         assert math.isfinite(row["unprofiled_wall_us"])  # a difference of two timings: a busy CPU can make it < 0
         assert row["by_category"]["gemm"] > 0 and len(row["top"]) == 15
-    assert "all-reduce/nccl" not in whole["by_category"] and split["by_category"]["all-reduce/nccl"] > 0
+    # present in the split engine's step only; its time is a difference of two runs' (gloo waits for the other rank,
+    # so on a busy CPU the long run's can be the shorter: -1,942 us once)
+    assert "all-reduce/nccl" not in whole["by_category"] and "all-reduce/nccl" in split["by_category"]
     allreduces = sum(k["calls"] for k in split["top"] if k["name"] == "c10d::allreduce_")
     assert allreduces in (0, 5)  # listed only when among the top 15
     assert sorted(p.name for p in tmp_path.glob("trace_*")) == ["trace_tp2_b2_p8.json.gz", "trace_whole_b2_p8.json.gz"]
