@@ -20,14 +20,20 @@ VLLM_ENV    = VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOG
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,kernel-tests]"
 	touch $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/tandemrl train $(ARGS)
 
+# The Triton kernels' tests: on the CPU under Triton's interpreter, in a run of their own (the interpreter is for
+# them alone; on a CUDA machine they run on the GPU either way).
+KERNEL_TESTS = $(addprefix tests/engine/test_,fused_kernels.py fused_linear.py linear_dispatch.py lora_expand.py \
+               lora_shrink.py paged_attention.py triton_sampler.py)
+
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(addprefix --ignore=,$(KERNEL_TESTS)) $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q $(KERNEL_TESTS) $(PYTEST_ARGS)
 
 # pip also pulls CUDA builds of torchvision/torchaudio/torchcodec, which break transformers' imports: removed.
 $(VLLM_STAMP): pyproject.toml
