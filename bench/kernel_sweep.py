@@ -37,8 +37,8 @@ except ImportError:  # a CPU install: the bench needs a GPU to run, not to impor
 from bench.grpo_step import ARCHITECTURES, build_model
 from bench.linear_roofline import ELEMENT_BYTES, LinearShape, ab_entry, layer_shapes, markdown_table, peak_for
 from tandemrl.engine.kernels import fused_linear, linear_dispatch, linear_tiles, triton_attention
-from tandemrl.engine.kernels.linear_tiles import LinearTiles
 from tandemrl.engine.kernels.attention_tiles import DecodeAttentionTiles
+from tandemrl.engine.kernels.linear_tiles import LinearTiles
 
 
 def per_layer_us(op, layers, reps: int = 20) -> float:
