@@ -104,7 +104,7 @@ def logprob_drift(runs: list[list[Rollout]]) -> dict:
             "max_abs_logprob_diff": d.max().item()}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHITECTURES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
@@ -126,8 +126,64 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --kv-cache-dtype other than auto: rerun the first batch's timed requests on a "
                              "model-dtype cache and report the log-prob differences")
     parser.add_argument("--out", type=Path, default=Path("bench/out/engine_throughput.json"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def make_backend(model: torch.nn.Module, args: argparse.Namespace, device: torch.device,
+                 kv_cache_dtype: str) -> EngineBackend:
+    """An engine with a KV pool of --kv-gib, sized by a one-block probe."""
+    probe = EngineBackend(model, None, EngineConfig(num_blocks=1, kv_cache_dtype=kv_cache_dtype), device=device)
+    num_blocks = int(args.kv_gib * 2**30 // probe.runner.bytes_per_block(16))
+    probe.close()
+    return EngineBackend(model, None, EngineConfig(num_blocks=num_blocks, max_num_seqs=max(args.batches),
+                                                   decode_steps=args.decode_steps, kv_cache_dtype=kv_cache_dtype,
+                                                   async_scheduling=not args.sync), device=device)
+
+
+def time_batch(backend: EngineBackend, model: torch.nn.Module, args: argparse.Namespace, batch: int, vocab: int,
+               device: torch.device, bandwidth: float) -> tuple[dict, list, list]:
+    """One batch's row (tok/s, prefill, decode step against the floor), its timed prompts and their outputs."""
+    # Warm-up at the full shape, so every kernel is compiled and every graph captured before timing (Triton's
+    # one-off compiles otherwise added up to 1.5 s, H100 2026-11-22). The timed runs use prompts of their own:
+    # the prefix cache holds none of them, so the engine prefills every prompt, as HF generate does.
+    warmup = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+    engine_run(backend, warmup, args.warmup_tokens or args.new_tokens)
+    prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch + 1)
+    outputs = []
+    total = timed(device, lambda: outputs.append(engine_run(backend, prompts, args.new_tokens)))
+    fresh = random_prompts(batch, args.prompt_len, vocab, seed=batch + 2)
+    prefill = timed(device, lambda: engine_run(backend, fresh, 1))
+    step = (total - prefill) / (args.new_tokens - 1)
+    kv_element_size = backend.runner.slots[next(iter(backend.runner.slots))].k_caches[0].element_size()
+    floor = decode_floor_s(model, batch, args.prompt_len, args.new_tokens, bandwidth, kv_element_size)
+    row = {"batch": batch, "engine_s": total, "prefill_s": prefill, "engine_tok_s": batch * args.new_tokens / total,
+           "decode_step_ms": step * 1e3, "floor_ms": floor * 1e3, "step_over_floor": step / floor,
+           "stats": backend.stats()}
+    print(f"engine batch {batch}: {row['engine_tok_s']:.0f} tok/s, prefill {prefill * 1e3:.0f} ms, "
+          f"step {step * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, ratio {step / floor:.2f}", flush=True)
+    return row, prompts, outputs[0]
+
+
+def hf_seconds(model: torch.nn.Module, args: argparse.Namespace, vocab: int, device: torch.device) -> float:
+    """HF generate's time at --hf-batch, after the same full-shape warm-up."""
+    hf_prompts = random_prompts(args.hf_batch, args.prompt_len, vocab, seed=args.hf_batch)
+    hf_run(model, hf_prompts, args.new_tokens, device)
+    return timed(device, lambda: hf_run(model, hf_prompts, args.new_tokens, device))
+
+
+def print_summary(result: dict, rows: list[dict], bandwidth: float, hf_tok_s: float | None, hf_batch: int) -> None:
+    print(f"measured bandwidth {bandwidth / 1e9:.0f} GB/s; HF generate batch {hf_batch}: "
+          + (f"{hf_tok_s:.0f} tok/s" if hf_tok_s else "skipped"))
+    print("| batch | engine tok/s | decode step ms | floor ms | step/floor |")
+    for r in rows:
+        print(f"| {r['batch']} | {r['engine_tok_s']:.0f} | {r['decode_step_ms']:.2f} | {r['floor_ms']:.2f} | "
+              f"{r['step_over_floor']:.2f} |")
+    if result["speedup_vs_hf"]:
+        print(f"engine / HF generate at batch {hf_batch}: {result['speedup_vs_hf']:.1f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.arch, device, dtype, gradient_checkpointing=False, init_on_device=True).eval()
@@ -135,51 +191,22 @@ def main(argv: list[str] | None = None) -> None:
         model = apply_lora(model, LoraSettings(rank=args.lora_rank, alpha=2 * args.lora_rank)).eval()
     vocab = unwrap_causal_lm(model).config.vocab_size
 
-    def make_backend(kv_cache_dtype: str) -> EngineBackend:
-        probe = EngineBackend(model, None, EngineConfig(num_blocks=1, kv_cache_dtype=kv_cache_dtype), device=device)
-        num_blocks = int(args.kv_gib * 2**30 // probe.runner.bytes_per_block(16))
-        probe.close()
-        return EngineBackend(model, None, EngineConfig(num_blocks=num_blocks, max_num_seqs=max(args.batches),
-                                                       decode_steps=args.decode_steps, kv_cache_dtype=kv_cache_dtype,
-                                                       async_scheduling=not args.sync), device=device)
-
-    backend = make_backend(args.kv_cache_dtype)
-    kv_element_size = backend.runner.slots[next(iter(backend.runner.slots))].k_caches[0].element_size()
+    backend = make_backend(model, args, device, args.kv_cache_dtype)
     bandwidth = measured_bandwidth(device)
-    rows = []
+    rows, drift_input = [], None
     for batch in args.batches:
-        # Warm-up at the full shape, so every kernel is compiled and every graph captured before timing (Triton's
-        # one-off compiles otherwise added up to 1.5 s, H100 2026-11-22). The timed runs use prompts of their own:
-        # the prefix cache holds none of them, so the engine prefills every prompt, as HF generate does.
-        engine_run(backend, random_prompts(batch, args.prompt_len, vocab, seed=batch),
-                   args.warmup_tokens or args.new_tokens)
-        prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch + 1)
-        outputs = []
-        total = timed(device, lambda: outputs.append(engine_run(backend, prompts, args.new_tokens)))
-        if batch == args.batches[0]:
-            drift_input = (prompts, outputs[0])
-        fresh = random_prompts(batch, args.prompt_len, vocab, seed=batch + 2)
-        prefill = timed(device, lambda: engine_run(backend, fresh, 1))
-        step = (total - prefill) / (args.new_tokens - 1)
-        floor = decode_floor_s(model, batch, args.prompt_len, args.new_tokens, bandwidth, kv_element_size)
-        rows.append({"batch": batch, "engine_s": total, "prefill_s": prefill,
-                     "engine_tok_s": batch * args.new_tokens / total, "decode_step_ms": step * 1e3,
-                     "floor_ms": floor * 1e3, "step_over_floor": step / floor, "stats": backend.stats()})
-        print(f"engine batch {batch}: {rows[-1]['engine_tok_s']:.0f} tok/s, prefill {prefill * 1e3:.0f} ms, "
-              f"step {step * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, ratio {step / floor:.2f}", flush=True)
+        row, prompts, output = time_batch(backend, model, args, batch, vocab, device, bandwidth)
+        rows.append(row)
+        drift_input = drift_input or (prompts, output)
     backend.close()
     drift = None
     if args.logprob_drift and args.kv_cache_dtype != "auto":
-        reference = make_backend("auto")
+        reference = make_backend(model, args, device, "auto")
         drift = logprob_drift([drift_input[1], engine_run(reference, drift_input[0], args.new_tokens)])
         reference.close()
         print(f"log-prob drift of the {args.kv_cache_dtype} cache against {dtype}: {drift}", flush=True)
-    hf_s = hf_tok_s = None
-    if not args.skip_hf:
-        hf_prompts = random_prompts(args.hf_batch, args.prompt_len, vocab, seed=args.hf_batch)
-        hf_run(model, hf_prompts, args.new_tokens, device)  # the same full-shape warm-up
-        hf_s = timed(device, lambda: hf_run(model, hf_prompts, args.new_tokens, device))
-        hf_tok_s = args.hf_batch * args.new_tokens / hf_s
+    hf_s = None if args.skip_hf else hf_seconds(model, args, vocab, device)
+    hf_tok_s = args.hf_batch * args.new_tokens / hf_s if hf_s else None
     engine_at_hf = next((r for r in rows if r["batch"] == args.hf_batch), None) if hf_tok_s else None
     result = {
         "date": date.today().isoformat(),
@@ -194,14 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"measured bandwidth {bandwidth / 1e9:.0f} GB/s; HF generate batch {args.hf_batch}: "
-          + (f"{hf_tok_s:.0f} tok/s" if hf_tok_s else "skipped"))
-    print("| batch | engine tok/s | decode step ms | floor ms | step/floor |")
-    for r in rows:
-        print(f"| {r['batch']} | {r['engine_tok_s']:.0f} | {r['decode_step_ms']:.2f} | {r['floor_ms']:.2f} | "
-              f"{r['step_over_floor']:.2f} |")
-    if result["speedup_vs_hf"]:
-        print(f"engine / HF generate at batch {args.hf_batch}: {result['speedup_vs_hf']:.1f}x")
+    print_summary(result, rows, bandwidth, hf_tok_s, args.hf_batch)
 
 
 if __name__ == "__main__":
