@@ -47,11 +47,16 @@ def test_slabs_add_up_to_the_shrink(monkeypatch, rows):
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [3, 100])
-def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, rows):
+@pytest.mark.parametrize("max_splits, min_k, expected", [
+    (4, 32, [2, 2, 2, 4]),  # slices of 48 + 24 (hidden 72) and 64 + 64 + 64 + 8 (intermediate 200)
+    (16, 16, [3, 3, 3, 7]),  # many short slices (bench.lora_shrink_sweep tries up to 16): 32 + 32 + 8, 6 x 32 + 8
+])
+def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, rows, max_splits, min_k, expected):
     """With K split into several slabs (short splits forced at this layer's small sizes) q/k/v, gate/up and the
     adapted o_proj / down_proj still equal peft's modules: the epilogue adds every slab of its rows."""
-    monkeypatch.setattr(ls, "MIN_K_PER_SPLIT", 32)
-    monkeypatch.setattr(ls, "_BLOCK_K", 16)  # slices of 48 + 24 (hidden 72) and 64 + 64 + 64 + 8 (intermediate 200)
+    monkeypatch.setattr(ls, "MAX_SPLITS", max_splits)
+    monkeypatch.setattr(ls, "MIN_K_PER_SPLIT", min_k)
+    monkeypatch.setattr(ls, "_BLOCK_K", 16)
     monkeypatch.setattr(fl, "_sm_count", lambda device: 1024)
     splits = []
     original = ls.lora_shrink
@@ -71,4 +76,4 @@ def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, r
                                    **_tols(dtype))
         torch.testing.assert_close(fl.lora_projection(attn.o_proj, x), attn.o_proj(x), **_tols(dtype))
         torch.testing.assert_close(fl.lora_projection(mlp.down_proj, act), mlp.down_proj(act), **_tols(dtype))
-    assert splits == [2, 2, 2, 4]  # q/k/v, gate/up, o, down
+    assert splits == expected  # q/k/v, gate/up, o, down
