@@ -8,6 +8,9 @@ python gather_sim.py serve PORT        (child; TREE=<a tree> picks the tandemrl 
 python gather_sim.py run [ROUNDS]      (parent: starts the child, prints tok/s per round and the in-process ratio)
 """
 import asyncio, sys, time, subprocess, os, statistics
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parents[3])  # the repository
 
 PREFILL_MS, BURST_MS, HOST_MS, BURST, NEW = 16.0, 37.0, 3.0, 32, 256
 
@@ -97,7 +100,7 @@ def in_process():
 
 
 async def rounds(url, count):
-    sys.path.insert(0, "/work/main")
+    sys.path.insert(0, ROOT)
     from bench.serve import load_test, open_client
     prompts = [[5 + i] * 128 for i in range(64)]
     out = []
@@ -111,7 +114,7 @@ async def rounds(url, count):
 
 def run(count):
     port = 18000 + os.getpid() % 1000
-    env = {**os.environ, "PYTHONPATH": os.environ.get("TREE", "/work/main")}
+    env = {**os.environ, "PYTHONPATH": os.environ.get("TREE", ROOT)}
     child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env=env)
     try:
         import httpx
