@@ -10,7 +10,7 @@ python gather_sim.py run [ROUNDS]      (parent: starts the child, prints tok/s p
 import asyncio, sys, time, subprocess, os, statistics
 from pathlib import Path
 
-ROOT = str(Path(__file__).resolve().parents[3])  # the repository
+ROOT = str(Path(__file__).resolve().parents[4])  # the repository
 
 PREFILL_MS, BURST_MS, HOST_MS, BURST, NEW = 16.0, 37.0, 3.0, 32, 256
 
