@@ -119,13 +119,12 @@ def sections(model: type = Config, prefix: str = "") -> Iterator[SectionDoc]:
     """Every section under ``model`` (the top-level Config lists none of its own keys), depth first."""
     keys, nested = [], []
     for spec in section_fields(model):
-        name, annotation, default, description = spec.name, spec.annotation, spec.default, spec.description
-        dotted = f"{prefix}{name}"
-        if _is_section(annotation):
-            nested.append((dotted, annotation))
+        dotted = f"{prefix}{spec.name}"
+        if _is_section(spec.annotation):
+            nested.append((dotted, spec.annotation))
         else:
-            keys.append(Key(dotted, _type_name(annotation, _constraints(model, name)), _default(default),
-                            description))
+            keys.append(Key(dotted, _type_name(spec.annotation, _constraints(model, spec.name)), _default(spec.default),
+                            spec.description))
     if keys:
         yield SectionDoc(prefix.rstrip("."), _doc(model), tuple(keys))
     for dotted, section in nested:
