@@ -128,7 +128,7 @@ def _ours_everywhere():
     return mock.patch.dict(limits, dict.fromkeys(limits, 1 << 30))
 
 
-def _applied(result):
+def applied(result):
     if result is None:  # the launcher declined: timing cuBLAS under our name would be a lie
         raise RuntimeError("our launcher does not apply to this input")
     return result
@@ -143,12 +143,12 @@ def linear_ops(layers, config: dict, rows: int) -> dict[str, LinearOp]:
     return {
         "qkv": LinearOp(shapes["qkv"], attn,
                         lambda a, x: tuple(lin(x, p.weight, p.bias) for p in (a.q_proj, a.k_proj, a.v_proj)),
-                        lambda a, x, v: _applied(fused_linear.qkv_projection(a, x, max_rows=big, tiles=v.tiles))),
+                        lambda a, x, v: applied(fused_linear.qkv_projection(a, x, max_rows=big, tiles=v.tiles))),
         "o": LinearOp(shapes["o"], [a.o_proj for a in attn], lambda p, x: lin(x, p.weight, p.bias), _ours_single),
         "gate_up": LinearOp(shapes["gate_up"], mlps,
                             lambda m, x: torch.nn.functional.silu(lin(x, m.gate_proj.weight, m.gate_proj.bias))
                             * lin(x, m.up_proj.weight, m.up_proj.bias),
-                            lambda m, x, v: _applied(fused_linear.gate_up_silu(
+                            lambda m, x, v: applied(fused_linear.gate_up_silu(
                                 m, x, max_rows=big, tiles=v.tiles, tma=None if v.tiles is None else v.tma))),
         "down": LinearOp(shapes["down"], [m.down_proj for m in mlps], lambda p, x: lin(x, p.weight, p.bias),
                          _ours_single),

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from bench.grpo_step import ARCHITECTURES, build_model
-from bench.kernel_sweep import per_layer_us
+from bench.kernel_sweep import applied, per_layer_us
 from tandemrl.engine.kernels import fused_linear, lora_shrink
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
 
@@ -72,12 +72,6 @@ def layer_ops(model: nn.Module) -> dict[str, tuple[list[nn.Module], int, Callabl
     }
 
 
-def _launched(result):
-    if result is None:  # the engine's launcher declined: the module call would time peft, not the shrink
-        raise RuntimeError("the engine's launcher does not take this op")
-    return result
-
-
 def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
     """µs per layer of each op under each policy, and each row count's best policy per op."""
     results = []
@@ -87,7 +81,7 @@ def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
             times = {}
             for policy in POLICIES:
                 with shrink_policy(policy):
-                    times[policy] = per_layer_us(lambda m: _launched(launch(m, x)), modules, reps)
+                    times[policy] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
             best = min(times, key=times.get)
             results.append({"rows": rows, "op": name, "engine_us": times[ENGINE_POLICY], "best": list(best),
                             "best_us": times[best], "us": {f"{s}x{k}": us for (s, k), us in times.items()}})
