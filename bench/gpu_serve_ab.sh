@@ -7,15 +7,13 @@
 # Make .ab/base: rm -rf .ab && mkdir -p .ab/base && git archive BASE tandemrl pyproject.toml \
 #                  $(git ls-files bench | grep -v ^bench/results) | tar -x -C .ab/base
 set -uo pipefail
-WHEELS=${WHEELS:-.whl}
-SITE=${SITE:-/tmp/site-serve}
 OUT=${OUT:-bench/out/gpu_serve_ab}
 BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
-# WHEELS=none: the python on PATH has the serve packages already (a CPU check: BENCH_ARGS="--cpu-smoke ...")
-[[ $WHEELS == none ]] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; echo "wheel install failed"; exit 1; }
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the carried wheels into /tmp/site (GPU_SITE_READY=1: the python on PATH has the serve packages already, a CPU
+# check with BENCH_ARGS="--cpu-smoke ...")
+source bench/gpu_env.sh
+export TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 START=$SECONDS
 round=0
@@ -24,7 +22,7 @@ for side in base new base new base new; do
     dir=$PWD; [[ $side == base ]] && dir=$PWD/.ab/base
     name="$side-$round"
     t0=$SECONDS
-    (cd "$dir" && PYTHONPATH=$SITE:$dir timeout -k 10 130 python3 -m bench.serve --modes inprocess ${BENCH_ARGS:-} \
+    (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout -k 10 130 python3 -m bench.serve --modes inprocess ${BENCH_ARGS:-} \
         --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1)
     echo "$name: rc $?, $((SECONDS - t0)) s"
     grep -E "server tok/s|kept-alive|new connections" "$OUT/$name.log" | head -6
