@@ -12,6 +12,7 @@ GPU only (imports on a CPU). That every policy computes the same products is
 tests/engine/test_lora_shrink.py's (up to 16 slices, under Triton's interpreter in `make test`).
 
 python -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 --lora-rank 64
+python -m bench.lora_shrink_sweep --pick bench/out/sweep-*.json [--apply tandemrl/engine/kernels/lora_shrink.py]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Callable, Iterator
 from unittest import mock
@@ -90,6 +92,30 @@ def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
     return results
 
 
+def pick(sweeps: list[Path], apply_to: Path | None) -> Policy:
+    """The policy with the least time summed over every sweep's ops and rows; `apply_to`: a lora_shrink.py whose two
+    limits are rewritten to it (a device copy of the tree, so the benches after it run the policy)."""
+    totals: dict[str, float] = {}
+    for path in sweeps:
+        for row in json.loads(path.read_text())["results"]:
+            for key, us in row["us"].items():
+                totals[key] = totals.get(key, 0.0) + us
+    ranked = sorted(totals, key=totals.get)
+    engine_key = "x".join(map(str, ENGINE_POLICY))
+    print(f"summed over {len(sweeps)} sweeps: engine {engine_key} {totals[engine_key]:.1f} us; best "
+          + ", ".join(f"{key} {totals[key]:.1f}" for key in ranked[:5]))
+    best: Policy = tuple(int(v) for v in ranked[0].split("x"))  # type: ignore[assignment]
+    if apply_to is not None:
+        text = apply_to.read_text()
+        for name, value in zip(("MAX_SPLITS", "MIN_K_PER_SPLIT"), best):
+            text, n = re.subn(rf"^{name} = \d+", f"{name} = {value}", text, count=1, flags=re.M)
+            if n != 1:
+                raise SystemExit(f"{apply_to}: no line '{name} = <int>' to rewrite")
+        apply_to.write_text(text)
+        print(f"{apply_to}: MAX_SPLITS, MIN_K_PER_SPLIT = {best}")
+    return best
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="qwen2.5-1.5b", choices=sorted(ARCHITECTURES))
@@ -98,7 +124,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="decoder layers to build (default: the model's)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     parser.add_argument("--out", type=Path, default=Path("bench/out/lora_shrink_sweep.json"))
+    parser.add_argument("--pick", type=Path, nargs="+", help="sweep JSONs: print the best policy over them all")
+    parser.add_argument("--apply", type=Path, help="with --pick: rewrite this lora_shrink.py's limits to it")
     args = parser.parse_args(argv)
+    if args.pick:
+        pick(args.pick, args.apply)
+        return
     model = adapted_model(args.arch, args.lora_rank, torch.device("cuda"), torch.bfloat16, args.layers)
     results = sweep(model, args.rows, args.reps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
