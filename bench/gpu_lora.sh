@@ -23,10 +23,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 START=$SECONDS
 PART=${PART:-all}
 
-[ "$PART" = bench ] || logged_step 540 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
+[ "$PART" = bench ] || [ "$PART" = sweep ] || logged_step 540 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
     tests/engine/test_lora_expand.py tests/engine/test_linear_dispatch.py tests/engine/test_fused_linear.py \
     tests/engine/test_model_runner.py -k "lora or dora or shrink or slabs or rule or expand"
-[ "$PART" = bench ] || { grep -E "^(FAILED|ERROR)" "$OUT/raw/tests.log"; tail -n 1 "$OUT/raw/tests.log"; } >> "$SUMMARY"
+[ "$PART" = bench ] || [ "$PART" = sweep ] || { grep -E "^(FAILED|ERROR)" "$OUT/raw/tests.log"; tail -n 1 "$OUT/raw/tests.log"; } >> "$SUMMARY"
 if [ "$PART" = tests ]; then
   tar -czf "$OUT/lora.tar.gz" -C "$OUT" raw && rm -rf "$OUT/raw"
   cat "$SUMMARY"
@@ -36,9 +36,9 @@ fi
 if [ "$PART" = sweep ]; then
   # the shrink's split policy swept at both models' shapes; the one with the least time summed over ops, rows and
   # models is written into this copy's lora_shrink.py before the bench below runs
-  logged_step 150 sweep-1.5b python3 -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 \
+  logged_step 240 sweep-1.5b python3 -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 \
       --out "$OUT/raw/sweep-1.5b.json"
-  logged_step 150 sweep-7b python3 -m bench.lora_shrink_sweep --arch qwen2.5-7b --rows 64 256 \
+  logged_step 240 sweep-7b python3 -m bench.lora_shrink_sweep --arch qwen2.5-7b --rows 64 256 \
       --out "$OUT/raw/sweep-7b.json"
   python3 -m bench.lora_shrink_sweep --pick "$OUT"/raw/sweep-*.json --apply tandemrl/engine/kernels/lora_shrink.py \
       | tee -a "$SUMMARY"

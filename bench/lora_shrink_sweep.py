@@ -7,6 +7,8 @@ launch's epilogue, or the expand above 64 rows) then sums more slabs. So each po
 layer's adapted projections, shrink and consumer together: q/k/v, o, gate/up + SiLU and down, with a peft adapter of
 --lora-rank on every linear layer, each op captured in one CUDA graph over the model's layers (bench.kernel_sweep's
 `per_layer_us`). A policy is (MAX_SPLITS, MIN_K_PER_SPLIT) of engine/kernels/lora_shrink.py; the engine's comes first.
+Each is timed on both of linear_dispatch's routes for an adapted group (the grouped launch with the adapter in its
+epilogue; cuBLAS base projections + the shrink + `lora_expand_`), whichever the dispatch rule picks today.
 
 GPU only (imports on a CPU). That every policy computes the same products is
 tests/engine/test_lora_shrink.py's (up to 16 slices, under Triton's interpreter in `make test`).
@@ -31,13 +33,14 @@ from torch import nn
 
 from bench.grpo_step import ARCHITECTURES, build_model
 from bench.kernel_sweep import applied, per_layer_us
-from tandemrl.engine.kernels import fused_linear, lora_shrink
+from tandemrl.engine.kernels import fused_linear, linear_dispatch, lora_shrink
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
 
 Policy = tuple[int, int]  # (MAX_SPLITS, MIN_K_PER_SPLIT)
 ENGINE_POLICY: Policy = (lora_shrink.MAX_SPLITS, lora_shrink.MIN_K_PER_SPLIT)
 POLICIES: list[Policy] = [ENGINE_POLICY] + [p for p in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048))
                                             if p != ENGINE_POLICY]
+ROUTES = ("grouped", "cublas")
 
 
 @contextlib.contextmanager
@@ -74,31 +77,47 @@ def layer_ops(model: nn.Module) -> dict[str, tuple[list[nn.Module], int, Callabl
     }
 
 
+@contextlib.contextmanager
+def forced_route(route: str) -> Iterator[None]:
+    """route "grouped": our grouped launch with the adapter in its epilogue; "cublas": cuBLAS base projections, then
+    the shrink and `lora_expand_` (linear_dispatch's two routes for an adapted group), whatever the rule says."""
+    with mock.patch.object(linear_dispatch, "grouped_launch_wins", lambda *args: route == "grouped"):
+        yield
+
+
+def engine_route(op: str, rows: int, width: int) -> str:
+    return "grouped" if linear_dispatch.grouped_launch_wins("proj" if op in ("o", "down") else op, rows, width,
+                                                            True) else "cublas"
+
+
 def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
-    """µs per layer of each op under each policy, and each row count's best policy per op."""
+    """µs per layer of each op under each route and policy, and each row count's best per op."""
     results = []
     for rows in rows_list:
         for name, (modules, width, launch) in layer_ops(model).items():
             x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
-            times = {}
-            for policy in POLICIES:
-                with shrink_policy(policy):
-                    times[policy] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
+            times: dict[tuple[str, Policy], float] = {}
+            for route, policy in itertools.product(ROUTES, POLICIES):
+                with forced_route(route), shrink_policy(policy):
+                    times[route, policy] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
+            ours = engine_route(name, rows, width), ENGINE_POLICY
             best = min(times, key=times.get)
-            results.append({"rows": rows, "op": name, "engine_us": times[ENGINE_POLICY], "best": list(best),
-                            "best_us": times[best], "us": {f"{s}x{k}": us for (s, k), us in times.items()}})
-            print(f"rows {rows} {name}: engine {ENGINE_POLICY} {times[ENGINE_POLICY]:.1f} us, best {best} "
-                  f"{times[best]:.1f} us", flush=True)
+            results.append({"rows": rows, "op": name, "engine_route": ours[0], "engine_us": times[ours],
+                            "best": [best[0], *best[1]], "best_us": times[best],
+                            "us": {route: {f"{s}x{k}": times[route, (s, k)] for s, k in POLICIES}
+                                   for route in ROUTES}})
+            print(f"rows {rows} {name}: engine {ours} {times[ours]:.1f} us, best {best} {times[best]:.1f} us",
+                  flush=True)
     return results
 
 
 def pick(sweeps: list[Path], apply_to: Path | None) -> Policy:
-    """The policy with the least time summed over every sweep's ops and rows; `apply_to`: a lora_shrink.py whose two
+    """The policy with the least time summed over every sweep's ops and rows, each on the engine's route; `apply_to`: a lora_shrink.py whose two
     limits are rewritten to it (a device copy of the tree, so the benches after it run the policy)."""
     totals: dict[str, float] = {}
     for path in sweeps:
         for row in json.loads(path.read_text())["results"]:
-            for key, us in row["us"].items():
+            for key, us in row["us"][row["engine_route"]].items():
                 totals[key] = totals.get(key, 0.0) + us
     ranked = sorted(totals, key=totals.get)
     engine_key = "x".join(map(str, ENGINE_POLICY))
