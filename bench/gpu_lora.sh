@@ -2,7 +2,7 @@
 # Issue 37 point 3's GPU check (LoRA decode against the adapter-free step), two device calls: PART=tests (the
 # kernel and runner tests, about 6 minutes on a cold Triton cache: 74 tests, 200 s covered 60 of them) and
 # PART=bench (the rest, about 4 minutes); the default runs both, which needs more than one call's 600 s.
-# PART=sweep: bench.lora_shrink_sweep at 1.5B and 7B, the best split policy written into this copy, then step 2:
+# PART=sweep: bench.lora_shrink_sweep at 1.5B and 7B (each route's best split policy), about 4 minutes.
 #   1. the GPU runs of the LoRA kernel tests (the split shrink, the expand, the grouped launches and the cuBLAS +
 #      shrink + expand route against peft, the runner's greedy output against the merged model on both routes, with
 #      and without CUDA graphs) and the dispatch rule's;
@@ -23,35 +23,34 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 START=$SECONDS
 PART=${PART:-all}
 
-[ "$PART" = bench ] || [ "$PART" = sweep ] || logged_step 540 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
+[[ $PART == bench || $PART == sweep ]] || logged_step 540 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_lora_shrink.py \
     tests/engine/test_lora_expand.py tests/engine/test_linear_dispatch.py tests/engine/test_fused_linear.py \
     tests/engine/test_model_runner.py -k "lora or dora or shrink or slabs or rule or expand"
-[ "$PART" = bench ] || [ "$PART" = sweep ] || { grep -E "^(FAILED|ERROR)" "$OUT/raw/tests.log"; tail -n 1 "$OUT/raw/tests.log"; } >> "$SUMMARY"
+[[ $PART == bench || $PART == sweep ]] || { grep -E "^(FAILED|ERROR)" "$OUT/raw/tests.log"; tail -n 1 "$OUT/raw/tests.log"; } >> "$SUMMARY"
 if [ "$PART" = tests ]; then
   tar -czf "$OUT/lora.tar.gz" -C "$OUT" raw && rm -rf "$OUT/raw"
   cat "$SUMMARY"
   exit 0
 fi
 
-if [ "$PART" = sweep ]; then
-  # the shrink's split policy swept at both models' shapes; the one with the least time summed over ops, rows and
-  # models is written into this copy's lora_shrink.py before the bench below runs
+if [ "$PART" = sweep ]; then  # the shrink's split policies on both routes at both models' shapes (~2 min each)
   logged_step 240 sweep-1.5b python3 -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 \
       --out "$OUT/raw/sweep-1.5b.json"
   logged_step 240 sweep-7b python3 -m bench.lora_shrink_sweep --arch qwen2.5-7b --rows 64 256 \
       --out "$OUT/raw/sweep-7b.json"
-  python3 -m bench.lora_shrink_sweep --pick "$OUT"/raw/sweep-*.json --apply tandemrl/engine/kernels/lora_shrink.py \
-      | tee -a "$SUMMARY"
+  python3 -m bench.lora_shrink_sweep --pick "$OUT"/raw/sweep-*.json | tee -a "$SUMMARY"
+  tar -czf "$OUT/lora.tar.gz" -C "$OUT" raw && rm -rf "$OUT/raw"
+  exit 0
 fi
 TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48 --batches 64 256)
 logged_step 40 plain-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --out "$OUT/raw/plain-1.5b.json"
 logged_step 60 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --lora-rank 64 --out "$OUT/raw/lora-1.5b.json"
 logged_step 50 plain-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --out "$OUT/raw/plain-7b.json"
 logged_step 90 lora-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --lora-rank 64 --out "$OUT/raw/lora-7b.json"
-[ "$PART" = sweep ] || TANDEMRL_PDL=0 logged_step 45 profile-1.5b-64 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 \
+TANDEMRL_PDL=0 logged_step 45 profile-1.5b-64 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 \
     --out "$OUT/raw/profile-1.5b-64.json"
 # PDL off: a kernel launched early would count its wait for the one before it as its own device time
-[ "$PART" = sweep ] || TANDEMRL_PDL=0 logged_step 45 profile-1.5b-256 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 \
+TANDEMRL_PDL=0 logged_step 45 profile-1.5b-256 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 \
     --rows 16 --out "$OUT/raw/profile-1.5b-256.json"
 
 {

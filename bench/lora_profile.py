@@ -2,8 +2,9 @@
 without an adapter, then of the same model with a peft adapter on every linear layer, side by side.
 
 python -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 --lora-rank 64
-python -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 --grouped-adapters   # adapters in our launches at
-    every K above 64 rows too (the engine sends K > 1024 there to cuBLAS + peft): the A/B of that rule
+python -m bench.lora_profile --arch qwen2.5-1.5b --batch 256 --grouped-adapters   # adapted q/k/v and gate/up in
+    our grouped launches at every K above 64 rows too (the engine sends longer K there to cuBLAS + shrink + expand,
+    and o_proj / down_proj at every size): the A/B of that rule
 
 A step's share of a kernel: its device time over a run of 1 + --steps new tokens less that over a run of 1 (the
 prefill and the first token), divided by --steps; calls the same way. Random bf16 weights, EOS ignored, CUDA graphs

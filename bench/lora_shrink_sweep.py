@@ -6,15 +6,16 @@ its 112 launches a step took 0.81 ms for ~4.6 MB of A a layer, each program loop
 launch's epilogue, or the expand above 64 rows) then sums more slabs. So each policy is timed as the engine runs a
 layer's adapted projections, shrink and consumer together: q/k/v, o, gate/up + SiLU and down, with a peft adapter of
 --lora-rank on every linear layer, each op captured in one CUDA graph over the model's layers (bench.kernel_sweep's
-`per_layer_us`). A policy is (MAX_SPLITS, MIN_K_PER_SPLIT) of engine/kernels/lora_shrink.py; the engine's comes first.
-Each is timed on both of linear_dispatch's routes for an adapted group (the grouped launch with the adapter in its
-epilogue; cuBLAS base projections + the shrink + `lora_expand_`), whichever the dispatch rule picks today.
+`per_layer_us`). A policy is (max splits, MIN_K_PER_SPLIT) of engine/kernels/lora_shrink.py. Each is timed on both
+of linear_dispatch's routes for an adapted group, whichever the dispatch rule picks today: the grouped launch with the
+adapter in its epilogue (the engine's max splits: EPILOGUE_MAX_SPLITS), and cuBLAS base projections + the shrink +
+`lora_expand_` (EXPAND_MAX_SPLITS).
 
 GPU only (imports on a CPU). That every policy computes the same products is
 tests/engine/test_lora_shrink.py's (up to 16 slices, under Triton's interpreter in `make test`).
 
 python -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 --lora-rank 64
-python -m bench.lora_shrink_sweep --pick bench/out/sweep-*.json [--apply tandemrl/engine/kernels/lora_shrink.py]
+python -m bench.lora_shrink_sweep --pick bench/out/sweep-*.json   (the best policy of each route over several sweeps)
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import argparse
 import contextlib
 import itertools
 import json
-import re
 from pathlib import Path
 from typing import Callable, Iterator
 from unittest import mock
@@ -36,18 +36,22 @@ from bench.kernel_sweep import applied, per_layer_us
 from tandemrl.engine.kernels import fused_linear, linear_dispatch, lora_shrink
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
 
-Policy = tuple[int, int]  # (MAX_SPLITS, MIN_K_PER_SPLIT)
-ENGINE_POLICY: Policy = (lora_shrink.MAX_SPLITS, lora_shrink.MIN_K_PER_SPLIT)
-POLICIES: list[Policy] = [ENGINE_POLICY] + [p for p in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048))
-                                            if p != ENGINE_POLICY]
+Policy = tuple[int, int]  # (max splits, MIN_K_PER_SPLIT)
+POLICIES: list[Policy] = list(itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048)))
 ROUTES = ("grouped", "cublas")
+
+
+def engine_policy(route: str) -> Policy:
+    splits = lora_shrink.EPILOGUE_MAX_SPLITS if route == "grouped" else lora_shrink.EXPAND_MAX_SPLITS
+    return splits, lora_shrink.MIN_K_PER_SPLIT
 
 
 @contextlib.contextmanager
 def shrink_policy(policy: Policy) -> Iterator[None]:
-    """`lora_shrink.shrink_tiles` reads both limits at call time: a launch (or a graph capture) inside sees them."""
+    """fused_linear reads the limits from lora_shrink at call time: a launch (or a graph capture) inside sees them."""
     max_splits, min_k = policy
-    with torch.no_grad(), mock.patch.object(lora_shrink, "MAX_SPLITS", max_splits), \
+    with torch.no_grad(), mock.patch.object(lora_shrink, "EPILOGUE_MAX_SPLITS", max_splits), \
+            mock.patch.object(lora_shrink, "EXPAND_MAX_SPLITS", max_splits), \
             mock.patch.object(lora_shrink, "MIN_K_PER_SPLIT", min_k):
         yield
 
@@ -100,9 +104,10 @@ def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
             for route, policy in itertools.product(ROUTES, POLICIES):
                 with forced_route(route), shrink_policy(policy):
                     times[route, policy] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
-            ours = engine_route(name, rows, width), ENGINE_POLICY
+            route = engine_route(name, rows, width)
+            ours = route, engine_policy(route)
             best = min(times, key=times.get)
-            results.append({"rows": rows, "op": name, "engine_route": ours[0], "engine_us": times[ours],
+            results.append({"rows": rows, "op": name, "engine_route": route, "engine_us": times[ours],
                             "best": [best[0], *best[1]], "best_us": times[best],
                             "us": {route: {f"{s}x{k}": times[route, (s, k)] for s, k in POLICIES}
                                    for route in ROUTES}})
@@ -111,27 +116,21 @@ def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
     return results
 
 
-def pick(sweeps: list[Path], apply_to: Path | None) -> Policy:
-    """The policy with the least time summed over every sweep's ops and rows, each on the engine's route; `apply_to`: a lora_shrink.py whose two
-    limits are rewritten to it (a device copy of the tree, so the benches after it run the policy)."""
-    totals: dict[str, float] = {}
+def pick(sweeps: list[Path]) -> dict[str, Policy]:
+    """Per route, the policy with the least time summed over every sweep's ops and rows that the engine runs on it."""
+    totals: dict[str, dict[str, float]] = {}
     for path in sweeps:
         for row in json.loads(path.read_text())["results"]:
+            route = totals.setdefault(row["engine_route"], {})
             for key, us in row["us"][row["engine_route"]].items():
-                totals[key] = totals.get(key, 0.0) + us
-    ranked = sorted(totals, key=totals.get)
-    engine_key = "x".join(map(str, ENGINE_POLICY))
-    print(f"summed over {len(sweeps)} sweeps: engine {engine_key} {totals[engine_key]:.1f} us; best "
-          + ", ".join(f"{key} {totals[key]:.1f}" for key in ranked[:5]))
-    best: Policy = tuple(int(v) for v in ranked[0].split("x"))  # type: ignore[assignment]
-    if apply_to is not None:
-        text = apply_to.read_text()
-        for name, value in zip(("MAX_SPLITS", "MIN_K_PER_SPLIT"), best):
-            text, n = re.subn(rf"^{name} = \d+", f"{name} = {value}", text, count=1, flags=re.M)
-            if n != 1:
-                raise SystemExit(f"{apply_to}: no line '{name} = <int>' to rewrite")
-        apply_to.write_text(text)
-        print(f"{apply_to}: MAX_SPLITS, MIN_K_PER_SPLIT = {best}")
+                route[key] = route.get(key, 0.0) + us
+    best = {}
+    for route, times in totals.items():
+        ranked = sorted(times, key=times.get)
+        ours = "x".join(map(str, engine_policy(route)))
+        print(f"{route}, summed over {len(sweeps)} sweeps: engine {ours} {times[ours]:.1f} us; best "
+              + ", ".join(f"{key} {times[key]:.1f}" for key in ranked[:5]))
+        best[route] = tuple(int(v) for v in ranked[0].split("x"))
     return best
 
 
@@ -143,17 +142,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="decoder layers to build (default: the model's)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     parser.add_argument("--out", type=Path, default=Path("bench/out/lora_shrink_sweep.json"))
-    parser.add_argument("--pick", type=Path, nargs="+", help="sweep JSONs: print the best policy over them all")
-    parser.add_argument("--apply", type=Path, help="with --pick: rewrite this lora_shrink.py's limits to it")
+    parser.add_argument("--pick", type=Path, nargs="+", help="sweep JSONs: print each route's best policy over them")
     args = parser.parse_args(argv)
     if args.pick:
-        pick(args.pick, args.apply)
+        pick(args.pick)
         return
     model = adapted_model(args.arch, args.lora_rank, torch.device("cuda"), torch.bfloat16, args.layers)
     results = sweep(model, args.rows, args.reps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"arch": args.arch, "lora_rank": args.lora_rank,
-                                    "device": torch.cuda.get_device_name(), "engine_policy": list(ENGINE_POLICY),
+                                    "device": torch.cuda.get_device_name(),
+                                    "engine_policy": {r: list(engine_policy(r)) for r in ROUTES},
                                     "results": results}, indent=2) + "\n")
     print("| rows | op | engine policy us | best policy | best us |")
     for r in results:

@@ -282,8 +282,8 @@ def _lora_layer(dtype, rank=8, targets=None):
 @pytest.mark.parametrize("targets", [None, ["q_proj", "v_proj", "up_proj"]])
 def test_lora_projections_match_peft(dtype, rows, targets):
     """Adapters on all or some projections of a group: the grouped launches compute what peft's modules do
-    (base + B A x * scaling), and o_proj / down_proj with adapters come out of one launch each; above the GEMV
-    range too (100 rows: the large-batch tiles and the shrink's own)."""
+    (base + B A x * scaling), and o_proj / down_proj with adapters through cuBLAS + the shrink and expand; above the
+    GEMV range too (100 rows: the large-batch tiles and the shrink's own)."""
     model, layer = _lora_layer(dtype, targets=targets)
     attn, mlp = layer.self_attn, layer.mlp
     x = _x(rows, dtype)

@@ -14,15 +14,17 @@ from tests.engine.kernel_env import DEVICE, DTYPES, needs_kernels
 from tests.engine.test_fused_linear import INTER, _lora_layer, _qkv_like_modules, _tols, _x
 
 
-@pytest.mark.parametrize("rows, ranks, k, expected", [
-    (64, (64,), 8960, ls.ShrinkTiles(16, 4, 2304)),  # Qwen2.5-1.5B down_proj: 16 programs unsplit, 64 split
-    (64, (64, 64, 64), 1536, ls.ShrinkTiles(16, 1, 1536)),  # q/k/v: K too short to split, 48 programs
-    (256, (64,), 18944, ls.ShrinkTiles(64, 4, 4736)),  # 7B down_proj at 256 rows
-    (1, (16, 16), 3584, ls.ShrinkTiles(16, 1, 3584)),  # 7B gate/up rank 16, batch 1: 2 slices of 1792 < 2048
-    (256, (64, 64, 64), 3584, ls.ShrinkTiles(64, 1, 3584)),  # 7B q/k/v at 256 rows: 48 programs, K whole
+@pytest.mark.parametrize("rows, ranks, k, max_splits, expected", [
+    # Qwen2.5-1.5B down_proj into the expand: 16 programs unsplit, 9 slices of 1024 fill the SMs
+    (64, (64,), 8960, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 9, 1024)),
+    (64, (64, 64, 64), 1536, ls.EPILOGUE_MAX_SPLITS, ls.ShrinkTiles(16, 2, 768)),  # q/k/v: 48 programs, 2 slices
+    (256, (64,), 18944, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(64, 9, 2176)),  # 7B down_proj at 256 rows
+    (1, (16, 16), 3584, ls.EPILOGUE_MAX_SPLITS, ls.ShrinkTiles(16, 2, 1792)),  # 7B gate/up rank 16, batch 1
+    (256, (64, 64, 64), 3584, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(64, 3, 1280)),  # 7B q/k/v: 48 programs, 3 slices
+    (64, (64,), 700, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 1, 768)),  # shorter than two slices of 512: whole
 ])
-def test_shrink_tiles(rows, ranks, k, expected):
-    assert ls.shrink_tiles(rows, ranks, k, sms=132) == expected
+def test_shrink_tiles(rows, ranks, k, max_splits, expected):
+    assert ls.shrink_tiles(rows, ranks, k, sms=132, max_splits=max_splits) == expected
 
 
 @needs_kernels
@@ -35,8 +37,8 @@ def test_slabs_add_up_to_the_shrink(monkeypatch, rows):
     k = 700
     x = torch.randn(rows, k, generator=gen).to(DEVICE)
     a = [torch.randn(r, k, generator=gen).to(DEVICE) for r in (8, 24, 5)]
-    partials = ls.lora_shrink(x, a, sms=1024)
-    t = ls.shrink_tiles(rows, (8, 24, 5), k, 1024)
+    partials = ls.lora_shrink(x, a, sms=1024, max_splits=4)
+    t = ls.shrink_tiles(rows, (8, 24, 5), k, 1024, max_splits=4)
     assert partials.shape == (t.splits, rows, 37) and t.splits == 2
     expected = x @ torch.cat(a).T
     torch.testing.assert_close(partials.sum(0), expected, atol=1e-4, rtol=1e-4)
@@ -51,10 +53,12 @@ def test_slabs_add_up_to_the_shrink(monkeypatch, rows):
     (4, 32, [2, 2, 2, 4]),  # slices of 48 + 24 (hidden 72) and 64 + 64 + 64 + 8 (intermediate 200)
     (16, 16, [3, 3, 3, 7]),  # many short slices (bench.lora_shrink_sweep tries up to 16): 32 + 32 + 8, 6 x 32 + 8
 ])
-def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, rows, max_splits, min_k, expected):
-    """With K split into several slabs (short splits forced at this layer's small sizes) q/k/v, gate/up and the
-    adapted o_proj / down_proj still equal peft's modules: the epilogue adds every slab of its rows."""
-    monkeypatch.setattr(ls, "MAX_SPLITS", max_splits)
+def test_split_shrink_in_both_consumers_matches_peft(monkeypatch, dtype, rows, max_splits, min_k, expected):
+    """With K split into several slabs (short splits forced at this layer's small sizes) q/k/v, gate/up (the grouped
+    launch's epilogue) and the adapted o_proj / down_proj (lora_expand) still equal peft's modules: each consumer
+    adds every slab of its rows."""
+    monkeypatch.setattr(ls, "EPILOGUE_MAX_SPLITS", max_splits)
+    monkeypatch.setattr(ls, "EXPAND_MAX_SPLITS", max_splits)
     monkeypatch.setattr(ls, "MIN_K_PER_SPLIT", min_k)
     monkeypatch.setattr(ls, "_BLOCK_K", 16)
     monkeypatch.setattr(fl, "_sm_count", lambda device: 1024)
@@ -66,7 +70,7 @@ def test_split_shrink_in_the_grouped_launches_matches_peft(monkeypatch, dtype, r
         splits.append(partials.shape[0])
         return partials
 
-    monkeypatch.setattr(fl, "lora_shrink", recorded)
+    monkeypatch.setattr(ls, "lora_shrink", recorded)
     model, layer = _lora_layer(dtype)
     attn, mlp = layer.self_attn, layer.mlp
     x, act = _x(rows, dtype), _x(rows, dtype, INTER)

@@ -2,7 +2,7 @@
 
 - ``qkv_projection``: q_proj, k_proj and v_proj of an attention block into one [N, Nq + Nk + Nv] buffer.
 - ``gate_up_silu``: silu(gate_proj(x)) * up_proj(x) of a SiLU-gated MLP, the product in the epilogue.
-- ``lora_projection``: one peft LoRA Linear (o_proj, down_proj), base and adapter in one launch.
+- ``lora_projection``: one peft LoRA Linear (o_proj, down_proj): cuBLAS, then the adapter's shrink and expand.
 
 Zero copy: the kernels take each module's weight pointer, never a concatenation, so an optimizer step on the
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
@@ -36,7 +36,7 @@ from tandemrl.engine.kernels.linear_dispatch import route_group
 from tandemrl.engine.kernels.linear_tiles import DEFAULT_SMS, GEMV_ROWS, LinearTiles, pick_tiles, tma_gate_up_tiles
 from tandemrl.engine.kernels.lora import LoraParts
 from tandemrl.engine.kernels.lora_expand import lora_expand_
-from tandemrl.engine.kernels.lora_shrink import lora_shrink
+from tandemrl.engine.kernels import lora_shrink as shrink  # its limits read at call time (bench.lora_shrink_sweep)
 
 try:  # optional: without Triton the callers keep the module calls
     import triton
@@ -116,21 +116,11 @@ def qkv_projection(
 
 
 def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
-    """A peft LoRA Linear's output, base and adapter in one launch (after `lora_shrink`); None for anything else
-    (a plain nn.Linear stays the module call: cuBLAS), or where the kernels do not apply. Above the grouped
-    launch's range: `_cublas_with_lora`."""
+    """A peft LoRA Linear's output: its base projection on cuBLAS, then its adapter's shrink and expand
+    (`_cublas_with_lora`; faster than one grouped launch with the adapter in its epilogue: linear_dispatch); None for
+    anything else (a plain nn.Linear stays the module call), or where the kernels do not apply."""
     group = route_group("proj", [module], x, max_rows)
-    if group is None:
-        return None
-    if not group.grouped:
-        return _cublas_with_lora(group.operands, x)[0]
-    (base, parts), = group.operands
-    x2 = x.reshape(-1, x.shape[-1])
-    out = _new_output(x2.shape[0], base.weight.shape[0], x)
-    if x2.shape[0]:
-        _grouped_linear(x2, [base.weight], [base.bias], out, None, [parts])
-    return out.view(*x.shape[:-1], base.weight.shape[0])
-
+    return None if group is None else _cublas_with_lora(group.operands, x)[0]
 
 
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
@@ -164,7 +154,7 @@ def _cublas_with_lora(operands: list[tuple[nn.Linear, LoraParts | None]], x: Ten
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0]:
         sms = _sm_count(x.device)
-        xa = lora_shrink(x2, [p.a for _, p in adapted], sms)
+        xa = shrink.lora_shrink(x2, [p.a for _, p in adapted], sms, shrink.EXPAND_MAX_SPLITS)
         lora_expand_([out.view(-1, out.shape[-1]) for out, _ in adapted], xa, [p.b for _, p in adapted],
                      [p.scaling for _, p in adapted], sms)
     return outs
@@ -178,7 +168,7 @@ def _lora_operands(x2: Tensor, adapters: list[LoraParts | None], dummy: Tensor) 
     if not present:
         return {"args": [dummy, 0, 0] + [dummy] * len(adapters) + [0] * len(adapters) + [0.0] * len(adapters),
                 "HAS_LORA": False, "XA_SPLITS": 1, "BLOCK_R": 16, "LORA_IEEE": False}
-    xa = lora_shrink(x2, [p.a for p in present], _sm_count(x2.device))
+    xa = shrink.lora_shrink(x2, [p.a for p in present], _sm_count(x2.device), shrink.EPILOGUE_MAX_SPLITS)
     return {"args": [xa, xa.stride(1), xa.stride(0)] + [p.b if p else xa for p in adapters]
             + [p.rank if p else 0 for p in adapters] + [p.scaling if p else 0.0 for p in adapters],
             "HAS_LORA": True, "XA_SPLITS": xa.shape[0],

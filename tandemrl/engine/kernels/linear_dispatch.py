@@ -13,9 +13,12 @@ rows 1/64/256 (bench/results/session-1126g/linear-ab/), and at 0.5B, rows 64/128
   gate/up: ours at 896 (15.1 vs 19.8), a tie at 1536 (38.2 us each: cuBLAS), cuBLAS at 3584 (146.9 vs 201.9).
   The whole 1.5B batch-256 decode step agrees: 3.542 / 3.550 ms with q/k/v grouped against 3.823 ms with cuBLAS
   (two alternating runs, one H100, bench/results/session-1127b/dispatch; an earlier hold's 4.295 ms did not repeat).
-- an adapter keeps these limits (o_proj/down_proj with one: up to 1024; at 1.5B batch 256 our kernels ran 26.3k
-  tok/s against 38k through cuBLAS + peft). Past them: cuBLAS base projections, then the shrink and `lora_expand_`
-  (batch 256: 1.67x the adapter-free step at 1.5B and 1.49x at 7B, against 2.42x and 2.00x through peft's modules).
+- an adapter keeps these limits for q/k/v and gate/up. Past them: cuBLAS base projections, then the shrink and
+  `lora_expand_` (batch 256: 1.67x the adapter-free step at 1.5B and 1.49x at 7B, against 2.42x and 2.00x through
+  peft's modules).
+- o_proj / down_proj with an adapter: cuBLAS + the shrink and expand at every size. Timed together, shrink and
+  consumer, at 1.5B and 7B, rank 64 (bench.lora_shrink_sweep, bench/results/session-1127f/): down_proj 30.1 vs
+  36.0 us per layer at 1.5B 64 rows, 76.5 vs 84.3 at 7B; o_proj 10.8 vs 10.1-10.9 (1.5B) and 19.2 vs 20.5 (7B).
 """
 
 from __future__ import annotations
@@ -38,8 +41,7 @@ except Exception:  # pragma: no cover - missing or broken install
 # Inputs with more rows go to the modules (prefill-size GEMMs are cuBLAS's); the largest decode batch bucket.
 GROUPED_LINEAR_MAX_ROWS = 256
 # Above GEMV_ROWS rows, the longest reduction (K) at which each op's grouped launch was measured to beat cuBLAS:
-# "proj" is o_proj / down_proj with a peft adapter (without one they are always cuBLAS's).
-_MAX_K_ABOVE_GEMV = {"qkv": 2048, "gate_up": 1024, "proj": 1024}
+_MAX_K_ABOVE_GEMV = {"qkv": 2048, "gate_up": 1024}
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 
 
@@ -55,8 +57,8 @@ class GroupRoute:
 def grouped_launch_wins(op: str, rows: int, k: int, adapted: bool) -> bool:
     """The dispatch rule (module doc): whether our grouped launch serves `op` for rows x k inputs, rather than
     cuBLAS (the module calls). op: "qkv" (q/k/v), "gate_up" (gate/up + SiLU) or "proj" (o_proj / down_proj);
-    adapted: a peft adapter on one of its projections (a plain projection alone is always cuBLAS's)."""
-    if op == "proj" and not adapted:
+    adapted: a peft adapter on one of its projections (o_proj / down_proj are cuBLAS's with or without one)."""
+    if op == "proj":
         return False
     return rows <= GEMV_ROWS or k <= _MAX_K_ABOVE_GEMV[op]
 

@@ -3,7 +3,7 @@
 The shrink's output is narrow (rows x the adapters' ranks: 64-192 columns) over a long reduction (the hidden or
 intermediate size), so tiling its output alone gives a handful of programs: Qwen2.5-1.5B's down_proj adapter
 (rank 64, K 8960) ran 4 programs at 64 rows, each streaming 1.7 MB, a few SMs of the H100 doing a step's worth of
-work per layer. Here each program takes 16 rows, 16 adapter columns and one of up to `MAX_SPLITS` slices of K, and
+work per layer. Here each program takes 16 rows, 16 adapter columns and one of up to `max_splits` slices of K, and
 writes its partial sums (float32) to its own slab of ``partials [splits, rows, ranks]``; the consumer (the base
 projection's epilogue, fused_linear._lora_add) adds the slabs in a fixed order (`lora_xa`): deterministic, no
 atomics, no extra launch. K is split only where it is long (`MIN_K_PER_SPLIT`): every consumer program reads every
@@ -25,8 +25,13 @@ try:  # optional: without Triton the callers keep the module calls
 except Exception:  # pragma: no cover - missing or broken install
     triton = None
 
-MAX_SPLITS = 4  # slabs each consumer program sums in its epilogue
-MIN_K_PER_SPLIT = 2048  # shorter reductions stay whole: their shrink already has rows x columns programs enough
+# Slabs each consumer program sums, by consumer; both from bench.lora_shrink_sweep (H100, Qwen2.5-1.5B and 7B, rows
+# 64 and 256, rank 64, shrink and consumer timed together): the grouped launch's epilogue sums them in every output
+# tile's program, so few splits (2; 4 within 2 %); lora_expand's narrow programs gain from a short shrink (16: 5 %
+# less than 8 or 4 over its ops, 17 % less than the old 4 slices of at least 2048).
+EPILOGUE_MAX_SPLITS = 2
+EXPAND_MAX_SPLITS = 16
+MIN_K_PER_SPLIT = 512  # shorter slices cost more in the consumer than their shrink saves
 _BLOCK_N = 16  # adapter columns per program (tl.dot's smallest)
 _BLOCK_K = 128
 
@@ -38,24 +43,24 @@ class ShrinkTiles:
     k_per_split: int  # a multiple of _BLOCK_K
 
 
-def shrink_tiles(rows: int, ranks: tuple[int, ...], k: int, sms: int) -> ShrinkTiles:
-    """16-row tiles up to 64 rows (more programs; A is re-read from L2), 64 above; K split in up to MAX_SPLITS
+def shrink_tiles(rows: int, ranks: tuple[int, ...], k: int, sms: int, max_splits: int) -> ShrinkTiles:
+    """16-row tiles up to 64 rows (more programs; A is re-read from L2), 64 above; K split in up to `max_splits`
     slices of at least MIN_K_PER_SPLIT until the launch has about one program per SM."""
     block_m = 16 if rows <= 64 else 64
     tiles = -(-rows // block_m) * sum(-(-r // _BLOCK_N) for r in ranks)
-    splits = max(1, min(MAX_SPLITS, k // MIN_K_PER_SPLIT, -(-sms // tiles)))
+    splits = max(1, min(max_splits, k // MIN_K_PER_SPLIT, -(-sms // tiles)))
     k_per_split = -(-k // splits)
     k_per_split = -(-k_per_split // _BLOCK_K) * _BLOCK_K
     return ShrinkTiles(block_m, -(-k // k_per_split), k_per_split)
 
 
-def lora_shrink(x2: Tensor, a_weights: list[Tensor], sms: int) -> Tensor:
+def lora_shrink(x2: Tensor, a_weights: list[Tensor], sms: int, max_splits: int) -> Tensor:
     """partials [splits, rows, sum of ranks] (float32): slab s holds x2 @ A^T over the s-th slice of K, the
     adapters' columns side by side in the order given (up to three). x2 is cast to A's dtype in the kernel (float32
     adapters on a 16-bit model: TF32 dots, as before the split; float32 inputs: IEEE dots)."""
     rows, k = x2.shape
     ranks = tuple(a.shape[0] for a in a_weights)
-    t = shrink_tiles(rows, ranks, k, sms)
+    t = shrink_tiles(rows, ranks, k, sms, max_splits)
     partials = torch.empty(t.splits, rows, sum(ranks), dtype=torch.float32, device=x2.device)
     pad = 3 - len(a_weights)
     a_ptrs, ranks = a_weights + a_weights[:1] * pad, ranks + (0,) * pad
