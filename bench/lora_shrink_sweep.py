@@ -9,13 +9,16 @@ layer's adapted projections, shrink and consumer together: q/k/v, o, gate/up + S
 `per_layer_us`). A policy is (max splits, MIN_K_PER_SPLIT) of engine/kernels/lora_shrink.py. Each is timed on both
 of linear_dispatch's routes for an adapted group, whichever the dispatch rule picks today: the grouped launch with the
 adapter in its epilogue (the engine's max splits: EPILOGUE_MAX_SPLITS), and cuBLAS base projections + the shrink +
-`lora_expand_` (EXPAND_MAX_SPLITS).
+`lora_expand_` (EXPAND_MAX_SPLITS). With --tiles: the shrink's tiles instead (rows, adapter columns and K step per
+program, pipeline stages), at the engine's policy and on the engine's routes. Each variant's output is checked
+against the engine's before it is timed.
 
 GPU only (imports on a CPU). That every policy computes the same products is
 tests/engine/test_lora_shrink.py's (up to 16 slices, under Triton's interpreter in `make test`).
 
 python -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 --lora-rank 64
-python -m bench.lora_shrink_sweep --pick bench/out/sweep-*.json   (the best policy of each route over several sweeps)
+python -m bench.lora_shrink_sweep --arch qwen2.5-1.5b --rows 64 256 --tiles
+python -m bench.lora_shrink_sweep --pick bench/out/sweep-*.json   (each route's best variants over several sweeps)
 """
 
 from __future__ import annotations
@@ -36,23 +39,42 @@ from bench.kernel_sweep import applied, per_layer_us
 from tandemrl.engine.kernels import fused_linear, linear_dispatch, lora_shrink
 from tandemrl.models.lora import LoraSettings, apply_lora, unwrap_causal_lm
 
-Policy = tuple[int, int]  # (max splits, MIN_K_PER_SPLIT)
-POLICIES: list[Policy] = list(itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048)))
+Variant = dict[str, int]  # lora_shrink module attribute -> value for one timing
 ROUTES = ("grouped", "cublas")
 
 
-def engine_policy(route: str) -> Policy:
-    splits = lora_shrink.EPILOGUE_MAX_SPLITS if route == "grouped" else lora_shrink.EXPAND_MAX_SPLITS
-    return splits, lora_shrink.MIN_K_PER_SPLIT
+def policy_variants() -> dict[str, Variant]:
+    """(max splits) x (MIN_K_PER_SPLIT), named SPLITSxMINK; both consumers' caps set alike (each route reads one)."""
+    return {f"{s}x{k}": {"EPILOGUE_MAX_SPLITS": s, "EXPAND_MAX_SPLITS": s, "MIN_K_PER_SPLIT": k}
+            for s, k in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048))}
+
+
+def tile_variants() -> dict[str, Variant]:
+    """The shrink's tiles (rows, adapter columns, K step per program; pipeline stages) at the engine's policy."""
+    return {f"m{m}n{n}k{k}s{st}": {"_BLOCK_M_SMALL": m, "_BLOCK_M_LARGE": m, "_BLOCK_N": n, "_BLOCK_K": k,
+                                   "_STAGES": st}
+            for m, n, k, st in itertools.product((16, 32, 64), (16, 32, 64), (64, 128), (2, 3))}
+
+
+def _relevant(attribute: str, route: str, rows: int) -> bool:
+    """Whether a launch of `route` at `rows` reads the attribute (the engine's variant matches on these only)."""
+    return {"EPILOGUE_MAX_SPLITS": route == "grouped", "EXPAND_MAX_SPLITS": route == "cublas",
+            "_BLOCK_M_SMALL": rows <= 64, "_BLOCK_M_LARGE": rows > 64}.get(attribute, True)
+
+
+def engine_variant(variants: dict[str, Variant], route: str, rows: int) -> str | None:
+    """The variant equal to lora_shrink's own values where this route and row count read them."""
+    return next((name for name, v in variants.items() if all(
+        getattr(lora_shrink, a) == value for a, value in v.items() if _relevant(a, route, rows))), None)
 
 
 @contextlib.contextmanager
-def shrink_policy(policy: Policy) -> Iterator[None]:
-    """fused_linear reads the limits from lora_shrink at call time: a launch (or a graph capture) inside sees them."""
-    max_splits, min_k = policy
-    with torch.no_grad(), mock.patch.object(lora_shrink, "EPILOGUE_MAX_SPLITS", max_splits), \
-            mock.patch.object(lora_shrink, "EXPAND_MAX_SPLITS", max_splits), \
-            mock.patch.object(lora_shrink, "MIN_K_PER_SPLIT", min_k):
+def applied_variant(variant: Variant) -> Iterator[None]:
+    """fused_linear and lora_shrink read these at call time: a launch (or a graph capture) inside sees them."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for attribute, value in variant.items():
+            stack.enter_context(mock.patch.object(lora_shrink, attribute, value))
         yield
 
 
@@ -94,44 +116,59 @@ def engine_route(op: str, rows: int, width: int) -> str:
                                                             True) else "cublas"
 
 
-def sweep(model: nn.Module, rows_list: list[int], reps: int) -> list[dict]:
-    """µs per layer of each op under each route and policy, and each row count's best per op."""
+def sweep(model: nn.Module, rows_list: list[int], reps: int, variants: dict[str, Variant],
+          both_routes: bool) -> list[dict]:
+    """µs per layer of each op under each variant (on both routes, or on the engine's), and the best per op. Every
+    variant's output of the first layer is checked against the engine's (the same sums in another order)."""
     results = []
     for rows in rows_list:
         for name, (modules, width, launch) in layer_ops(model).items():
             x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
-            times: dict[tuple[str, Policy], float] = {}
-            for route, policy in itertools.product(ROUTES, POLICIES):
-                with forced_route(route), shrink_policy(policy):
-                    times[route, policy] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
-            route = engine_route(name, rows, width)
-            ours = route, engine_policy(route)
-            best = min(times, key=times.get)
-            results.append({"rows": rows, "op": name, "engine_route": route, "engine_us": times[ours],
-                            "best": [best[0], *best[1]], "best_us": times[best],
-                            "us": {route: {f"{s}x{k}": times[route, (s, k)] for s, k in POLICIES}
-                                   for route in ROUTES}})
-            print(f"rows {rows} {name}: engine {ours} {times[ours]:.1f} us, best {best} {times[best]:.1f} us",
-                  flush=True)
+            ours = engine_route(name, rows, width)
+            routes = ROUTES if both_routes else (ours,)
+            reference = _output(launch, modules[0], x)
+            times: dict[str, dict[str, float]] = {route: {} for route in routes}
+            for route, (key, variant) in itertools.product(routes, variants.items()):
+                with forced_route(route), applied_variant(variant):
+                    _check(_output(launch, modules[0], x), reference, f"{name} rows {rows} {route} {key}")
+                    times[route][key] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
+            engine_key = engine_variant(variants, ours, rows)
+            best = min(((r, k) for r in routes for k in times[r]), key=lambda rk: times[rk[0]][rk[1]])
+            results.append({"rows": rows, "op": name, "engine_route": ours, "engine_key": engine_key,
+                            "engine_us": times[ours].get(engine_key), "best": list(best),
+                            "best_us": times[best[0]][best[1]], "us": times})
+            print(f"rows {rows} {name}: engine {ours} {engine_key} {times[ours].get(engine_key, float('nan')):.1f} us,"
+                  f" best {best} {times[best[0]][best[1]]:.1f} us", flush=True)
     return results
 
 
-def pick(sweeps: list[Path]) -> dict[str, Policy]:
-    """Per route, the policy with the least time summed over every sweep's ops and rows that the engine runs on it."""
+def _output(launch: Callable, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = applied(launch(module, x))
+    return torch.cat([t.reshape(x.shape[0], -1) for t in out], 1) if isinstance(out, tuple) else out.clone()
+
+
+def _check(out: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+    """bf16 outputs of the same products: a wrong tiling differs by the adapter's whole product, not rounding."""
+    worst = (out.float() - reference.float()).abs().max().item()
+    if worst > 0.05 * max(reference.float().abs().max().item(), 1.0):
+        raise RuntimeError(f"{what}: differs from the engine's variant by up to {worst}")
+
+
+def pick(sweeps: list[Path]) -> None:
+    """Per route, the variants with the least time summed over every sweep's ops and rows the engine runs on it."""
     totals: dict[str, dict[str, float]] = {}
+    engine: dict[str, set[str]] = {}
     for path in sweeps:
         for row in json.loads(path.read_text())["results"]:
             route = totals.setdefault(row["engine_route"], {})
+            engine.setdefault(row["engine_route"], set()).add(row.get("engine_key"))
             for key, us in row["us"][row["engine_route"]].items():
                 route[key] = route.get(key, 0.0) + us
-    best = {}
     for route, times in totals.items():
         ranked = sorted(times, key=times.get)
-        ours = "x".join(map(str, engine_policy(route)))
-        print(f"{route}, summed over {len(sweeps)} sweeps: engine {ours} {times[ours]:.1f} us; best "
+        ours = ", ".join(f"{key} {times[key]:.1f}" for key in sorted(engine[route] & set(times)))
+        print(f"{route}, summed over {len(sweeps)} sweeps: engine {ours or '-'} us; best "
               + ", ".join(f"{key} {times[key]:.1f}" for key in ranked[:5]))
-        best[route] = tuple(int(v) for v in ranked[0].split("x"))
-    return best
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,21 +179,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="decoder layers to build (default: the model's)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     parser.add_argument("--out", type=Path, default=Path("bench/out/lora_shrink_sweep.json"))
-    parser.add_argument("--pick", type=Path, nargs="+", help="sweep JSONs: print each route's best policy over them")
+    parser.add_argument("--tiles", action="store_true",
+                        help="sweep the shrink's tiles at the engine's split policy, on the engine's routes")
+    parser.add_argument("--pick", type=Path, nargs="+", help="sweep JSONs: print each route's best variants over them")
     args = parser.parse_args(argv)
     if args.pick:
         pick(args.pick)
         return
     model = adapted_model(args.arch, args.lora_rank, torch.device("cuda"), torch.bfloat16, args.layers)
-    results = sweep(model, args.rows, args.reps)
+    variants = tile_variants() if args.tiles else policy_variants()
+    results = sweep(model, args.rows, args.reps, variants, both_routes=not args.tiles)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"arch": args.arch, "lora_rank": args.lora_rank,
                                     "device": torch.cuda.get_device_name(),
-                                    "engine_policy": {r: list(engine_policy(r)) for r in ROUTES},
+                                    "variants": variants,
                                     "results": results}, indent=2) + "\n")
-    print("| rows | op | engine policy us | best policy | best us |")
+    print("| rows | op | engine us | best | best us |")
     for r in results:
-        print(f"| {r['rows']} | {r['op']} | {r['engine_us']:.1f} | {tuple(r['best'])} | {r['best_us']:.1f} |")
+        print(f"| {r['rows']} | {r['op']} | {r['engine_us'] or float('nan'):.1f} | {tuple(r['best'])} | "
+              f"{r['best_us']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,14 @@ def test_shrink_tiles(rows, ranks, k, max_splits, expected):
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 17, 100])
-def test_slabs_add_up_to_the_shrink(monkeypatch, rows):
+@pytest.mark.parametrize("tiles", [{}, {"_BLOCK_M_SMALL": 32, "_BLOCK_M_LARGE": 32, "_BLOCK_N": 64, "_BLOCK_K": 64},
+                                   {"_BLOCK_M_SMALL": 64, "_BLOCK_N": 32, "_STAGES": 2}])
+def test_slabs_add_up_to_the_shrink(monkeypatch, rows, tiles):
     """Three adapters of odd ranks over a K split in uneven slices (the last one short, K not a multiple of the
-    tile): the slabs' sum is x @ [A_1; A_2; A_3]^T; each slab holds only its slice's part."""
+    tile): the slabs' sum is x @ [A_1; A_2; A_3]^T; each slab holds only its slice's part. The engine's tiles and
+    others bench.lora_shrink_sweep --tiles tries (wider than an adapter's rank: masked columns)."""
+    for name, value in tiles.items():
+        monkeypatch.setattr(ls, name, value)
     monkeypatch.setattr(ls, "MIN_K_PER_SPLIT", 256)
     gen = torch.Generator().manual_seed(0)
     k = 700

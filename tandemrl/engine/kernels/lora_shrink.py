@@ -32,8 +32,13 @@ except Exception:  # pragma: no cover - missing or broken install
 EPILOGUE_MAX_SPLITS = 2
 EXPAND_MAX_SPLITS = 16
 MIN_K_PER_SPLIT = 512  # shorter slices cost more in the consumer than their shrink saves
-_BLOCK_N = 16  # adapter columns per program (tl.dot's smallest)
+# Tiles (bench.lora_shrink_sweep --tiles): rows per program up to 64 rows (more programs; A is re-read from L2) and
+# above, adapter columns per program (16: tl.dot's smallest), the K step, pipeline stages.
+_BLOCK_M_SMALL = 16
+_BLOCK_M_LARGE = 64
+_BLOCK_N = 16
 _BLOCK_K = 128
+_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,9 @@ class ShrinkTiles:
 
 
 def shrink_tiles(rows: int, ranks: tuple[int, ...], k: int, sms: int, max_splits: int) -> ShrinkTiles:
-    """16-row tiles up to 64 rows (more programs; A is re-read from L2), 64 above; K split in up to `max_splits`
-    slices of at least MIN_K_PER_SPLIT until the launch has about one program per SM."""
-    block_m = 16 if rows <= 64 else 64
+    """_BLOCK_M_SMALL-row tiles up to 64 rows, _BLOCK_M_LARGE above; K split in up to `max_splits` slices of at least
+    MIN_K_PER_SPLIT until the launch has about one program per SM."""
+    block_m = _BLOCK_M_SMALL if rows <= 64 else _BLOCK_M_LARGE
     tiles = -(-rows // block_m) * sum(-(-r // _BLOCK_N) for r in ranks)
     splits = max(1, min(max_splits, k // MIN_K_PER_SPLIT, -(-sms // tiles)))
     k_per_split = -(-k // splits)
@@ -68,7 +73,7 @@ def lora_shrink(x2: Tensor, a_weights: list[Tensor], sms: int, max_splits: int) 
     _lora_shrink_kernel[(col_tiles, triton.cdiv(rows, t.block_m), t.splits)](
         x2, *a_ptrs, partials, rows, k, x2.stride(0), *ranks, t.k_per_split,
         BLOCK_M=t.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, IEEE=x2.dtype == torch.float32,
-        num_warps=4, num_stages=3, **pdl.launch_options(x2.device))
+        num_warps=4, num_stages=_STAGES, **pdl.launch_options(x2.device))
     return partials
 
 
