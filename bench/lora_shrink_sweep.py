@@ -143,7 +143,8 @@ def sweep(model: nn.Module, rows_list: list[int], reps: int, variants: dict[str,
 
 
 def _output(launch: Callable, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = applied(launch(module, x))
+    with torch.no_grad():  # the adapter's parameters require grad: the launchers decline where autograd would record
+        out = applied(launch(module, x))
     return torch.cat([t.reshape(x.shape[0], -1) for t in out], 1) if isinstance(out, tuple) else out.clone()
 
 
