@@ -51,21 +51,19 @@ def policy_variants() -> dict[str, Variant]:
 
 def tile_variants() -> dict[str, Variant]:
     """The shrink's tiles (rows, adapter columns, K step per program; pipeline stages) at the engine's policy."""
-    return {f"m{m}n{n}k{k}s{st}": {"_BLOCK_M_SMALL": m, "_BLOCK_M_LARGE": m, "_BLOCK_N": n, "_BLOCK_K": k,
-                                   "_STAGES": st}
+    return {f"m{m}n{n}k{k}s{st}": {"_BLOCK_M": m, "_BLOCK_N": n, "_BLOCK_K": k, "_STAGES": st}
             for m, n, k, st in itertools.product((16, 32, 64), (16, 32, 64), (64, 128), (2, 3))}
 
 
-def _relevant(attribute: str, route: str, rows: int) -> bool:
-    """Whether a launch of `route` at `rows` reads the attribute (the engine's variant matches on these only)."""
-    return {"EPILOGUE_MAX_SPLITS": route == "grouped", "EXPAND_MAX_SPLITS": route == "cublas",
-            "_BLOCK_M_SMALL": rows <= 64, "_BLOCK_M_LARGE": rows > 64}.get(attribute, True)
+def _relevant(attribute: str, route: str) -> bool:
+    """Whether a launch of `route` reads the attribute (the engine's variant matches on these only)."""
+    return {"EPILOGUE_MAX_SPLITS": route == "grouped", "EXPAND_MAX_SPLITS": route == "cublas"}.get(attribute, True)
 
 
-def engine_variant(variants: dict[str, Variant], route: str, rows: int) -> str | None:
-    """The variant equal to lora_shrink's own values where this route and row count read them."""
+def engine_variant(variants: dict[str, Variant], route: str) -> str | None:
+    """The variant equal to lora_shrink's own values where this route reads them."""
     return next((name for name, v in variants.items() if all(
-        getattr(lora_shrink, a) == value for a, value in v.items() if _relevant(a, route, rows))), None)
+        getattr(lora_shrink, a) == value for a, value in v.items() if _relevant(a, route))), None)
 
 
 @contextlib.contextmanager
@@ -137,7 +135,7 @@ def sweep(model: nn.Module, rows_list: list[int], reps: int, variants: dict[str,
                     except OutOfResources:  # tiles too large for shared memory: not a candidate
                         continue
                     times[route][key] = per_layer_us(lambda m: applied(launch(m, x)), modules, reps)
-            engine_key = engine_variant(variants, ours, rows)
+            engine_key = engine_variant(variants, ours)
             best = min(((r, k) for r in routes for k in times[r]), key=lambda rk: times[rk[0]][rk[1]])
             results.append({"rows": rows, "op": name, "engine_route": ours, "engine_key": engine_key,
                             "engine_us": times[ours].get(engine_key), "best": list(best),

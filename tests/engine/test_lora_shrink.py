@@ -15,12 +15,12 @@ from tests.engine.test_fused_linear import INTER, _lora_layer, _qkv_like_modules
 
 
 @pytest.mark.parametrize("rows, ranks, k, max_splits, expected", [
-    # Qwen2.5-1.5B down_proj into the expand: 16 programs unsplit, 9 slices of 1024 fill the SMs
-    (64, (64,), 8960, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 9, 1024)),
-    (64, (64, 64, 64), 1536, ls.EPILOGUE_MAX_SPLITS, ls.ShrinkTiles(16, 2, 768)),  # q/k/v: 48 programs, 2 slices
-    (256, (64,), 18944, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(64, 9, 2176)),  # 7B down_proj at 256 rows
+    # Qwen2.5-1.5B down_proj into the expand: 8 programs unsplit, 14 slices of 640 fill the SMs
+    (64, (64,), 8960, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 14, 640)),
+    (64, (64, 64, 64), 1536, ls.EPILOGUE_MAX_SPLITS, ls.ShrinkTiles(16, 2, 768)),  # q/k/v: 24 programs, 2 slices
+    (256, (64,), 18944, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 5, 3840)),  # 7B down_proj: 32 programs, 5 slices
     (1, (16, 16), 3584, ls.EPILOGUE_MAX_SPLITS, ls.ShrinkTiles(16, 2, 1792)),  # 7B gate/up rank 16, batch 1
-    (256, (64, 64, 64), 3584, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(64, 3, 1280)),  # 7B q/k/v: 48 programs, 3 slices
+    (256, (64, 64, 64), 3584, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 2, 1792)),  # 7B q/k/v: 96 programs, 2 slices
     (64, (64,), 700, ls.EXPAND_MAX_SPLITS, ls.ShrinkTiles(16, 1, 768)),  # shorter than two slices of 512: whole
 ])
 def test_shrink_tiles(rows, ranks, k, max_splits, expected):
@@ -29,8 +29,8 @@ def test_shrink_tiles(rows, ranks, k, max_splits, expected):
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 17, 100])
-@pytest.mark.parametrize("tiles", [{}, {"_BLOCK_M_SMALL": 32, "_BLOCK_M_LARGE": 32, "_BLOCK_N": 64, "_BLOCK_K": 64},
-                                   {"_BLOCK_M_SMALL": 64, "_BLOCK_N": 32, "_STAGES": 2}])
+@pytest.mark.parametrize("tiles", [{}, {"_BLOCK_M": 32, "_BLOCK_N": 64, "_BLOCK_K": 64},
+                                   {"_BLOCK_M": 64, "_BLOCK_N": 16, "_STAGES": 2}])
 def test_slabs_add_up_to_the_shrink(monkeypatch, rows, tiles):
     """Three adapters of odd ranks over a K split in uneven slices (the last one short, K not a multiple of the
     tile): the slabs' sum is x @ [A_1; A_2; A_3]^T; each slab holds only its slice's part. The engine's tiles and

@@ -3,10 +3,10 @@
 The shrink's output is narrow (rows x the adapters' ranks: 64-192 columns) over a long reduction (the hidden or
 intermediate size), so tiling its output alone gives a handful of programs: Qwen2.5-1.5B's down_proj adapter
 (rank 64, K 8960) ran 4 programs at 64 rows, each streaming 1.7 MB, a few SMs of the H100 doing a step's worth of
-work per layer. Here each program takes 16 rows, 16 adapter columns and one of up to `max_splits` slices of K, and
-writes its partial sums (float32) to its own slab of ``partials [splits, rows, ranks]``; the consumer (the base
-projection's epilogue, fused_linear._lora_add) adds the slabs in a fixed order (`lora_xa`): deterministic, no
-atomics, no extra launch. K is split only where it is long (`MIN_K_PER_SPLIT`): every consumer program reads every
+work per layer. Here each program takes 16 rows, 32 adapter columns and one of up to `max_splits` slices of K,
+and writes its partial sums (float32) to its own slab of ``partials [splits, rows, ranks]``; the consumer (the base
+projection's epilogue, fused_linear._lora_add, or lora_expand) adds the slabs in a fixed order (`lora_xa`):
+deterministic, no atomics, no extra launch. K is split only where it is long (`MIN_K_PER_SPLIT`): every consumer program reads every
 slab of its rows.
 """
 
@@ -32,11 +32,11 @@ except Exception:  # pragma: no cover - missing or broken install
 EPILOGUE_MAX_SPLITS = 2
 EXPAND_MAX_SPLITS = 16
 MIN_K_PER_SPLIT = 512  # shorter slices cost more in the consumer than their shrink saves
-# Tiles (bench.lora_shrink_sweep --tiles): rows per program up to 64 rows (more programs; A is re-read from L2) and
-# above, adapter columns per program (16: tl.dot's smallest), the K step, pipeline stages.
-_BLOCK_M_SMALL = 16
-_BLOCK_M_LARGE = 64
-_BLOCK_N = 16
+# Tiles: rows and adapter columns per program, the K step, pipeline stages. bench.lora_shrink_sweep --tiles (36
+# variants, H100, 1.5B and 7B): 16 x 32 was fastest summed over the ops at 64 rows and at 256, where it took 8 % off
+# the old 64 x 16 (small tiles: more programs, A re-read from L2).
+_BLOCK_M = 16
+_BLOCK_N = 32
 _BLOCK_K = 128
 _STAGES = 3
 
@@ -49,14 +49,13 @@ class ShrinkTiles:
 
 
 def shrink_tiles(rows: int, ranks: tuple[int, ...], k: int, sms: int, max_splits: int) -> ShrinkTiles:
-    """_BLOCK_M_SMALL-row tiles up to 64 rows, _BLOCK_M_LARGE above; K split in up to `max_splits` slices of at least
-    MIN_K_PER_SPLIT until the launch has about one program per SM."""
-    block_m = _BLOCK_M_SMALL if rows <= 64 else _BLOCK_M_LARGE
-    tiles = -(-rows // block_m) * sum(-(-r // _BLOCK_N) for r in ranks)
+    """K split in up to `max_splits` slices of at least MIN_K_PER_SPLIT until the launch has about one program per
+    SM."""
+    tiles = -(-rows // _BLOCK_M) * sum(-(-r // _BLOCK_N) for r in ranks)
     splits = max(1, min(max_splits, k // MIN_K_PER_SPLIT, -(-sms // tiles)))
     k_per_split = -(-k // splits)
     k_per_split = -(-k_per_split // _BLOCK_K) * _BLOCK_K
-    return ShrinkTiles(block_m, -(-k // k_per_split), k_per_split)
+    return ShrinkTiles(_BLOCK_M, -(-k // k_per_split), k_per_split)
 
 
 def lora_shrink(x2: Tensor, a_weights: list[Tensor], sms: int, max_splits: int) -> Tensor:
