@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from tandemrl.backends.engine_backend import EngineBackend
+    from tandemrl.engine.engine import LLMEngine
 
 
 SWITCH_INTERVAL_S = 0.0005  # bench/RESULTS.md (issue 40): a socket write then waits 0.26 ms for the GIL, not 0.6
@@ -56,12 +57,18 @@ def build_state(cfg: Config, served_name: str, allow_ipc: bool = False, checkpoi
     backend = EngineBackend(model, tokenizer, cfg.engine, device=device)
     engine = backend.engine
     arrivals = Arrivals()
-    loop = EngineLoop(engine, prepare=_seed_reset(backend), arriving=lambda: arrivals.count)
+    loop = serving_loop(engine, arrivals, _seed_reset(backend))
     vocab = _vocab_size(model)
     state = ServerState(loop=loop, tokenizer=tokenizer, model_name=served_name,
                         max_model_len=int(engine.config.max_model_len or 2**31), vocab_size=vocab, arrivals=arrivals)
     state.weights = WeightReceiver(model, loop, "ipc" if allow_ipc else "any")
     return state
+
+
+def serving_loop(engine: LLMEngine, arrivals: Arrivals,
+                 prepare: Callable[[Request, bool], None] | None = None) -> EngineLoop:
+    """``engine``'s loop thread, whose idle starts wait for the requests the server is taking in (``arrivals``)."""
+    return EngineLoop(engine, prepare=prepare, arriving=lambda: arrivals.count, settle=arrivals.settle)
 
 
 def _vocab_size(model: nn.Module) -> int:
