@@ -10,6 +10,7 @@ set -uo pipefail
 OUT=${OUT:-bench/out/gpu_serve_ab}
 BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # the base runs write from .ab/base
 # the carried wheels into /tmp/site (GPU_SITE_READY=1: the python on PATH has the serve packages already, a CPU
 # check with BENCH_ARGS="--cpu-smoke ...")
 source bench/gpu_env.sh
