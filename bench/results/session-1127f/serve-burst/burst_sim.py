@@ -1,4 +1,4 @@
-"""gather_sim (copied alongside, unchanged) with two additions, for the arrival-burst A/B: the server child records
+"""gather_sim (../../session-1127e/gather-sim/) with two additions, for the arrival-burst A/B: the server child records
 the prefill batch sizes from each idle start ([first step's, later ones']) and how long after the last request's add its first step began (GET /_first_steps, cleared on read), and a raw-socket client
 that writes N pre-built streaming requests on N kept-alive connections back to back (as an RL environment sending a
 group would). The child takes the tree from TREE (PYTHONPATH), wired as that tree's server.py wires EngineLoop.
@@ -7,9 +7,11 @@ TREE=<tree> python burst_sim.py raw ROUNDS [N]     # raw burst client
 TREE=<tree> python burst_sim.py httpx ROUNDS       # bench.serve's client (gather_sim's rounds)
 Prints one line: tok/s ratio to in-process per round, its median, and the first-step sizes.
 """
+from pathlib import Path
 import asyncio, json, os, statistics, subprocess, sys, time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[4])  # the repository
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "session-1127e" / "gather-sim"))
 import gather_sim as sim  # noqa: E402
 
 
@@ -94,7 +96,7 @@ async def raw_rounds(port, count, n):
 
 def main(mode, count, n):
     port = 18000 + os.getpid() % 1000
-    tree = os.environ.get("TREE", "/work/main")
+    tree = os.environ.get("TREE", ROOT)
     child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env={**os.environ, "PYTHONPATH": tree})
     try:
         import httpx

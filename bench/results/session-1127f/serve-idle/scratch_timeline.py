@@ -4,9 +4,11 @@ instrumented by wrappers only (tandemrl untouched). Both processes stamp time.pe
 python scratch_timeline.py serve PORT         (child)
 python scratch_timeline.py run ROUNDS [OUT]   (parent)
 """
+from pathlib import Path
 import asyncio, json, os, subprocess, sys, time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[4])  # the repository
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "session-1127e" / "gather-sim"))
 import gather_sim as sim  # noqa: E402
 
 T = time.perf_counter
@@ -177,7 +179,7 @@ async def one_client(http, prompt, new_tokens):
 
 
 async def rounds(url, count):
-    sys.path.insert(0, os.environ.get("TREE", "/work/main"))
+    sys.path.insert(0, os.environ.get("TREE", ROOT))
     import httpx
     import bench.serve as bs
     bs.one_client = one_client
@@ -200,7 +202,7 @@ async def rounds(url, count):
 
 def run(count, out_path):
     port = 18000 + os.getpid() % 1000
-    tree = os.environ.get("TREE", "/work/main")
+    tree = os.environ.get("TREE", ROOT)
     env = {**os.environ, "PYTHONPATH": tree}
     child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env=env)
     try:
@@ -282,7 +284,7 @@ async def raw_rounds(url, count):
 
 def raw(count):
     port = 18000 + os.getpid() % 1000
-    tree = os.environ.get("TREE", "/work/main")
+    tree = os.environ.get("TREE", ROOT)
     child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env={**os.environ, "PYTHONPATH": tree})
     try:
         import httpx
