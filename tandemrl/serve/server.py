@@ -51,7 +51,10 @@ def build_state(cfg: Config, served_name: str, allow_ipc: bool = False, checkpoi
 
     device = resolve_device(cfg.model.device)
     # a run's checkpoint is served as one plain model; otherwise model.lora keeps its adapter (sync.kind = "lora")
-    model, tokenizer = load_merged(cfg, checkpoint, device) if checkpoint is not None else load_policy(cfg.model, device)
+    if checkpoint is not None:
+        model, tokenizer = load_merged(cfg, checkpoint, device)
+    else:
+        model, tokenizer = load_policy(cfg.model, device)
     set_cpu_threads(cfg.model.cpu_threads, model, device)
     model.eval().requires_grad_(False)
     backend = EngineBackend(model, tokenizer, cfg.engine, device=device)

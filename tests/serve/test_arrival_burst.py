@@ -69,8 +69,9 @@ class HoldingEngine(StepRecorder):
 @contextlib.contextmanager
 def serving(engine: StepRecorder) -> Iterator[tuple[int, ServerState, asyncio.AbstractEventLoop]]:
     arrivals = Arrivals()
-    state = ServerState(loop=serving_loop(engine, arrivals), tokenizer=Letters(), model_name="m",  # type: ignore[arg-type]
-                        max_model_len=4096, vocab_size=1000, arrivals=arrivals)
+    loop = serving_loop(engine, arrivals)  # type: ignore[arg-type]
+    state = ServerState(loop=loop, tokenizer=Letters(), model_name="m", max_model_len=4096, vocab_size=1000,
+                        arrivals=arrivals)
     state.loop.start()
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn_config(build_app(state), fastest_io()))

@@ -6,8 +6,8 @@ intermediate size), so tiling its output alone gives a handful of programs: Qwen
 work per layer. Here each program takes 16 rows, 32 adapter columns and one of up to `max_splits` slices of K,
 and writes its partial sums (float32) to its own slab of ``partials [splits, rows, ranks]``; the consumer (the base
 projection's epilogue, fused_linear._lora_add, or lora_expand) adds the slabs in a fixed order (`lora_xa`):
-deterministic, no atomics, no extra launch. K is split only where it is long (`MIN_K_PER_SPLIT`): every consumer program reads every
-slab of its rows.
+deterministic, no atomics, no extra launch. K is split only where it is long (`MIN_K_PER_SPLIT`): every consumer
+program reads every slab of its rows.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ except Exception:  # pragma: no cover - missing or broken install
 
 # Slabs each consumer program sums, by consumer; both from bench.lora_shrink_sweep (H100, Qwen2.5-1.5B and 7B, rows
 # 64 and 256, rank 64, shrink and consumer timed together): the grouped launch's epilogue sums them in every output
-# tile's program, so few splits (2; 4 within 2 %); lora_expand's narrow programs gain from a short shrink (16: 5 %
-# less than 8 or 4 over its ops, 17 % less than the old 4 slices of at least 2048).
+# tile's program, so few splits (2; 4 within 2 %); lora_expand's narrow programs gain from a short shrink (16: as 8,
+# 5 % less than 4, 17 % less than the old 4 slices of at least 2048).
 EPILOGUE_MAX_SPLITS = 2
 EXPAND_MAX_SPLITS = 16
 MIN_K_PER_SPLIT = 512  # shorter slices cost more in the consumer than their shrink saves
