@@ -2,7 +2,6 @@
 # Issue 37 point 3's GPU check (LoRA decode against the adapter-free step), two device calls: PART=tests (the
 # kernel and runner tests, about 6 minutes on a cold Triton cache: 74 tests, 200 s covered 60 of them) and
 # PART=bench (the rest, about 4 minutes); the default runs both, which needs more than one call's 600 s.
-# PART=sweep: bench.lora_shrink_sweep at 1.5B and 7B (each route's best split policy), about 4 minutes.
 #   1. the GPU runs of the LoRA kernel tests (the split shrink, the expand, the grouped launches and the cuBLAS +
 #      shrink + expand route against peft, the runner's greedy output against the merged model on both routes, with
 #      and without CUDA graphs) and the dispatch rule's;
@@ -10,6 +9,7 @@
 #      LoRA / plain decode step ratio per row in the summary);
 #   3. bench.lora_profile with PDL off (TANDEMRL_PDL=0: each kernel's own device time, no early-launch waits
 #      counted): per-kernel device time of one decode step, plain vs LoRA, 1.5B at batch 64 and 256.
+# PART=sweep instead: bench.lora_shrink_sweep's split policies on both routes at 1.5B and 7B, about 4 minutes.
 # The calls: run  command "PART=tests bash bench/gpu_lora.sh"  kind nvidia-h100-x1  carry [".whl"]  timeout_s 600,
 # then the same with PART=bench.
 # Each piece has its own timeout (named in the summary if it runs out). Logs and JSON in $OUT/lora.tar.gz, the
@@ -43,10 +43,10 @@ if [ "$PART" = sweep ]; then  # the shrink's split policies on both routes at bo
   exit 0
 fi
 TP=(python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48 --batches 64 256)
-logged_step 40 plain-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --out "$OUT/raw/plain-1.5b.json"
-logged_step 60 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --lora-rank 64 --out "$OUT/raw/lora-1.5b.json"
-logged_step 50 plain-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --out "$OUT/raw/plain-7b.json"
-logged_step 90 lora-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --lora-rank 64 --out "$OUT/raw/lora-7b.json"
+logged_step 90 plain-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --out "$OUT/raw/plain-1.5b.json"
+logged_step 90 lora-1.5b "${TP[@]}" --arch qwen2.5-1.5b --kv-gib 6 --lora-rank 64 --out "$OUT/raw/lora-1.5b.json"
+logged_step 90 plain-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --out "$OUT/raw/plain-7b.json"
+logged_step 120 lora-7b "${TP[@]}" --arch qwen2.5-7b --kv-gib 12 --lora-rank 64 --out "$OUT/raw/lora-7b.json"
 TANDEMRL_PDL=0 logged_step 45 profile-1.5b-64 python3 -m bench.lora_profile --arch qwen2.5-1.5b --batch 64 \
     --out "$OUT/raw/profile-1.5b-64.json"
 # PDL off: a kernel launched early would count its wait for the one before it as its own device time
