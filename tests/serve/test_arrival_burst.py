@@ -23,7 +23,7 @@ from tandemrl.serve.engine_loop import EngineLoop
 from tandemrl.serve.app import build_app
 from tandemrl.serve.server import bind_socket, fastest_io, serving_loop, uvicorn_config
 from tandemrl.serve.state import Arrivals, ServerState
-from tests.serve.test_arrivals import StepRecorder, _request
+from tests.serve.test_arrivals import StepRecorder, run_one_request
 
 BURST = 48
 HOLD_S = 1.0  # at most this long the event loop stays busy while the burst arrives (the engine on main steps first)
@@ -156,17 +156,10 @@ def test_an_idle_engine_waits_for_no_request_that_ended_before_its_submit():
 
 def test_an_idle_engine_waits_for_the_server_to_catch_up_no_longer_than_the_bound():
     engine, waits = StepRecorder(), []
-    done = threading.Event()
 
     def stuck(timeout: float) -> None:  # an event loop that never gets round to it
         waits.append(timeout)
         time.sleep(timeout)
-    loop = EngineLoop(engine, arriving=lambda: 0, settle=stuck)  # type: ignore[arg-type]
-    loop.start()
-    try:
-        loop.submit([_request("a")], lambda events: done.set(), stream=False)
-        assert done.wait(10)
-    finally:
-        loop.stop()
+    run_one_request(EngineLoop(engine, arriving=lambda: 0, settle=stuck))  # type: ignore[arg-type]
     assert engine.steps == [["a"]]
     assert waits and sum(waits) <= engine_loop.GATHER_MAX_S

@@ -105,17 +105,21 @@ def test_requests_further_apart_than_the_quiet_window_start_without_waiting_for_
     assert engine.steps == [["a"], ["b"]]
 
 
-def test_an_idle_engine_waits_for_arrivals_no_longer_than_the_bound():
-    engine, arrivals = StepRecorder(), Arrivals()
-    loop = EngineLoop(engine, arriving=lambda: arrivals.count)  # type: ignore[arg-type]
+def run_one_request(loop: EngineLoop) -> None:
+    """Start ``loop``, submit request "a", return once it finished (the loop stopped)."""
     done = threading.Event()
-    arrivals.take()  # never submitted
     loop.start()
     try:
         loop.submit([_request("a")], lambda events: done.set(), stream=False)
         assert done.wait(10)
     finally:
         loop.stop()
+
+
+def test_an_idle_engine_waits_for_arrivals_no_longer_than_the_bound():
+    engine, arrivals = StepRecorder(), Arrivals()
+    arrivals.take()  # never submitted
+    run_one_request(EngineLoop(engine, arriving=lambda: arrivals.count))  # type: ignore[arg-type]
     assert engine.steps == [["a"]]
 
 

@@ -7,7 +7,7 @@ The in-process figure is the same engine stepped with all 64 added at once.
 python gather_sim.py serve PORT        (child; TREE=<a tree> picks the tandemrl it imports)
 python gather_sim.py run [ROUNDS]      (parent: starts the child, prints tok/s per round and the in-process ratio)
 """
-import asyncio, sys, time, subprocess, os, statistics
+import asyncio, contextlib, sys, time, subprocess, os, statistics
 from pathlib import Path
 
 ROOT = str(Path(__file__).resolve().parents[4])  # the repository
@@ -112,24 +112,31 @@ async def rounds(url, count):
     return out
 
 
-def run(count):
+@contextlib.contextmanager
+def serving_child(script, tree):
+    """`script serve PORT` in a child importing `tree`; yields PORT once /health answers (the other scripts too)."""
     port = 18000 + os.getpid() % 1000
-    env = {**os.environ, "PYTHONPATH": os.environ.get("TREE", ROOT)}
-    child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env=env)
+    child = subprocess.Popen([sys.executable, script, "serve", str(port)], env={**os.environ, "PYTHONPATH": tree})
     try:
         import httpx
-        for _ in range(200):
+        for _ in range(300):
             try:
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
                 break
             except Exception:
                 time.sleep(0.1)
-        results = asyncio.run(rounds(f"http://127.0.0.1:{port}", count))
+        yield port
     finally:
         child.terminate(); child.wait()
+
+
+def run(count):
+    tree = os.environ.get("TREE", ROOT)
+    with serving_child(__file__, tree) as port:
+        results = asyncio.run(rounds(f"http://127.0.0.1:{port}", count))
     base = in_process()
     ratios = [r["tok_s"] / base for r in results]
-    print(f"tree {env['PYTHONPATH']}: in-process {base:.0f} tok/s; server rounds "
+    print(f"tree {tree}: in-process {base:.0f} tok/s; server rounds "
           + " ".join(f"{r['tok_s']:.0f}" for r in results) + f"; ratio median {statistics.median(ratios):.3f} "
           f"(ttft p50 " + " ".join(f"{r['ttft_p50_s']*1e3:.0f}" for r in results) + " ms)")
 

@@ -8,7 +8,7 @@ TREE=<tree> python burst_sim.py httpx ROUNDS       # bench.serve's client (gathe
 Prints one line: tok/s ratio to in-process per round, its median, and the first-step sizes.
 """
 from pathlib import Path
-import asyncio, json, os, statistics, subprocess, sys, time
+import asyncio, json, os, statistics, sys, time
 
 ROOT = str(Path(__file__).resolve().parents[4])  # the repository
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "session-1127e" / "gather-sim"))
@@ -95,25 +95,15 @@ async def raw_rounds(port, count, n):
 
 
 def main(mode, count, n):
-    port = 18000 + os.getpid() % 1000
+    import httpx
     tree = os.environ.get("TREE", ROOT)
-    child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env={**os.environ, "PYTHONPATH": tree})
-    try:
-        import httpx
-        for _ in range(300):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
+    with sim.serving_child(__file__, tree) as port:
         if mode == "raw":
             results = asyncio.run(raw_rounds(port, count, n))
         else:
             results = asyncio.run(sim.rounds(f"http://127.0.0.1:{port}", count))
             n = 64
         first = httpx.get(f"http://127.0.0.1:{port}/_first_steps").json()
-    finally:
-        child.terminate(); child.wait()
     scale = n / 64  # in-process figure for n requests: the sim's prefill scales with n, bursts do not
     base = sim.in_process()
     ratios = [r["tok_s"] / (base * scale) for r in results]

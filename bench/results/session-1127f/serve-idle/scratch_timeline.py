@@ -5,7 +5,7 @@ python scratch_timeline.py serve PORT         (child)
 python scratch_timeline.py run ROUNDS [OUT]   (parent)
 """
 from pathlib import Path
-import asyncio, json, os, subprocess, sys, time
+import asyncio, json, os, sys, time
 
 ROOT = str(Path(__file__).resolve().parents[4])  # the repository
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "session-1127e" / "gather-sim"))
@@ -16,25 +16,9 @@ T = time.perf_counter
 
 # ------------------------------------------------------------------------------------------ server side
 
-def serve(port):
-    import uvicorn
-    from starlette.responses import JSONResponse
+def _patch_reads(rec):
+    """The event loop's socket reads."""
     from uvicorn.protocols.http import h11_impl
-    import tandemrl.serve.engine_loop as el
-    from tandemrl.serve.app import build_app
-    from tandemrl.serve.engine_loop import EngineLoop
-    from tandemrl.serve.server import SWITCH_INTERVAL_S, freeze_startup_heap
-    from tandemrl.serve.state import Arrivals, ServerState
-    import torch, transformers  # noqa: F401
-
-    ev = []  # (t, kind, a, b)
-    import cProfile, pstats, io
-    PROFILE = os.environ.get("PROFILE") == "1"
-    PROFILE_END = os.environ.get("PROFILE") == "end"
-    prof = [None, False]
-    rec = ev.append
-
-    # socket reads of the event loop
     orig_dr = h11_impl.H11Protocol.data_received
 
     def data_received(self, data):
@@ -42,9 +26,13 @@ def serve(port):
         return orig_dr(self, data)
     h11_impl.H11Protocol.data_received = data_received
 
-    # engine loop
-    orig_submit, orig_gather, orig_step, orig_flush = (EngineLoop.submit, EngineLoop._gather, EngineLoop._step,
-                                                       EngineLoop._flush)
+
+def _patch_engine_loop(rec, prof, profile_end):
+    """submit, gather, flush, delivery on the event loop, and the fake engine's steps."""
+    import cProfile
+    import tandemrl.serve.engine_loop as el
+    from tandemrl.serve.engine_loop import EngineLoop
+    orig_submit, orig_gather, orig_flush = EngineLoop.submit, EngineLoop._gather, EngineLoop._flush
 
     def submit(self, requests, sink, stream=True):
         rec((T(), "submit", len(requests), 0))
@@ -58,23 +46,20 @@ def serve(port):
             rec((T(), "gather1", 0, 0))
 
     def flush(self):
-        n = sum(len(e) for _, e in self._outbox.values())
-        rec((T(), "flush", n, 0))
+        rec((T(), "flush", sum(len(e) for _, e in self._outbox.values()), 0))
         return orig_flush(self)
     EngineLoop.submit, EngineLoop._gather, EngineLoop._flush = submit, gather, flush
-
     orig_deliver = el._deliver
 
     def deliver(batch):
         if prof[0] is not None and not prof[1]:
             prof[0].disable(); prof[1] = True
-        if PROFILE_END and prof[0] is None and any(isinstance(e, el.Finished) for _, evs in batch for e in evs):
+        if profile_end and prof[0] is None and any(isinstance(e, el.Finished) for _, evs in batch for e in evs):
             prof[0] = cProfile.Profile(); prof[0].enable()
         rec((T(), "deliver0", len(batch), time.thread_time()))
         orig_deliver(batch)
         rec((T(), "deliver1", len(batch), 0))
     el._deliver = deliver
-
     orig_engine_step = sim.SimEngine.step
 
     def engine_step(self):
@@ -85,17 +70,14 @@ def serve(port):
             rec((T(), "step1", 0, 0))
     sim.SimEngine.step = engine_step
 
-    if os.environ.get("QUIET_S"):
-        el.GATHER_QUIET_S = float(os.environ["QUIET_S"])
-    arrivals = Arrivals()
-    loop = EngineLoop(sim.SimEngine(), arriving=lambda: arrivals.count)
-    state = ServerState(loop=loop, tokenizer=sim.Tok(), model_name="bench", max_model_len=4096, vocab_size=1000,
-                        arrivals=arrivals)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    app = build_app(state)
+
+def _timeline_route(app, ev, prof, profile_end):
+    """GET /_timeline: the events so far (cleared), and the profile (if any) to /tmp/tl_prof.txt."""
+    import io, pstats
+    from starlette.responses import JSONResponse
 
     async def dump(request):
-        if PROFILE_END and prof[0] is not None:
+        if profile_end and prof[0] is not None:
             prof[0].disable(); prof[1] = True
         if prof[0] is not None and prof[1]:
             buf = io.StringIO(); pstats.Stats(prof[0], stream=buf).sort_stats("tottime").print_stats(45)
@@ -107,12 +89,17 @@ def serve(port):
         return JSONResponse(out)
     app.add_route("/_timeline", dump, methods=["GET"])
 
+
+def _traced(app, rec, prof, profile):
+    """The completions requests' ASGI receipt, whole bodies, and every response write."""
+    import cProfile
+
     async def traced(scope, receive, send):
         if scope["type"] != "http" or scope["path"] != "/v1/completions":
             return await app(scope, receive, send)
         port_ = scope["client"][1]
         rec((T(), "asgi", port_, time.thread_time()))
-        if PROFILE and prof[0] is None:
+        if profile and prof[0] is None:
             prof[0] = cProfile.Profile(); prof[0].enable()
 
         async def recv():
@@ -132,7 +119,33 @@ def serve(port):
                 kind = "w_done" if b.endswith(b"[DONE]\n\n") else ("w_end" if not m.get("more_body") else "w_data")
             rec((t0, kind, port_, T() - t0))
         await app(scope, recv, snd)
+    return traced
 
+
+def serve(port):
+    import uvicorn
+    import tandemrl.serve.engine_loop as el
+    from tandemrl.serve.app import build_app
+    from tandemrl.serve.engine_loop import EngineLoop
+    from tandemrl.serve.server import SWITCH_INTERVAL_S, freeze_startup_heap
+    from tandemrl.serve.state import Arrivals, ServerState
+    import torch, transformers  # noqa: F401
+
+    ev = []  # (t, kind, a, b)
+    profile, profile_end = os.environ.get("PROFILE") == "1", os.environ.get("PROFILE") == "end"
+    prof = [None, False]  # the cProfile.Profile, whether it stopped
+    _patch_reads(ev.append)
+    _patch_engine_loop(ev.append, prof, profile_end)
+    if os.environ.get("QUIET_S"):
+        el.GATHER_QUIET_S = float(os.environ["QUIET_S"])
+    arrivals = Arrivals()
+    loop = EngineLoop(sim.SimEngine(), arriving=lambda: arrivals.count)
+    state = ServerState(loop=loop, tokenizer=sim.Tok(), model_name="bench", max_model_len=4096, vocab_size=1000,
+                        arrivals=arrivals)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    app = build_app(state)
+    _timeline_route(app, ev, prof, profile_end)
+    traced = _traced(app, ev.append, prof, profile)
     freeze_startup_heap()
     loop.start()
     uvicorn.run(traced, host="127.0.0.1", port=port, log_level="warning", lifespan="off", loop="asyncio", http="h11")
@@ -201,21 +214,9 @@ async def rounds(url, count):
 
 
 def run(count, out_path):
-    port = 18000 + os.getpid() % 1000
     tree = os.environ.get("TREE", ROOT)
-    env = {**os.environ, "PYTHONPATH": tree}
-    child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env=env)
-    try:
-        import httpx
-        for _ in range(200):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
+    with sim.serving_child(__file__, tree) as port:
         results = asyncio.run(rounds(f"http://127.0.0.1:{port}", count))
-    finally:
-        child.terminate(); child.wait()
     base = sim.in_process()
     for r in results:
         r["in_process_tok_s"] = base
@@ -283,21 +284,9 @@ async def raw_rounds(url, count):
 
 
 def raw(count):
-    port = 18000 + os.getpid() % 1000
-    tree = os.environ.get("TREE", ROOT)
-    child = subprocess.Popen([sys.executable, __file__, "serve", str(port)], env={**os.environ, "PYTHONPATH": tree})
-    try:
-        import httpx
-        for _ in range(200):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
+    with sim.serving_child(__file__, os.environ.get("TREE", ROOT)) as port:
         results = asyncio.run(raw_rounds(f"http://127.0.0.1:{port}", count))
         json.dump(results, open("/tmp/tl_raw.json", "w"))
-    finally:
-        child.terminate(); child.wait()
     base = sim.in_process()
     rows = []
     for r in results:
