@@ -4,6 +4,7 @@
 # the same process) from the base tree (.ab/base: a git archive of the tree before the change) and from this tree,
 # alternating base, new, base, new while time is left (each run about 100 s).
 # The call: run  command "bash bench/gpu_serve_ab.sh"  carry [".whl", ".ab"]  timeout_s 600  (kind nvidia-h100-x1)
+# This tree alone, repeated (no .ab needed): SIDES="new new new new" BENCH_ARGS="--client-procs 1 8" bash ...
 # Make .ab/base: rm -rf .ab && mkdir -p .ab/base && git archive BASE tandemrl pyproject.toml \
 #                  $(git ls-files bench | grep -v ^bench/results) | tar -x -C .ab/base
 set -uo pipefail
@@ -18,7 +19,7 @@ export TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 START=$SECONDS
 round=0
-for side in base new base new base new; do
+for side in ${SIDES:-base new base new base new}; do
     [[ $((SECONDS - START + 130)) -le $BUDGET ]] || { echo "no time for $side run $round"; break; }
     dir=$PWD; [[ $side == base ]] && dir=$PWD/.ab/base
     name="$side-$round"
@@ -32,12 +33,17 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
-print("| run | in-process tok/s | server new conn. | / in-process | server kept-alive | / in-process |")
-print("| --- | --- | --- | --- | --- | --- |")
+print("| run | client processes | in-process tok/s | server new conn. | / in-process | server kept-alive | / in-process |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
 for path in sorted(Path(sys.argv[1]).glob("*.json"), key=lambda p: int(p.stem.split("-")[1])):
     r = json.loads(path.read_text())
     nan = float("nan")
-    tok_s = lambda key: r.get(key, {}).get("tok_s", nan)
-    print(f"| {path.stem} | {tok_s('in_process'):.0f} | {tok_s('load'):.0f} | {r.get('server_over_in_process', nan):.2f} "
-          f"| {tok_s('load_reused'):.0f} | {r.get('server_reused_over_in_process', nan):.2f} |")
+    by_procs = r.get("by_client_procs") or {"1": {**{k: r[k] for k in ("load", "load_reused") if k in r},
+                                                 "new_over_in_process": r.get("server_over_in_process", nan),
+                                                 "kept_over_in_process": r.get("server_reused_over_in_process", nan)}}
+    for procs, rounds in by_procs.items():
+        tok_s = lambda key: rounds.get(key, {}).get("tok_s", nan)
+        print(f"| {path.stem} | {procs} | {r.get('in_process', {}).get('tok_s', nan):.0f} | {tok_s('load'):.0f} "
+              f"| {rounds.get('new_over_in_process', nan):.2f} | {tok_s('load_reused'):.0f} "
+              f"| {rounds.get('kept_over_in_process', nan):.2f} |")
 PY

@@ -11,7 +11,9 @@ decoding the same N sequences in one call (after the same warm-up). Two timed ro
 (a client opened for it: TCP connects inside the round), and "load_reused" on the connections the warm-up opened
 and kept alive (one client for both rounds, as an OpenAI client reuses its pool), on a third set of prompts of the
 same shape. The clients' connections come from tandemrl's ConnectionSlots: httpx's own pool (httpcore 1.0) costs
-O(connections x requests) per request, which held 64 reused streams 1-2 s before they were even sent.
+O(connections x requests) per request, which held 64 reused streams 1-2 s before they were even sent. The clients
+run in client processes of their own (bench/serve_clients.py): all N in one by default, or split over several with
+--client-procs (as environment processes send them; several values: the three rounds for each).
 
 Each stage's numbers are written to --out as soon as they exist, and a stage that fails is recorded under
 "errors" while the others still run (exit status 1 if any failed).
@@ -38,13 +40,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
-import httpx
-import numpy as np
 import torch
 
 from bench.grpo_step import ARCHITECTURES, build_model
+from bench.serve_clients import ClientProcesses
 from bench.serve_process import ServerProcess, save_model_dir
-from tandemrl.backends.connection_slots import ConnectionSlots
 from tandemrl.backends.engine_backend import EngineBackend
 from tandemrl.engine.config import EngineConfig
 from tandemrl.models.lora import LoraSettings, apply_lora
@@ -71,17 +71,19 @@ class Bench:
     def __init__(self, args: argparse.Namespace, model, device: torch.device, workdir: Path) -> None:
         self.args, self.model, self.device, self.workdir = args, model, device, workdir
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        gen = torch.Generator().manual_seed(0)
-        shape = (args.clients, args.prompt_len)
-        self.prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
-        self.warm_prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
-        self.reuse_prompts = torch.randint(0, model.config.vocab_size, shape, generator=gen).tolist()
+        self._prompt_gen = torch.Generator().manual_seed(0)
+        self.prompts, self.warm_prompts, self.reuse_prompts = (self.draw_prompts() for _ in range(3))
         self.model_dir = save_model_dir(model, workdir / "model")
         self.result: dict = {"date": date.today().isoformat(), "arch": args.arch, "versions": _versions(),
                              "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                              else platform.processor() or "cpu", "clients": args.clients,
                              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                              "weights_gib": self.weight_bytes / GIB, "sync": {}, "errors": {}, "complete": False}
+
+    def draw_prompts(self) -> list[list[int]]:
+        """--clients random prompts of --prompt-len tokens, new ones at every call."""
+        shape = (self.args.clients, self.args.prompt_len)
+        return torch.randint(0, self.model.config.vocab_size, shape, generator=self._prompt_gen).tolist()
 
     def save(self) -> None:
         self.args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,75 +152,28 @@ def _with_target(mode: str, row: dict) -> dict:
     return {**row, "target_s": target, "meets_target": None if target is None else row["push_s"] <= target}
 
 
-async def one_client(http: httpx.AsyncClient, prompt: list[int], new_tokens: int) -> dict:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 1.0, "stream": True,
-            "ignore_eos": True, "return_token_ids": True}
-    start = time.perf_counter()
-    first, tokens, sent = None, 0, 0.0
-
-    async def trace(event: str, info: dict) -> None:
-        nonlocal sent
-        if event == "http11.send_request_body.complete":  # the client's share ends: connected, request written
-            sent = time.perf_counter() - start
-
-    async with http.stream("POST", "/v1/completions", json=body, extensions={"trace": trace}) as response:
-        headers = time.perf_counter() - start  # the server took the request (the engine gets it as the stream starts)
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ids = json.loads(line[6:])["choices"][0].get("token_ids", [])
-            if ids and first is None:
-                first = time.perf_counter() - start
-            tokens += len(ids)
-    return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "headers": headers, "tokens": tokens,
-            "sent": sent}
-
-
-def open_client(url: str, clients: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=url, timeout=600, transport=ConnectionSlots(clients))
-
-
-async def load_test(http: httpx.AsyncClient, prompts: list[list[int]], new_tokens: int) -> dict:
-    start = time.perf_counter()
-    results = await asyncio.gather(*(one_client(http, p, new_tokens) for p in prompts))
-    wall = time.perf_counter() - start
-    short = [r["tokens"] for r in results if r["tokens"] != new_tokens]
-    if short:
-        raise RuntimeError(f"{len(short)} streams ended early (tokens received: {short[:5]}, asked {new_tokens})")
-    latency, ttft = [r["latency"] for r in results], [r["ttft"] for r in results]
-    # the TTFT's two shares: connect + HTTP until the response headers, then the engine's until the first token;
-    # the first one's client part: until the request was written (connect, the pool, the client's event loop)
-    headers, engine = [r["headers"] for r in results], [r["ttft"] - r["headers"] for r in results]
-    return {"clients": len(prompts), "wall_s": wall, "tok_s": sum(r["tokens"] for r in results) / wall,
-            "latency_p50_s": float(np.percentile(latency, 50)), "latency_p99_s": float(np.percentile(latency, 99)),
-            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
-            "headers_p50_s": float(np.percentile(headers, 50)), "headers_max_s": max(headers),
-            "sent_p50_s": float(np.percentile([r["sent"] for r in results], 50)),
-            "sent_max_s": max(r["sent"] for r in results),
-            "headers_to_first_token_p50_s": float(np.percentile(engine, 50))}
-
-
 def server_load(bench: Bench, server: ServerProcess) -> None:
-    """The warm-up round (CUDA graphs, Triton, caches) on a client kept for the reused round; the fresh round on a
-    client of its own, opened for it."""
-    clients, new_tokens = bench.args.clients, bench.args.new_tokens
+    """Per --client-procs value: the warm-up round (CUDA graphs, Triton, caches; the clients' kept connections), a
+    round on new connections, a round on the kept ones. The first value's rounds run the in-process engine's prompts
+    and are "load" / "load_reused"; every value's are under "by_client_procs" (each on prompts of its own: the
+    prefix cache must not see a round's prompts twice)."""
+    for i, procs in enumerate(bench.args.client_procs):
+        warm, fresh, reused = ((bench.warm_prompts, bench.prompts, bench.reuse_prompts) if i == 0
+                               else (bench.draw_prompts(), bench.draw_prompts(), bench.draw_prompts()))
+        with ClientProcesses(server.url, procs) as clients:
+            clients.round(warm, bench.args.new_tokens, fresh=False)
+            rounds = {"load": timed_round(server, lambda: clients.round(fresh, bench.args.new_tokens, fresh=True)),
+                      "load_reused": timed_round(server, lambda: clients.round(reused, bench.args.new_tokens,
+                                                                               fresh=False))}
+        bench.result.setdefault("by_client_procs", {})[str(procs)] = rounds
+        if i == 0:
+            bench.result.update(rounds)
 
-    async def rounds() -> None:
-        async with open_client(server.url, clients) as kept:
-            await load_test(kept, bench.warm_prompts, new_tokens)
-            async with open_client(server.url, clients) as fresh:
-                bench.result["load"] = await timed_round(server, fresh, bench.prompts, new_tokens)
-            bench.result["load_reused"] = await timed_round(server, kept, bench.reuse_prompts, new_tokens)
 
-    asyncio.run(rounds())
-
-
-async def timed_round(server: ServerProcess, http: httpx.AsyncClient, prompts: list[list[int]],
-                      new_tokens: int) -> dict:
-    before = await asyncio.to_thread(server.metrics)
-    load = await load_test(http, prompts, new_tokens)
-    return {**load, **server_side(before, await asyncio.to_thread(server.metrics), load["wall_s"])}
+def timed_round(server: ServerProcess, run_round: Callable[[], dict]) -> dict:
+    before = server.metrics()
+    load = run_round()
+    return {**load, **server_side(before, server.metrics(), load["wall_s"])}
 
 
 def server_side(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
@@ -297,11 +252,14 @@ def run(bench: Bench) -> None:
     if bench.device.type != "cuda":
         bench.result["sync"]["ipc"] = {"note": "needs CUDA (same GPU, two processes)"}
     bench.result["sync"]["nccl"] = {"note": "needs a second GPU: bench/nccl_sync.py; code tested over gloo on CPU"}
-    if "load" in bench.result and "in_process" in bench.result:
-        bench.result["server_over_in_process"] = bench.result["load"]["tok_s"] / bench.result["in_process"]["tok_s"]
-    if "load_reused" in bench.result and "in_process" in bench.result:
-        bench.result["server_reused_over_in_process"] = (bench.result["load_reused"]["tok_s"]
-                                                         / bench.result["in_process"]["tok_s"])
+    if "in_process" in bench.result:
+        in_process = bench.result["in_process"]["tok_s"]
+        for rounds in bench.result.get("by_client_procs", {}).values():
+            rounds["new_over_in_process"] = rounds["load"]["tok_s"] / in_process
+            rounds["kept_over_in_process"] = rounds["load_reused"]["tok_s"] / in_process
+        if "load" in bench.result:
+            bench.result["server_over_in_process"] = bench.result["load"]["tok_s"] / in_process
+            bench.result["server_reused_over_in_process"] = bench.result["load_reused"]["tok_s"] / in_process
     bench.result["complete"] = True
     bench.save()
 
@@ -313,6 +271,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, help="default 128")
     parser.add_argument("--new-tokens", type=int, help="default 256")
     parser.add_argument("--repeats", type=int, help="timed pushes per mode, after a first one (default 5)")
+    parser.add_argument("--client-procs", type=int, nargs="+", default=[1],
+                        help="split the clients over this many processes; several values: a load test each (the "
+                             "first is \"load\" / \"load_reused\"; all under \"by_client_procs\")")
     parser.add_argument("--kv-share", type=float, default=0.25, help="engine.gpu_memory_utilization of each engine")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--cpu-smoke", action="store_true",
@@ -368,18 +329,30 @@ def print_table(result: dict) -> None:
             print(f"| {mode} | {row['note']} |" + " |" * (len(columns) - 1))
             continue
         print(f"| {mode} | " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
-    for name, how in (("load", "new connections"), ("load_reused", "kept-alive connections")):
-        if name in result:
-            _print_load(result[name], how)
+    by_procs = result.get("by_client_procs") or {"1": _single_process_rounds(result)}  # runs before 2026-12-07
+    for procs, rounds in by_procs.items():
+        for name, how in (("load", "new connections"), ("load_reused", "kept-alive connections")):
+            if name in rounds:
+                _print_load(rounds[name], f"{how}, {procs} client process{'es' if procs != '1' else ''}")
     engine = result.get("in_process")
     if engine:
         print(f"in-process engine, the same {result['clients']} sequences in one call: {engine['tok_s']:.0f} tok/s")
-    if "server_over_in_process" in result:
-        print(f"server / in-process throughput: {result['server_over_in_process']:.2f} (new connections), "
-              f"{result.get('server_reused_over_in_process', float('nan')):.2f} (kept-alive)")
+    for procs, rounds in by_procs.items():
+        if "kept_over_in_process" in rounds:
+            print(f"server / in-process throughput, {procs} client process{'es' if procs != '1' else ''}: "
+                  f"{rounds['new_over_in_process']:.2f} (new connections), {rounds['kept_over_in_process']:.2f} "
+                  f"(kept-alive)")
     for stage in result["errors"]:
         print(f"stage {stage} FAILED (traceback in the JSON's errors)")
 
+
+
+def _single_process_rounds(result: dict) -> dict:
+    rounds = {name: result[name] for name in ("load", "load_reused") if name in result}
+    if "server_reused_over_in_process" in result:
+        rounds["new_over_in_process"] = result["server_over_in_process"]
+        rounds["kept_over_in_process"] = result["server_reused_over_in_process"]
+    return rounds
 
 
 def _print_load(load: dict, how: str) -> None:

@@ -274,7 +274,7 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys
     from bench.serve import main, print_table  # print_table: what `--print JSON` shows (for bench/RESULTS.md)
 
     out = tmp_path / "serve.json"
-    assert run_in_process(main, "--cpu-smoke", "--out", str(out)) == 0
+    assert run_in_process(main, "--cpu-smoke", "--client-procs", "1", "3", "--out", str(out)) == 0
     result = json.loads(out.read_text())
     assert result["complete"] and result["errors"] == {}
     sync = result["sync"]
@@ -291,11 +291,15 @@ def test_serve_bench_pushes_every_cpu_mode_and_loads_the_server(tmp_path, capsys
         assert 0 < load["headers_p50_s"] <= load["headers_max_s"] and load["headers_to_first_token_p50_s"] > 0
         assert load["headers_p50_s"] < load["ttft_p99_s"] and 0 < load["sent_p50_s"] < load["headers_p50_s"]
     assert result["load_reused"]["clients"] == 8 and result["server_reused_over_in_process"] > 0
+    split = result["by_client_procs"]["3"]  # 8 streams over 3 processes (3 + 3 + 2), each stream in full
+    assert split["load"]["clients"] == split["load_reused"]["clients"] == 8 and split["load"]["client_procs"] == 3
+    assert split["kept_over_in_process"] > 0 and result["by_client_procs"]["1"]["load"] == result["load"]
     assert "serving bench on http://127.0.0.1:" in (tmp_path / "server-full.log").read_text()
     capsys.readouterr()
     print_table(result)
     table = capsys.readouterr().out
-    assert "| checkpoint | " in table and "8 streaming clients, kept-alive connections:" in table and "server / in-process" in table
+    assert "| checkpoint | " in table and "8 streaming clients, kept-alive connections, 1 client process:" in table
+    assert "server / in-process throughput, 1 client process:" in table and "3 client processes:" in table
 
 
 def test_nccl_sync_bench_pushes_over_gloo_and_checks_the_served_weights(tmp_path):
