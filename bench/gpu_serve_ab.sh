@@ -33,14 +33,13 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
+from bench.serve import rounds_by_procs
 print("| run | client processes | in-process tok/s | server new conn. | / in-process | server kept-alive | / in-process |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for path in sorted(Path(sys.argv[1]).glob("*.json"), key=lambda p: int(p.stem.split("-")[1])):
     r = json.loads(path.read_text())
     nan = float("nan")
-    by_procs = r.get("by_client_procs") or {"1": {**{k: r[k] for k in ("load", "load_reused") if k in r},
-                                                 "new_over_in_process": r.get("server_over_in_process", nan),
-                                                 "kept_over_in_process": r.get("server_reused_over_in_process", nan)}}
+    by_procs = rounds_by_procs(r)
     for procs, rounds in by_procs.items():
         tok_s = lambda key: rounds.get(key, {}).get("tok_s", nan)
         print(f"| {path.stem} | {procs} | {r.get('in_process', {}).get('tok_s', nan):.0f} | {tok_s('load'):.0f} "

@@ -329,7 +329,7 @@ def print_table(result: dict) -> None:
             print(f"| {mode} | {row['note']} |" + " |" * (len(columns) - 1))
             continue
         print(f"| {mode} | " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
-    by_procs = result.get("by_client_procs") or {"1": _single_process_rounds(result)}  # runs before 2026-12-07
+    by_procs = rounds_by_procs(result)
     for procs, rounds in by_procs.items():
         for name, how in (("load", "new connections"), ("load_reused", "kept-alive connections")):
             if name in rounds:
@@ -347,12 +347,15 @@ def print_table(result: dict) -> None:
 
 
 
-def _single_process_rounds(result: dict) -> dict:
+def rounds_by_procs(result: dict) -> dict[str, dict]:
+    """A run's load-test rounds and ratios by client-process count (runs before 2026-12-07: one process)."""
+    if "by_client_procs" in result:
+        return result["by_client_procs"]
     rounds = {name: result[name] for name in ("load", "load_reused") if name in result}
     if "server_reused_over_in_process" in result:
         rounds["new_over_in_process"] = result["server_over_in_process"]
         rounds["kept_over_in_process"] = result["server_reused_over_in_process"]
-    return rounds
+    return {"1": rounds}
 
 
 def _print_load(load: dict, how: str) -> None:
