@@ -1,0 +1,83 @@
+"""Issue 37's table from one hold's files (bench/gpu_vllm_rows.sh): ours (bench.engine_throughput JSON) beside vLLM
+0.20.2 (.peers/vllm/bench_vllm.py JSON lines), one row per shape and batch, with the ratio and our decode step
+against the bandwidth floor. Reads folders or raw.tar.gz files; a shape only one side ran shows '-' on the other.
+
+    python -m bench.vllm_rows_table bench/results/DIR/ours/raw.tar.gz bench/results/DIR/vllm-short/raw.tar.gz ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Row:
+    arch: str
+    prompt_len: int
+    new_tokens: int
+    batch: int
+    ours_tok_s: float | None = None
+    vllm_tok_s: float | None = None
+    step_over_floor: float | None = None
+
+
+def _texts(path: Path) -> list[tuple[str, str]]:
+    """(name, text) of every .json / .jsonl file under a folder or inside a .tar.gz."""
+    if path.is_dir():
+        return [(f.name, f.read_text()) for f in sorted(path.rglob("*.json*"))]
+    with tarfile.open(path) as tar:
+        return [(Path(m.name).name, tar.extractfile(m).read().decode()) for m in tar.getmembers()
+                if m.isfile() and m.name.endswith((".json", ".jsonl"))]
+
+
+def collect(paths: list[Path]) -> list[Row]:
+    rows: dict[tuple, Row] = {}
+
+    def row(arch: str, prompt_len: int, new_tokens: int, batch: int) -> Row:
+        key = (arch, prompt_len, new_tokens, batch)
+        return rows.setdefault(key, Row(*key))
+
+    for path in paths:
+        for name, text in _texts(path):
+            if name.endswith(".jsonl"):  # vLLM: one line per batch, after an info line
+                for line in text.splitlines():
+                    r = json.loads(line)
+                    if r.get("engine") == "vllm" and "batch" in r:
+                        row(r["arch"], r["prompt_len"], r["gen_len"], r["batch"]).vllm_tok_s = r["tok_s"]
+            else:
+                r = json.loads(text)
+                for e in r.get("engine", []):
+                    target = row(r["arch"], r["prompt_len"], r["new_tokens"], e["batch"])
+                    target.ours_tok_s, target.step_over_floor = e["engine_tok_s"], e["step_over_floor"]
+    return sorted(rows.values(), key=lambda r: (r.prompt_len + r.new_tokens, r.arch, r.batch))
+
+
+def table(rows: list[Row]) -> str:
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    lines = ["| arch | shape | batch | ours tok/s | vLLM tok/s | ours / vLLM | our decode step / floor |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ratio = r.ours_tok_s / r.vllm_tok_s if r.ours_tok_s and r.vllm_tok_s else None
+        lines.append(f"| {r.arch} | {r.prompt_len} + {r.new_tokens} | {r.batch} | {num(r.ours_tok_s, ',.0f')} | "
+                     f"{num(r.vllm_tok_s, ',.0f')} | {num(ratio, '.2f')} | {num(r.step_over_floor, '.2f')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", type=Path, nargs="+", help="folders or raw.tar.gz files of one hold")
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        if not path.exists():
+            parser.error(f"{path}: no such file or folder")
+    print(table(collect(args.paths)))
+
+
+if __name__ == "__main__":
+    main()
