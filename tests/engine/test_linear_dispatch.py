@@ -5,6 +5,8 @@ No kernel runs here: the rule alone, on the CPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -74,11 +76,13 @@ MEASURED_GEMV_TILES = {
 
 @pytest.mark.parametrize("arch, op, rows", sorted(MEASURED_GEMV_TILES))
 def test_gemv_tiles_are_the_measured_fastest(arch, op, rows):
-    """o/down: the tiles our kernel would run (bench.linear_roofline's sweep); the rule gives both to cuBLAS."""
+    """o/down: the tiles our kernel would run (bench.linear_roofline's sweep); the rule gives both to cuBLAS. The
+    sweep ran unsplit: split-K comes on top where the widest tiles leave SMs idle (test_fused_linear)."""
     hidden, qkv, inter = SHAPES[arch]
     widths = {"qkv": qkv, "o": (hidden,), "gate_up": (inter,), "down": (hidden,)}[op]
     per = 2 if op == "gate_up" else 1
-    assert lt.pick_tiles(rows, widths, _k(arch, op), 2, per, sms=132) == MEASURED_GEMV_TILES[arch, op, rows]
+    picked = lt.pick_tiles(rows, widths, _k(arch, op), 2, per, sms=132)
+    assert replace(picked, split_k=1) == MEASURED_GEMV_TILES[arch, op, rows]
 
 
 @pytest.fixture
