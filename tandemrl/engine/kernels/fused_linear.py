@@ -139,13 +139,13 @@ def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | Non
     lora = _lora_operands(x2, adapters + [None] * pad, out)
     counters = _split_k_counters(x2.device, col_tiles * row_tiles) if t.split_k > 1 else None
     split_k = t.split_k if counters is not None else 1
-    # The split-K partials, [tiles, splits, BLOCK_M, BLOCK_N] in float32 (one call's scratch)
-    partials = torch.empty(col_tiles * row_tiles * split_k * t.block_m * t.block_n if split_k > 1 else 1,
-                           dtype=torch.float32, device=x2.device)
+    # The split-K partials, [tiles, splits, BLOCK_M, BLOCK_N] in float32 (one call's scratch); unsplit, dummies
+    partials = (torch.empty(col_tiles * row_tiles * split_k * t.block_m * t.block_n, dtype=torch.float32,
+                            device=x2.device) if split_k > 1 else out)
     _grouped_linear_kernel[(col_tiles, row_tiles, split_k)](
         x2, *weights, *(_or(b, w) for b, w in zip(biases, weights)), out,
         rows, K, x2.stride(0), out.stride(0), *widths, *lora.pop("args"), partials,
-        counters if counters is not None else partials, SPLIT_K=split_k,
+        counters if counters is not None else out, SPLIT_K=split_k,
         HAS_BQ=biases[0] is not None, HAS_BK=biases[1] is not None, HAS_BV=biases[2] is not None,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
         IEEE=x2.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages, **lora,
