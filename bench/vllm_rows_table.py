@@ -1,6 +1,8 @@
-"""Issue 37's table from one hold's files (bench/gpu_vllm_rows.sh): ours (bench.engine_throughput JSON) beside vLLM
+"""Issue 37's tables from one hold's files (bench/gpu_vllm_rows.sh): ours (bench.engine_throughput JSON) beside vLLM
 0.20.2 (.peers/vllm/bench_vllm.py JSON lines), one row per shape and batch, with the ratio and our decode step
-against the bandwidth floor. Reads folders or raw.tar.gz files; a shape only one side ran shows '-' on the other.
+against the bandwidth floor; then prefill, per prompt length and batch: our 1-token run of fresh prompts
+(`prefill_s` of every row of ours) beside vLLM's generate of one token (its rows with gen_len 1). Reads folders or
+raw.tar.gz files; a shape only one side ran shows '-' on the other.
 
     python -m bench.vllm_rows_table bench/results/DIR/ours/raw.tar.gz bench/results/DIR/vllm-short/raw.tar.gz ...
 """
@@ -12,6 +14,9 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+
+PREFILL_RUN_TOKENS = 2  # ours' prefill rows generate this many (bench.engine_throughput's least): not decode rows
 
 
 @dataclass
@@ -34,26 +39,48 @@ def _texts(path: Path) -> list[tuple[str, str]]:
                 if m.isfile() and m.name.endswith((".json", ".jsonl"))]
 
 
-def collect(paths: list[Path]) -> list[Row]:
+@dataclass
+class Prefill:
+    arch: str
+    prompt_len: int
+    batch: int
+    ours_s: float | None = None
+    vllm_s: float | None = None
+
+
+def collect(paths: list[Path]) -> tuple[list[Row], list[Prefill]]:
+    """The decode rows (prefill runs, vLLM's of one token and ours of PREFILL_RUN_TOKENS, not among them) and the
+    prefill rows."""
     rows: dict[tuple, Row] = {}
+    prefills: dict[tuple, Prefill] = {}
 
     def row(arch: str, prompt_len: int, new_tokens: int, batch: int) -> Row:
         key = (arch, prompt_len, new_tokens, batch)
         return rows.setdefault(key, Row(*key))
+
+    def prefill(arch: str, prompt_len: int, batch: int) -> Prefill:
+        return prefills.setdefault((arch, prompt_len, batch), Prefill(arch, prompt_len, batch))
 
     for path in paths:
         for name, text in _texts(path):
             if name.endswith(".jsonl"):  # vLLM: one line per batch, after an info line
                 for line in text.splitlines():
                     r = json.loads(line)
-                    if r.get("engine") == "vllm" and "batch" in r:
+                    if r.get("engine") != "vllm" or "batch" not in r:
+                        continue
+                    if r["gen_len"] == 1:
+                        prefill(r["arch"], r["prompt_len"], r["batch"]).vllm_s = r["wall_s"]
+                    else:
                         row(r["arch"], r["prompt_len"], r["gen_len"], r["batch"]).vllm_tok_s = r["tok_s"]
             else:
                 r = json.loads(text)
                 for e in r.get("engine", []):
-                    target = row(r["arch"], r["prompt_len"], r["new_tokens"], e["batch"])
-                    target.ours_tok_s, target.step_over_floor = e["engine_tok_s"], e["step_over_floor"]
-    return sorted(rows.values(), key=lambda r: (r.prompt_len + r.new_tokens, r.arch, r.batch))
+                    prefill(r["arch"], r["prompt_len"], e["batch"]).ours_s = e["prefill_s"]
+                    if r["new_tokens"] > PREFILL_RUN_TOKENS:
+                        target = row(r["arch"], r["prompt_len"], r["new_tokens"], e["batch"])
+                        target.ours_tok_s, target.step_over_floor = e["engine_tok_s"], e["step_over_floor"]
+    return (sorted(rows.values(), key=lambda r: (r.prompt_len + r.new_tokens, r.arch, r.batch)),
+            sorted(prefills.values(), key=lambda p: (p.prompt_len, p.arch, p.batch)))
 
 
 def table(rows: list[Row]) -> str:
@@ -69,6 +96,16 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def prefill_table(prefills: list[Prefill]) -> str:
+    """Prompt lengths both sides ran, in ms, with vLLM's time over ours (above 1: ours is faster)."""
+    lines = ["| arch | prompt | batch | ours prefill ms | vLLM prefill ms | vLLM / ours |", "| --- | --- | --- | --- | --- | --- |"]
+    for p in prefills:
+        if p.ours_s and p.vllm_s:
+            lines.append(f"| {p.arch} | {p.prompt_len} | {p.batch} | {p.ours_s * 1e3:,.1f} | {p.vllm_s * 1e3:,.1f} | "
+                         f"{p.vllm_s / p.ours_s:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", type=Path, nargs="+", help="folders or raw.tar.gz files of one hold")
@@ -76,7 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.paths:
         if not path.exists():
             parser.error(f"{path}: no such file or folder")
-    print(table(collect(args.paths)))
+    rows, prefills = collect(args.paths)
+    print(table(rows))
+    print()
+    print(prefill_table(prefills))
 
 
 if __name__ == "__main__":

@@ -380,12 +380,17 @@ def test_vllm_rows_table_puts_each_shape_of_both_sides_in_one_row(tmp_path, caps
     ours.mkdir()
     (ours / "ours-7b-long.json").write_text(json.dumps({
         "arch": "qwen2.5-7b", "prompt_len": 1024, "new_tokens": 4096,
-        "engine": [{"batch": 32, "engine_tok_s": 3000.0, "step_over_floor": 1.25}]}))
+        "engine": [{"batch": 32, "engine_tok_s": 3000.0, "step_over_floor": 1.25, "prefill_s": 0.5}]}))
+    (ours / "ours-7b-prefill.json").write_text(json.dumps({
+        "arch": "qwen2.5-7b", "prompt_len": 4096, "new_tokens": 2,
+        "engine": [{"batch": 8, "engine_tok_s": 30.0, "step_over_floor": 1.5, "prefill_s": 0.25}]}))
     vllm = tmp_path / "vllm-7b-long.jsonl"
     vllm.write_text("\n".join(json.dumps(r) for r in (
         {"engine": "vllm", "kind": "info", "arch": "qwen2.5-7b"},
         {"engine": "vllm", "arch": "qwen2.5-7b", "batch": 32, "prompt_len": 1024, "gen_len": 4096, "tok_s": 2000.0},
-        {"engine": "vllm", "arch": "qwen2.5-7b", "batch": 64, "prompt_len": 128, "gen_len": 512, "tok_s": 8000.0})))
+        {"engine": "vllm", "arch": "qwen2.5-7b", "batch": 64, "prompt_len": 128, "gen_len": 512, "tok_s": 8000.0},
+        {"engine": "vllm", "arch": "qwen2.5-7b", "batch": 8, "prompt_len": 4096, "gen_len": 1, "tok_s": 20.0,
+         "wall_s": 0.4})))
     packed = tmp_path / "raw.tar.gz"
     with tarfile.open(packed, "w:gz") as tar:
         tar.add(vllm, arcname="raw/vllm-7b-long.jsonl")
@@ -393,3 +398,5 @@ def test_vllm_rows_table_puts_each_shape_of_both_sides_in_one_row(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "| qwen2.5-7b | 128 + 512 | 64 | - | 8,000 | - | - |"
     assert lines[3] == "| qwen2.5-7b | 1024 + 4096 | 32 | 3,000 | 2,000 | 1.50 | 1.25 |"
+    # prefill: only shapes both sides ran (vLLM's one-token run), vLLM's time over ours
+    assert lines[-1] == "| qwen2.5-7b | 4096 | 8 | 250.0 | 400.0 | 1.60 |" and len(lines) == 8
