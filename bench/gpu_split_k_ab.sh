@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Split-K of the grouped q/k/v launch (issue 37 point 2: Qwen2.5-7B's q/k/v at 72 programs on 132 SMs), one GPU call:
+# Split-K of the grouped launch (issue 37 point 2: Qwen2.5-7B q/k/v at 72 programs on 132 SMs; o/down at 1-16 rows
+# on our launch where it splits, cuBLAS before), one GPU call:
 #   1. the GPU tests of the split launch (the modules' results, repeat bits, the runner's greedy tokens);
 #   2. the 7B decode step at batch 1 and 64, this tree against .ab/base, alternating (new, base, new);
 #   3. bench.split_k_probe at 7B, rows 1 / 16 / 64, q/k/v, o, down: µs per layer at 1-4 parts, cuBLAS, the floor.

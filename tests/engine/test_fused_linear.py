@@ -434,7 +434,7 @@ def test_none_for_hooks_and_what_the_kernel_cannot_read():
 @pytest.mark.parametrize("arch,split_k", [("qwen2", False), ("qwen3", False), ("qwen2", True)])
 def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
     """The runner's fused forward (grouped q/k/v and gate/up) against its torch path, float32, greedy; once with
-    every q/k/v launch split in two along K (as Qwen2.5-7B's are)."""
+    every q/k/v, o_proj and down_proj launch split in two along K (as Qwen2.5-7B's are)."""
     monkeypatch.setattr(fl, "_split_k_counters", fl._SplitKCounters())
     if split_k:
         monkeypatch.setattr(lt, "gemv_split_k", lambda programs, k, sms: 2)
@@ -446,7 +446,7 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
     if INTERPRET:  # the fused path is CUDA-only in production; the interpreter runs the same kernels on the CPU
         monkeypatch.setattr(fk, "fused_available", lambda device: True)
         monkeypatch.setattr(mr, "fused_available", lambda device: True, raising=False)
-    calls = {"qkv": 0, "mlp": 0}
+    calls = {"qkv": 0, "mlp": 0, "proj": 0}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -457,6 +457,7 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
 
     monkeypatch.setattr(fl, "qkv_projection", counted("qkv", fl.qkv_projection))
     monkeypatch.setattr(fl, "gate_up_silu", counted("mlp", fl.gate_up_silu))
+    monkeypatch.setattr(fl, "plain_projection", counted("proj", fl.plain_projection))
     model = build(arch, device=DEVICE)
     results = []
     for fused in (True, False):
@@ -471,6 +472,7 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
             layers = len(model.model.layers)
             assert calls["qkv"] == calls["mlp"] and calls["qkv"] >= 3 * layers and calls["qkv"] % layers == 0
     assert bool(fl._split_k_counters.sets) == split_k
+    assert (calls["proj"] >= 6 * layers) == split_k  # o_proj and down_proj: ours only where K splits
     for a, b in zip(*results):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

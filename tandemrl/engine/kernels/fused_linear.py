@@ -3,6 +3,7 @@
 - ``qkv_projection``: q_proj, k_proj and v_proj of an attention block into one [N, Nq + Nk + Nv] buffer.
 - ``gate_up_silu``: silu(gate_proj(x)) * up_proj(x) of a SiLU-gated MLP, the product in the epilogue.
 - ``lora_projection``: one peft LoRA Linear (o_proj, down_proj): cuBLAS, then the adapter's shrink and expand.
+- ``plain_projection``: one plain nn.Linear (o_proj, down_proj) where split-K beats cuBLAS (linear_dispatch).
 
 Zero copy: the kernels take each module's weight pointer, never a concatenation, so an optimizer step on the
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
@@ -32,7 +33,7 @@ from torch.nn import functional as F
 
 from tandemrl.engine.kernels import pdl
 from tandemrl.engine.kernels.fused import is_silu_mlp, silu_mul
-from tandemrl.engine.kernels.linear_dispatch import route_group
+from tandemrl.engine.kernels.linear_dispatch import plain_projection_wins, route_group
 from tandemrl.engine.kernels.linear_tiles import DEFAULT_SMS, GEMV_ROWS, LinearTiles, pick_tiles, tma_gate_up_tiles
 from tandemrl.engine.kernels.lora import LoraParts
 from tandemrl.engine.kernels.lora_expand import lora_expand_
@@ -121,6 +122,18 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
     anything else (a plain nn.Linear stays the module call), or where the kernels do not apply."""
     group = route_group("proj", [module], x, max_rows)
     return None if group is None else _cublas_with_lora(group.operands, x)[0]
+
+
+def plain_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
+    """A plain nn.Linear (o_proj, down_proj without an adapter) in our launch where its tiles split K
+    (`linear_dispatch.plain_projection_wins`: Qwen2.5-7B's and larger models' decode batches), else None (the module
+    call, cuBLAS)."""
+    if not plain_projection_wins(module, x, max_rows, _sm_count(x.device)):
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    out = _new_output(x2.shape[0], module.weight.shape[0], x)
+    _grouped_linear(x2, [module.weight], [module.bias], out, None, [None])
+    return out.view(*x.shape[:-1], module.weight.shape[0])
 
 
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
