@@ -413,24 +413,24 @@ if triton is not None:
         pdl.pdl_enter(PDL)
         pid_n = tl.program_id(0)
         offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        split = (part_ptr, count_ptr, tl.program_id(1) * tl.num_programs(0) + pid_n, SPLIT_K)
+        split = (part_ptr, count_ptr, tl.program_id(1) * tl.num_programs(0) + pid_n)
         tiles_q = tl.cdiv(NQ, BLOCK_N)
         tiles_k = tl.cdiv(NK, BLOCK_N)
         if pid_n < tiles_q:
             _linear_tile(x_ptr, wq_ptr, bq_ptr, out_ptr, offs_m, pid_n * BLOCK_N, 0, M, NQ, K, stride_xm,
                          stride_om, HAS_BQ, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
                          xa_ptr, stride_xa, stride_split, 0, lbq_ptr, RQ, SQ, HAS_LORA, XA_SPLITS, BLOCK_R,
-                         LORA_IEEE, *split)
+                         LORA_IEEE, *split, SPLIT_K)
         elif pid_n < tiles_q + tiles_k:
             _linear_tile(x_ptr, wk_ptr, bk_ptr, out_ptr, offs_m, (pid_n - tiles_q) * BLOCK_N, NQ, M, NK, K,
                          stride_xm, stride_om, HAS_BK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
                          xa_ptr, stride_xa, stride_split, RQ, lbk_ptr, RK, SK, HAS_LORA, XA_SPLITS, BLOCK_R,
-                         LORA_IEEE, *split)
+                         LORA_IEEE, *split, SPLIT_K)
         else:
             _linear_tile(x_ptr, wv_ptr, bv_ptr, out_ptr, offs_m, (pid_n - tiles_q - tiles_k) * BLOCK_N, NQ + NK,
                          M, NV, K, stride_xm, stride_om, HAS_BV, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
                          xa_ptr, stride_xa, stride_split, RQ + RK, lbv_ptr, RV, SV, HAS_LORA, XA_SPLITS,
-                         BLOCK_R, LORA_IEEE, *split)
+                         BLOCK_R, LORA_IEEE, *split, SPLIT_K)
 
     @triton.jit
     def _gate_up_silu_kernel(
