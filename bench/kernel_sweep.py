@@ -42,16 +42,12 @@ from tandemrl.engine.kernels.linear_tiles import LinearTiles
 
 
 def per_layer_us(op, layers, reps: int = 20) -> float:
-    """Microseconds of op(layer) averaged over a graph replaying it for every layer, `reps` times. Warmed up and
-    captured on one side stream, as the engine does (the split-K launches keep their counters per stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for layer in layers:
-            op(layer)
+    """Microseconds of op(layer) averaged over a graph replaying it for every layer, `reps` times."""
+    for layer in layers:
+        op(layer)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph):
         for layer in layers:
             op(layer)
     graph.replay()

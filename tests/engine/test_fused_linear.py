@@ -209,41 +209,6 @@ def test_explicit_tiles_match_modules(rows):
             torch.testing.assert_close(fl.gate_up_silu(mlp, x, tiles=tiles, tma=tma), _mlp_ref(mlp, x), **_tols(dtype))
 
 
-def test_split_k_only_where_the_widest_tiles_leave_sms_idle():
-    """q/k/v of Qwen2.5-7B (72 column tiles of 64 on 132 SMs) and 14B split K in two; 0.5B and 1.5B (narrower
-    tiles fill the SMs, or K is short) and gate/up never split."""
-    for k, widths, split in ((896, (896, 128, 128), 1), (1536, (1536, 256, 256), 1), (3584, (3584, 512, 512), 2),
-                             (5120, (5120, 1024, 1024), 2)):
-        for rows in (1, 16, 64):
-            assert lt.pick_tiles(rows, widths, k, 2, 1, 132).split_k == split
-            assert lt.pick_tiles(rows, (4 * k,), k, 2, 2, 132).split_k == 1
-    assert lt.gemv_split_k(programs=10, k=8192, sms=132) == 4  # at most _MAX_SPLIT_K
-    assert lt.gemv_split_k(programs=10, k=2047, sms=132) == 1  # parts of at least _MIN_SPLIT_K
-    assert lt.gemv_split_k(programs=132, k=8192, sms=132) == 1
-
-
-@needs_kernels
-@pytest.mark.parametrize("split_k", [2, 3])
-@pytest.mark.parametrize("rows", [1, 17])
-def test_split_k_matches_modules_and_repeats(split_k, rows):
-    """q/k/v with K cut into 2 or 3 parts (whole and masked K steps, a LoRA adapter and biases in the last
-    program's epilogue): the modules' results, the same bits on a second launch (the parts are added in order and
-    every tile's counter is back at zero)."""
-    dtype = DTYPES[0]
-    tiles = lt.LinearTiles(16 if rows == 1 else 32, 16, 16, num_warps=4, num_stages=2, split_k=split_k)
-    model, layer = _lora_layer(dtype, targets=["q_proj", "v_proj"])
-    attn, x = layer.self_attn, _x(rows, dtype)
-    with torch.no_grad():
-        first = fl.qkv_projection(attn, x, tiles=tiles)
-        for got, proj in zip(first, (attn.q_proj, attn.k_proj, attn.v_proj)):
-            torch.testing.assert_close(got, proj(x), **_tols(dtype))
-        again = fl.qkv_projection(attn, x, tiles=tiles)
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
-    assert all(int(c.abs().sum()) == 0 for c in fl._split_k_counters.sets.values())
-    with pytest.raises(ValueError, match="split_k"):
-        fl.gate_up_silu(layer.mlp, x, tiles=tiles)
-
-
 @needs_kernels
 def test_qkv_projection_keeps_leading_dims_and_row_limit():
     attn = _attn(torch.float32)
@@ -431,13 +396,9 @@ def test_none_for_hooks_and_what_the_kernel_cannot_read():
 # ---------------------------------------------------------------------------------------------- whole runner
 
 @needs_kernels
-@pytest.mark.parametrize("arch,split_k", [("qwen2", False), ("qwen3", False), ("qwen2", True)])
-def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
-    """The runner's fused forward (grouped q/k/v and gate/up) against its torch path, float32, greedy; once with
-    every q/k/v, o_proj and down_proj launch split in two along K (as Qwen2.5-7B's are)."""
-    monkeypatch.setattr(fl, "_split_k_counters", fl._SplitKCounters())
-    if split_k:
-        monkeypatch.setattr(lt, "gemv_split_k", lambda programs, k, sms: 2)
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_runner_grouped_path_matches_unfused(monkeypatch, arch):
+    """The runner's fused forward (grouped q/k/v and gate/up) against its torch path, float32, greedy."""
     sys.path.insert(0, str(Path(__file__).parent))  # tiny helpers from the sibling test module
     try:
         from test_model_runner import BLOCK, Blocks, build, generate, make_seq, prompts_of
@@ -446,7 +407,7 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
     if INTERPRET:  # the fused path is CUDA-only in production; the interpreter runs the same kernels on the CPU
         monkeypatch.setattr(fk, "fused_available", lambda device: True)
         monkeypatch.setattr(mr, "fused_available", lambda device: True, raising=False)
-    calls = {"qkv": 0, "mlp": 0, "proj": 0}
+    calls = {"qkv": 0, "mlp": 0}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -457,7 +418,6 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
 
     monkeypatch.setattr(fl, "qkv_projection", counted("qkv", fl.qkv_projection))
     monkeypatch.setattr(fl, "gate_up_silu", counted("mlp", fl.gate_up_silu))
-    monkeypatch.setattr(fl, "plain_projection", counted("proj", fl.plain_projection))
     model = build(arch, device=DEVICE)
     results = []
     for fused in (True, False):
@@ -471,8 +431,6 @@ def test_runner_grouped_path_matches_unfused(monkeypatch, arch, split_k):
         if fused:
             layers = len(model.model.layers)
             assert calls["qkv"] == calls["mlp"] and calls["qkv"] >= 3 * layers and calls["qkv"] % layers == 0
-    assert bool(fl._split_k_counters.sets) == split_k
-    assert (calls["proj"] >= 6 * layers) == split_k  # o_proj and down_proj: ours only where K splits
     for a, b in zip(*results):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

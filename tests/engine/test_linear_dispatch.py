@@ -5,8 +5,6 @@ No kernel runs here: the rule alone, on the CPU."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from torch import nn
@@ -59,21 +57,6 @@ def test_single_projections_stay_cublas():
                 assert not ld.grouped_launch_wins("proj", rows, k, adapted=adapted)
 
 
-@pytest.mark.parametrize("k, n, rows, wins", [
-    (3584, 3584, 1, True), (18944, 3584, 16, True),  # 7B o / down at 1-16 rows: 56 tiles of 64 columns, split K
-    (3584, 3584, 64, False), (18944, 3584, 64, False),  # at 64 rows 112 tiles of 32 columns: unsplit
-    (3584, 3584, 65, False),  # above the GEMV range: cuBLAS's GEMMs
-    (1536, 1536, 64, False), (8960, 1536, 64, False), (896, 896, 1, False)])  # 1.5B, 0.5B: tiles fill the SMs
-def test_plain_projections_take_our_launch_only_where_it_splits_k(no_launch, k, n, rows, wins):
-    module, x = nn.Linear(k, n, bias=False, device="meta"), torch.empty(rows, k, device="meta")
-    hooked = nn.Linear(k, n, bias=False, device="meta")
-    hooked.register_forward_hook(lambda *args: None)
-    with torch.no_grad():  # the kernels record no autograd graph: under grad the module runs
-        assert ld.plain_projection_wins(module, x, None, sms=132) == wins
-        assert not ld.plain_projection_wins(hooked, x, None, sms=132)
-    assert not ld.plain_projection_wins(module, x, None, sms=132)
-
-
 # GEMV-range tiles: (arch, op, rows) -> the fastest swept tiles (block_m/n/k, warps, stages), or one within 2 % of
 # them: 7B gate_up at 64 rows 64/32/64 s4 100.5 us against 64/16/128 s3 98.6 (the engine's old tiles: 124.5).
 MEASURED_GEMV_TILES = {
@@ -91,13 +74,11 @@ MEASURED_GEMV_TILES = {
 
 @pytest.mark.parametrize("arch, op, rows", sorted(MEASURED_GEMV_TILES))
 def test_gemv_tiles_are_the_measured_fastest(arch, op, rows):
-    """o/down: the tiles our kernel would run (bench.linear_roofline's sweep); the rule gives both to cuBLAS. The
-    sweep ran unsplit: split-K comes on top where the widest tiles leave SMs idle (test_fused_linear)."""
+    """o/down: the tiles our kernel would run (bench.linear_roofline's sweep); the rule gives both to cuBLAS."""
     hidden, qkv, inter = SHAPES[arch]
     widths = {"qkv": qkv, "o": (hidden,), "gate_up": (inter,), "down": (hidden,)}[op]
     per = 2 if op == "gate_up" else 1
-    picked = lt.pick_tiles(rows, widths, _k(arch, op), 2, per, sms=132)
-    assert replace(picked, split_k=1) == MEASURED_GEMV_TILES[arch, op, rows]
+    assert lt.pick_tiles(rows, widths, _k(arch, op), 2, per, sms=132) == MEASURED_GEMV_TILES[arch, op, rows]
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 - ``qkv_projection``: q_proj, k_proj and v_proj of an attention block into one [N, Nq + Nk + Nv] buffer.
 - ``gate_up_silu``: silu(gate_proj(x)) * up_proj(x) of a SiLU-gated MLP, the product in the epilogue.
 - ``lora_projection``: one peft LoRA Linear (o_proj, down_proj): cuBLAS, then the adapter's shrink and expand.
-- ``plain_projection``: one plain nn.Linear (o_proj, down_proj) where split-K beats cuBLAS (linear_dispatch).
 
 Zero copy: the kernels take each module's weight pointer, never a concatenation, so an optimizer step on the
 trainer's parameters is seen by the next call. peft LoRA Linear layers (lora.py) are served too: one launch
@@ -33,7 +32,7 @@ from torch.nn import functional as F
 
 from tandemrl.engine.kernels import pdl
 from tandemrl.engine.kernels.fused import is_silu_mlp, silu_mul
-from tandemrl.engine.kernels.linear_dispatch import plain_projection_wins, route_group
+from tandemrl.engine.kernels.linear_dispatch import route_group
 from tandemrl.engine.kernels.linear_tiles import DEFAULT_SMS, GEMV_ROWS, LinearTiles, pick_tiles, tma_gate_up_tiles
 from tandemrl.engine.kernels.lora import LoraParts
 from tandemrl.engine.kernels.lora_expand import lora_expand_
@@ -124,18 +123,6 @@ def lora_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None
     return None if group is None else _cublas_with_lora(group.operands, x)[0]
 
 
-def plain_projection(module: nn.Module, x: Tensor, *, max_rows: int | None = None) -> Tensor | None:
-    """A plain nn.Linear (o_proj, down_proj without an adapter) in our launch where its tiles split K
-    (`linear_dispatch.plain_projection_wins`: Qwen2.5-7B's and larger models' decode batches), else None (the module
-    call, cuBLAS)."""
-    if not plain_projection_wins(module, x, max_rows, _sm_count(x.device)):
-        return None
-    x2 = x.reshape(-1, x.shape[-1])
-    out = _new_output(x2.shape[0], module.weight.shape[0], x)
-    _grouped_linear(x2, [module.weight], [module.bias], out, None, [None])
-    return out.view(*x.shape[:-1], module.weight.shape[0])
-
-
 def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | None], out: Tensor,
                     tiles: LinearTiles | None, adapters: list[LoraParts | None]) -> None:
     """out[:, columns of weight i] = x2 @ weights[i]^T (+ bias) (+ its adapter's product), up to three weights in
@@ -146,46 +133,16 @@ def _grouped_linear(x2: Tensor, weights: list[Tensor], biases: list[Tensor | Non
     elem = max(x2.element_size(), weights[0].element_size())
     t = tiles if tiles is not None else pick_tiles(rows, tuple(widths), K, elem, 1, _sm_count(x2.device))
     col_tiles = sum(triton.cdiv(n, t.block_n) for n in widths)
-    row_tiles = triton.cdiv(rows, t.block_m)
     pad = 3 - len(weights)  # absent weights: no columns, never read
     weights, biases, widths = weights + weights[:1] * pad, biases + [None] * pad, widths + [0] * pad
     lora = _lora_operands(x2, adapters + [None] * pad, out)
-    counters = _split_k_counters(x2.device, col_tiles * row_tiles) if t.split_k > 1 else None
-    split_k = t.split_k if counters is not None else 1
-    # The split-K partials, [tiles, splits, BLOCK_M, BLOCK_N] in float32 (one call's scratch); unsplit, dummies
-    partials = (torch.empty(col_tiles * row_tiles * split_k * t.block_m * t.block_n, dtype=torch.float32,
-                            device=x2.device) if split_k > 1 else out)
-    _grouped_linear_kernel[(col_tiles, row_tiles, split_k)](
+    _grouped_linear_kernel[(col_tiles, triton.cdiv(rows, t.block_m))](
         x2, *weights, *(_or(b, w) for b, w in zip(biases, weights)), out,
-        rows, K, x2.stride(0), out.stride(0), *widths, *lora.pop("args"), partials,
-        counters if counters is not None else out, SPLIT_K=split_k,
+        rows, K, x2.stride(0), out.stride(0), *widths, *lora.pop("args"),
         HAS_BQ=biases[0] is not None, HAS_BK=biases[1] is not None, HAS_BV=biases[2] is not None,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EVEN_K=K % t.block_k == 0,
         IEEE=x2.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages, **lora,
         **pdl.launch_options(x2.device))
-
-
-class _SplitKCounters:
-    """Arrival counters of split-K launches, one int32 per output tile, zero between launches (each tile's last
-    program resets its own). One set per (device, stream, tiles): launches on one stream run one after another (PDL
-    waits for the kernel ahead in full), and each model slot captures its graphs on its own stream after a warm-up
-    run there (cuda_graphs.py), so concurrent launches never share a set. A set is made outside capture only (a
-    zero-fill inside one would not run until the first replay); a capture that finds none launches unsplit."""
-
-    def __init__(self) -> None:
-        self.sets: dict[tuple[torch.device, int, int], Tensor] = {}
-
-    def __call__(self, device: torch.device, tiles: int) -> Tensor | None:
-        cuda = device.type == "cuda"
-        key = (device, torch.cuda.current_stream(device).cuda_stream if cuda else 0, tiles)
-        if key not in self.sets:
-            if cuda and torch.cuda.is_current_stream_capturing():
-                return None
-            self.sets[key] = torch.zeros(tiles, dtype=torch.int32, device=device)
-        return self.sets[key]
-
-
-_split_k_counters = _SplitKCounters()  # a cache of device buffers, as _device_properties is of device queries
 
 
 def _cublas_with_lora(operands: list[tuple[nn.Linear, LoraParts | None]], x: Tensor) -> list[Tensor]:
@@ -244,8 +201,6 @@ def gate_up_silu(
     rows, inter = x2.shape[0], gate.weight.shape[0]
     out = _new_output(rows, inter, x)
     adapted = gate_lora is not None or up_lora is not None  # the adapter's epilogue: plain loads only
-    if tiles is not None and tiles.split_k != 1:
-        raise ValueError(f"gate_up_silu: tiles.split_k={tiles.split_k}; only q/k/v launches split K")
     if rows and not adapted and _use_tma(rows, tma, x2, gate.weight, up.weight):
         t = tiles if tiles is not None else tma_gate_up_tiles(rows, x.element_size())
         _gate_up_silu_tma(x2, gate, up, out, t)
@@ -340,67 +295,35 @@ if triton is not None:
         EVEN_K: tl.constexpr, IEEE: tl.constexpr,
         xa_ptr, stride_xa, stride_split, xa_col0, lb_ptr, rank, scaling, HAS_LORA: tl.constexpr,
         XA_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr,
-        part_ptr, count_ptr, tile, SPLIT_K: tl.constexpr,
     ):
         """out[offs_m, out_col0 + col0 + j] = x[offs_m] @ W[col0 + j]^T (+ b) (+ the LoRA product), j < BLOCK_N,
-        masked to M x N. Split-K: this program's part of K, and the tile's last program to finish writes."""
+        masked to M x N."""
         offs_n = col0 + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         m_mask = offs_m[:, None] < M
         n_mask = offs_n[None, :] < N
-        if SPLIT_K == 1:
-            k_lo = 0
-            k_hi = K
-        else:  # whole BLOCK_K steps per part, so only K's own end is masked
-            per_part = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-            k_lo = tl.program_id(2) * per_part
-            k_hi = tl.minimum(k_lo + per_part, K)
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]
-        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + (k_lo + offs_k)[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # W^T tile [BLOCK_K, BLOCK_N]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        for k0 in range(0, K, BLOCK_K):
             x_mask, w_mask = _k_step_masks(m_mask, n_mask, offs_k, K - k0, EVEN_K)
             x = tl.load(x_ptrs, mask=x_mask, other=0.0)
             w = tl.load(w_ptrs, mask=w_mask, other=0.0)
             acc = _dot_step(x, w, acc, IEEE)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        last = True
-        if SPLIT_K > 1:
-            acc, last = _split_k_sum(acc, part_ptr, count_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
-        if last:
-            if HAS_BIAS:  # nn.Linear adds the bias in float32 and rounds once
-                acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-            if HAS_LORA:
-                acc = _lora_add(acc, xa_ptr, stride_xa, stride_split, xa_col0, lb_ptr, rank, scaling, offs_m,
-                                offs_n, M, N, out_ptr.dtype.element_ty, XA_SPLITS, BLOCK_R, LORA_IEEE)
-            out_ptrs = out_ptr + offs_m[:, None] * stride_om + (out_col0 + offs_n)[None, :]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask & n_mask)
-
-    @triton.jit
-    def _split_k_sum(acc, part_ptr, count_ptr, tile, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
-        """(the tile's whole sum, True) in the last of its SPLIT_K programs to arrive, else (acc, False). Each
-        program stores its float32 partial, then counts itself in (a barrier first: every thread's stores before
-        the count, acquire-release at GPU scope); the last reads all partials back in part order (deterministic)
-        from L2 and resets the count for the next launch."""
-        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        parts = part_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-        tl.store(parts + tl.program_id(2) * (BLOCK_M * BLOCK_N) + offs, acc)
-        tl.debug_barrier()
-        last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
-        if last:
-            acc = tl.load(parts + offs, cache_modifier=".cg")
-            for part in tl.static_range(1, SPLIT_K):
-                acc += tl.load(parts + part * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-        return acc, last
+        if HAS_BIAS:  # nn.Linear adds the bias in float32 and rounds once
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        if HAS_LORA:
+            acc = _lora_add(acc, xa_ptr, stride_xa, stride_split, xa_col0, lb_ptr, rank, scaling, offs_m, offs_n,
+                            M, N, out_ptr.dtype.element_ty, XA_SPLITS, BLOCK_R, LORA_IEEE)
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + (out_col0 + offs_n)[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask & n_mask)
 
     @triton.jit
     def _grouped_linear_kernel(
         x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, out_ptr, M, K: tl.constexpr, stride_xm, stride_om,
         NQ, NK, NV, xa_ptr, stride_xa, stride_split, lbq_ptr, lbk_ptr, lbv_ptr, RQ, RK, RV, SQ, SK, SV,
-        part_ptr, count_ptr, SPLIT_K: tl.constexpr,
         HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
         HAS_LORA: tl.constexpr, XA_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, LORA_IEEE: tl.constexpr,
@@ -409,28 +332,26 @@ if triton is not None:
         # Up to three weights side by side in the output (q/k/v; one projection: NK = NV = 0).
         # Column tiles 0..TQ-1 belong to the first, the next TK to the second, the rest to the third: a uniform
         # branch per program. Weight i's LoRA: B at lb*, rank R*, scaling S*, its xa columns after the others'.
-        # Split-K (SPLIT_K > 1): program_id(2) reduces one part of K; `_split_k_sum` adds the parts.
         pdl.pdl_enter(PDL)
         pid_n = tl.program_id(0)
         offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        split = (part_ptr, count_ptr, tl.program_id(1) * tl.num_programs(0) + pid_n)
         tiles_q = tl.cdiv(NQ, BLOCK_N)
         tiles_k = tl.cdiv(NK, BLOCK_N)
         if pid_n < tiles_q:
             _linear_tile(x_ptr, wq_ptr, bq_ptr, out_ptr, offs_m, pid_n * BLOCK_N, 0, M, NQ, K, stride_xm,
                          stride_om, HAS_BQ, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
                          xa_ptr, stride_xa, stride_split, 0, lbq_ptr, RQ, SQ, HAS_LORA, XA_SPLITS, BLOCK_R,
-                         LORA_IEEE, *split, SPLIT_K)
+                         LORA_IEEE)
         elif pid_n < tiles_q + tiles_k:
             _linear_tile(x_ptr, wk_ptr, bk_ptr, out_ptr, offs_m, (pid_n - tiles_q) * BLOCK_N, NQ, M, NK, K,
                          stride_xm, stride_om, HAS_BK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
                          xa_ptr, stride_xa, stride_split, RQ, lbk_ptr, RK, SK, HAS_LORA, XA_SPLITS, BLOCK_R,
-                         LORA_IEEE, *split, SPLIT_K)
+                         LORA_IEEE)
         else:
             _linear_tile(x_ptr, wv_ptr, bv_ptr, out_ptr, offs_m, (pid_n - tiles_q - tiles_k) * BLOCK_N, NQ + NK,
                          M, NV, K, stride_xm, stride_om, HAS_BV, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE,
                          xa_ptr, stride_xa, stride_split, RQ + RK, lbv_ptr, RV, SV, HAS_LORA, XA_SPLITS,
-                         BLOCK_R, LORA_IEEE, *split, SPLIT_K)
+                         BLOCK_R, LORA_IEEE)
 
     @triton.jit
     def _gate_up_silu_kernel(

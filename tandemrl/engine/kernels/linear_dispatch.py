@@ -3,9 +3,8 @@ base projections plus the LoRA shrink and expand (an adapted group the grouped l
 
 The rule (`grouped_launch_wins`) follows H100 A/Bs against cuBLAS of every linear op at Qwen2.5-1.5B/7B shapes,
 rows 1/64/256 (bench/results/session-1126g/linear-ab/), and at 0.5B, rows 64/128/256 (engine-v5/kernel_sweep.json):
-- o_proj, down_proj (one weight, no adapter): cuBLAS, except up to 64 rows where our tiles split K
-  (`plain_projection_wins`: 7B and larger). One GEMM has no launch to save; unsplit, ours never beat it by more
-  than 4 % (1.5B o_proj) and lost by up to 1.6x (1.5B down_proj at 1 row: 22.2 vs 13.8 us per layer).
+- o_proj, down_proj (one weight, no adapter): cuBLAS, always. One GEMM has no launch to save; ours never beat it by
+  more than 4 % (1.5B o_proj) and lost by up to 1.6x (1.5B down_proj at 1 row: 22.2 vs 13.8 us per layer).
 - q/k/v and gate/up + SiLU up to 64 rows: ours at every size (q/k/v 1.5-2.9x faster than cuBLAS's three GEMMs,
   gate/up + SiLU 1.1-1.3x): one launch instead of two or three, each weight read once.
 - above 64 rows, ours for reductions (the hidden size) up to `_MAX_K_ABOVE_GEMV[op]`: cuBLAS's larger GEMMs reach
@@ -31,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 
-from tandemrl.engine.kernels.linear_tiles import GEMV_ROWS, pick_tiles
+from tandemrl.engine.kernels.linear_tiles import GEMV_ROWS
 from tandemrl.engine.kernels.lora import LoraParts, lora_parts
 
 try:  # optional: without Triton the callers keep the module calls
@@ -62,17 +61,6 @@ def grouped_launch_wins(op: str, rows: int, k: int, adapted: bool) -> bool:
     if op == "proj":
         return False
     return rows <= GEMV_ROWS or k <= _MAX_K_ABOVE_GEMV[op]
-
-
-def plain_projection_wins(module: nn.Module, x: Tensor, max_rows: int | None, sms: int) -> bool:
-    """Whether a plain projection (o_proj / down_proj without an adapter) takes our launch of one weight: only up
-    to GEMV_ROWS rows where its tiles split K (`linear_tiles.pick_tiles`: the widest column tiles leave SMs idle,
-    Qwen2.5-7B and larger), which cuBLAS's GEMV-shaped GEMMs do not (bench.split_k_probe). Elsewhere cuBLAS (module
-    doc)."""
-    rows = x.numel() // max(1, x.shape[-1])
-    if rows > GEMV_ROWS or not (_no_global_hooks() and _plain_linear(module, x) and _launchable(x, max_rows)):
-        return False
-    return pick_tiles(rows, (module.weight.shape[0],), x.shape[-1], x.element_size(), 1, sms).split_k > 1
 
 
 def route_group(op: str, modules: list[nn.Module | None], x: Tensor, max_rows: int | None) -> GroupRoute | None:

@@ -19,11 +19,6 @@ _GEMV_SM_DIVISOR = {16: 3, 32: 3, 64: 2}
 _GEMV_MAX_COLUMNS = 64
 _SMEM_BUDGET = 96 * 1024  # bytes of pipelined tiles per program: two programs fit an SM's shared memory
 _BLOCK_N_CHOICES = (64, 32, 16, 8)
-# Split-K of the GEMV range: where the widest column tiles still leave SMs idle (Qwen2.5-7B q/k/v: 72 programs on
-# 132 SMs, 18.1 us a layer at 64 rows against ~10 at full bandwidth), each tile's reduction is cut into this many
-# parts at most, each at least _MIN_SPLIT_K long (eight 128-wide steps to pipeline), summed in the kernel.
-_MAX_SPLIT_K = 4
-_MIN_SPLIT_K = 1024
 
 
 @dataclass(frozen=True)
@@ -36,7 +31,6 @@ class LinearTiles:
     block_k: int
     num_warps: int
     num_stages: int
-    split_k: int = 1  # programs per output tile, each reducing one part of K (fused_linear sums them in order)
 
 
 # (weights per tile, rows up to) -> the fastest tiles of the H100 sweep at hidden 896: q/k/v (1) and gate/up (2).
@@ -97,17 +91,7 @@ def pick_tiles(rows: int, widths: tuple[int, ...], k: int, elem_size: int, weigh
         block_k = max(16, block_k // 2)
     stage_bytes = (block_m + weights_per_tile * block_n) * block_k * elem_size
     num_stages = max(2, min(4, _SMEM_BUDGET // stage_bytes))
-    programs = row_tiles * sum(-(-w // block_n) for w in widths)
-    split_k = gemv_split_k(programs, k, sms) if block_n == max_n and weights_per_tile == 1 else 1
-    return LinearTiles(block_m, block_n, block_k, num_warps=4, num_stages=num_stages, split_k=split_k)
-
-
-def gemv_split_k(programs: int, k: int, sms: int) -> int:
-    """Parts of K per output tile for a GEMV-range launch of `programs` tiles: enough to give every SM one (a GEMV
-    program's bandwidth is bounded per SM), at most _MAX_SPLIT_K, none shorter than _MIN_SPLIT_K; 1 where the
-    tiles alone fill the SMs or K is short (Qwen2.5-0.5B/1.5B: every launch)."""
-    split = min(_MAX_SPLIT_K, -(-sms // max(1, programs)), k // _MIN_SPLIT_K)
-    return max(1, split)
+    return LinearTiles(block_m, block_n, block_k, num_warps=4, num_stages=num_stages)
 
 
 def _bucket(rows: int) -> int:

@@ -152,14 +152,9 @@ def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
 
 
 def _project(module: nn.Module, x: Tensor, fused: bool) -> Tensor:
-    """A projection (o_proj, down_proj): the module call (cuBLAS for a plain Linear), except on the fused path a
-    peft LoRA Linear, whose base and adapter run in our launches (fused_linear.lora_projection), and a plain one
-    where our split-K launch wins (fused_linear.plain_projection)."""
-    out = None
-    if fused:
-        out = fl.lora_projection(module, x, max_rows=dispatch.GROUPED_LINEAR_MAX_ROWS)
-        if out is None:
-            out = fl.plain_projection(module, x, max_rows=dispatch.GROUPED_LINEAR_MAX_ROWS)
+    """A projection (o_proj, down_proj): the module call (cuBLAS for a plain Linear), except a peft LoRA Linear on
+    the fused path, whose base and adapter run in our launches (fused_linear.lora_projection)."""
+    out = fl.lora_projection(module, x, max_rows=dispatch.GROUPED_LINEAR_MAX_ROWS) if fused else None
     return module(x) if out is None else out
 
 
