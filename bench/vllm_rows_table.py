@@ -98,7 +98,8 @@ def table(rows: list[Row]) -> str:
 
 def prefill_table(prefills: list[Prefill]) -> str:
     """Prompt lengths both sides ran, in ms, with vLLM's time over ours (above 1: ours is faster)."""
-    lines = ["| arch | prompt | batch | ours prefill ms | vLLM prefill ms | vLLM / ours |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| arch | prompt | batch | ours prefill ms | vLLM prefill ms | vLLM / ours |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for p in prefills:
         if p.ours_s and p.vllm_s:
             lines.append(f"| {p.arch} | {p.prompt_len} | {p.batch} | {p.ours_s * 1e3:,.1f} | {p.vllm_s * 1e3:,.1f} | "
