@@ -16,3 +16,11 @@ logged_step() {
     local rc=$?
     echo "- $name: rc $rc, $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')" | tee -a "$SUMMARY"
 }
+
+# in_side <side> <command...>: the command run from this tree (new) or from the A/B base tree .ab/base (base),
+# importing that tree's code
+in_side() {
+    local dir=$PWD; [ "$1" = base ] && dir=$PWD/.ab/base
+    shift
+    (cd "$dir" && PYTHONPATH=/tmp/site:$dir "$@")
+}

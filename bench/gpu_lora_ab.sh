@@ -11,12 +11,10 @@ mkdir -p "$OUT/raw"
 source bench/gpu_env.sh
 SUMMARY="$OUT/summary.md"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$SUMMARY"
-TREE=$PWD
 run() {  # run <side> <name> <args...>: bench.engine_throughput from the side's tree
     local side=$1 name=$2; shift 2
-    local dir=$TREE; [ "$side" = base ] && dir=$TREE/.ab/base
-    (cd "$dir" && PYTHONPATH=/tmp/site:$dir logged_step 150 "$name" python3 -m bench.engine_throughput --skip-hf \
-        --warmup-tokens 48 --batches 64 256 "$@" --out "$OUT/raw/$name.json")
+    in_side "$side" logged_step 150 "$name" python3 -m bench.engine_throughput --skip-hf --warmup-tokens 48 \
+        --batches 64 256 "$@" --out "$OUT/raw/$name.json"
 }
 for size in ${SIZES:-1.5b 7b}; do
     kv=6; [ "$size" = 7b ] && kv=12

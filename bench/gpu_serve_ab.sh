@@ -21,11 +21,10 @@ START=$SECONDS
 round=0
 for side in ${SIDES:-base new base new base new}; do
     [[ $((SECONDS - START + 130)) -le $BUDGET ]] || { echo "no time for $side run $round"; break; }
-    dir=$PWD; [[ $side == base ]] && dir=$PWD/.ab/base
     name="$side-$round"
     t0=$SECONDS
-    (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout -k 10 130 python3 -m bench.serve --modes inprocess ${BENCH_ARGS:-} \
-        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1)
+    in_side "$side" timeout -k 10 130 python3 -m bench.serve --modes inprocess ${BENCH_ARGS:-} \
+        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     echo "$name: rc $?, $((SECONDS - t0)) s"
     grep -E "server tok/s|kept-alive|new connections" "$OUT/$name.log" | head -6
     round=$((round + 1))

@@ -30,15 +30,6 @@ class Row:
     step_over_floor: float | None = None
 
 
-def _texts(path: Path) -> list[tuple[str, str]]:
-    """(name, text) of every .json / .jsonl file under a folder or inside a .tar.gz."""
-    if path.is_dir():
-        return [(f.name, f.read_text()) for f in sorted(path.rglob("*.json*"))]
-    with tarfile.open(path) as tar:
-        return [(Path(m.name).name, tar.extractfile(m).read().decode()) for m in tar.getmembers()
-                if m.isfile() and m.name.endswith((".json", ".jsonl"))]
-
-
 @dataclass
 class Prefill:
     arch: str
@@ -46,6 +37,15 @@ class Prefill:
     batch: int
     ours_s: float | None = None
     vllm_s: float | None = None
+
+
+def _texts(path: Path) -> list[tuple[str, str]]:
+    """(name, text) of every .json / .jsonl file under a folder or inside a .tar.gz."""
+    if path.is_dir():
+        return [(f.name, f.read_text()) for f in sorted(path.rglob("*.json*"))]
+    with tarfile.open(path) as tar:
+        return [(Path(m.name).name, tar.extractfile(m).read().decode()) for m in tar.getmembers()
+                if m.isfile() and m.name.endswith((".json", ".jsonl"))]
 
 
 def collect(paths: list[Path]) -> tuple[list[Row], list[Prefill]]:
