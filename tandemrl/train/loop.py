@@ -36,6 +36,7 @@ from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.epochs import end_of_epoch
 from tandemrl.train.evaluate import EvalResult, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
+from tandemrl.train.learning_signal import flat_reward_streak, flat_reward_warning
 from tandemrl.train.logprobs import batch_logprobs
 from tandemrl.train.async_rollouts import start_async_rollouts
 from tandemrl.train.rollout_jobs import draw_job, run_job
@@ -227,6 +228,7 @@ def train_step(run: Run, state: TrainerState, display: TrainDisplay) -> dict[str
             run.sample_log.write(state.step, scored)
         show_completions(display, cfg.log, state.step, scored)
         metrics = step_metrics(run, state, scored, update.metrics, version_lag, async_metrics, times)
+        check_learning_signal(run, state, metrics, display)
     metrics.update({**synced.metrics(), **times.metrics(), "time/step": sum(times.durations.values()),
                     "time/step_wall": time.perf_counter() - started,  # all of it: with async rollouts, a step's cost
                     "memory/peak_gb": peak_memory_gb(run.device), "skipped_nonfinite": update.skipped_nonfinite})
@@ -281,6 +283,13 @@ def check_nonfinite(run: Run, state: TrainerState, skipped: int, applied: int, d
             f"(train.max_nonfinite_steps = {run.cfg.train.max_nonfinite_steps}); stopping. The last good checkpoint "
             f"is under {run.out_dir / 'checkpoints'}; try a lower train.lr"
         )
+
+
+def check_learning_signal(run: Run, state: TrainerState, metrics: dict[str, float], display: TrainDisplay) -> None:
+    state.flat_reward_steps = flat_reward_streak(state.flat_reward_steps, metrics)
+    warning = flat_reward_warning(state.step, state.flat_reward_steps, metrics, run.cfg.rollout.max_tokens)
+    if warning is not None:
+        display.print(warning, style="yellow", markup=False)
 
 
 def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: TrainDisplay) -> None:

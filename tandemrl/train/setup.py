@@ -46,6 +46,7 @@ class TrainerState:
     policy_version: int = 0
     consecutive_nonfinite: int = 0
     consecutive_invalid_reward: int = 0
+    flat_reward_steps: int = 0  # steps in a row in which no group's rewards differed (learning_signal.py)
     initial_eval: dict | None = None
     data: dict = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the run up to this checkpoint, summed over every resume

@@ -11,3 +11,7 @@ def always_nan(prompts, completions, **columns):
 
 def nan_on_some(prompts, completions, **columns):
     return [float("nan") if i % 2 else 1.0 for i in range(len(completions))]
+
+
+def constant(prompts, completions, **columns):
+    return [0.5 for _ in completions]
