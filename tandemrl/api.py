@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tandemrl.config import Config, ConfigError, validate_config
-from tandemrl.config.loading import read_toml, set_key
+from tandemrl.config.loading import check_keys, read_toml, set_key
 from tandemrl.train.inputs import INLINE_REWARD, RunInputs, inline_data_path, reward_record
 
 ConfigLike = Config | Mapping[str, Any] | str | os.PathLike | None
@@ -34,7 +34,8 @@ class Trainer:
         reward_funcs: reward functions with TRL's contract (``fn(prompts, completions, completion_ids, **columns)
             -> list[float | None]``, called by keyword; ``async def`` allowed), registered names such as
             ``"accuracy"``, ``"module:function"`` or ``"path/to/file.py:function"``. None: ``reward.functions``.
-        reward_weights: one weight per reward function (default 1.0 each), as TRL's ``reward_weights``.
+        reward_weights: one weight per reward function (default 1.0 each), as TRL's ``reward_weights``. Or give
+            the config's ``reward.weights``, by name: a callable's name is its ``__name__``.
         eval_dataset: the test set, in any form ``train_dataset`` takes. None: the dataset's test split, else a
             held-out ``data.test_fraction`` of ``train_dataset``.
         config: a :class:`Config`, a dict of settings (nested ``{"train": {"lr": 1e-5}}`` or dotted
@@ -91,6 +92,7 @@ def _raw_config(config: ConfigLike) -> dict[str, Any]:
         raw: dict[str, Any] = {}
         for key, value in config.items():
             set_key(raw, key, value, f"config key {key!r}")
+        check_keys(raw, "Trainer(config=...)")
         return raw
     raise ConfigError(f"config must be a Config, a dict or a TOML file path; got {type(config).__name__}")
 
@@ -149,5 +151,34 @@ def _set_rewards(raw: dict[str, Any], inputs: RunInputs, funcs: Sequence[RewardL
             inputs.reward_funcs[name] = fn
         names.append(name)
     section = raw.setdefault("reward", {})
-    section["functions"] = names  # the arguments replace the config's reward functions and weights
-    section["weights"] = dict(zip(names, weights)) if weights is not None else {}
+    given = section.get("weights") or {}
+    if weights is not None and given:
+        raise ConfigError(f"reward weights are given twice, as reward_weights={list(weights)} and as the config's "
+                          f"reward.weights = {given}: keep one")
+    section["functions"] = names  # the arguments replace the config's reward functions
+    if weights is not None:
+        section["weights"] = dict(zip(names, weights))
+    elif isinstance(given, Mapping):
+        section["weights"] = _weights_by_name(given, funcs, names)  # not a table: validation names the key
+
+
+def _weights_by_name(given: Mapping[str, float], funcs: Sequence[RewardLike], names: list[str]) -> dict[str, float]:
+    """The config's ``reward.weights``, keyed by the names the run records. A key may be that name (``format``,
+    ``rewards.py:correct``) or a callable's ``__name__`` (``correct``, as the user knows it); any other key is an
+    error naming it, not a weight silently dropped."""
+    aliases: dict[str, list[str]] = {name: [name] for name in names}
+    for fn, name in zip(funcs, names):
+        if callable(fn) and getattr(fn, "__name__", None) not in (None, name):
+            aliases.setdefault(fn.__name__, []).append(name)
+    weights: dict[str, float] = {}
+    for key, weight in given.items():
+        matches = aliases.get(key, [])
+        if len(matches) != 1:
+            problem = "matches no reward function" if not matches else f"matches {len(matches)} reward functions"
+            raise ConfigError(f"reward.weights names {key!r}, which {problem} of reward_funcs; name one of: "
+                              f"{', '.join(aliases)}")
+        if matches[0] in weights:
+            raise ConfigError(f"reward.weights gives {matches[0]!r} two weights (under {key!r} and another name): "
+                              "keep one")
+        weights[matches[0]] = weight
+    return weights

@@ -36,7 +36,10 @@ applied in that order over the defaults below. Values are TOML literals: `3`, `1
 a dict of dotted overrides (`{{"train.max_steps": 20}}`) or a TOML path.
 
 An unknown key, a wrong type or an impossible value fails before any work starts, naming the key and the valid
-choices. `tandemrl config [--config FILE] [--set ...]` prints the resolved config as TOML, and every run writes it
+choices; an unknown key also names the TOML file or the `--set` it came from, and the closest valid key, or, for a
+TRL `GRPOConfig` name such as `learning_rate`, tandemrl's key for it (see [coming from TRL](coming-from-trl.md)).
+Paths in a config (`data.path`, `data.test_path`, ...) are relative to the working directory, not to the config
+file. `tandemrl config [--config FILE] [--set ...]` prints the resolved config as TOML, and every run writes it
 to `config.toml` in its directory. A task may bring defaults of its own (e.g. `data.task = "synthetic:peek"` sets
 its tools); they fill only the keys you leave out.
 

@@ -2,6 +2,7 @@
 `eval RUN_DIR`, `export`, LoRA checkpoints, prompts over the length limit."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,39 @@ def test_bad_api_arguments_name_what_is_wrong(tmp_path):
         Trainer(model="tiny", train_dataset=[{"prompt": "x", "blob": object()}])
     with pytest.raises(ValueError, match="eval.metric = 'nope' is not 'accuracy', 'reward' or a reward function"):
         Trainer(model="tiny", train_dataset=ROWS, config={**SMALL, "eval.metric": "nope"}, out_dir=tmp_path).train()
+
+
+def correct(completions, answer, **kwargs):
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def test_reward_weights_in_the_config_are_kept_by_name(tmp_path):
+    t = Trainer(model="tiny", reward_funcs=[correct, "format"], config={"reward.weights": {"format": 0.1}},
+                out_dir=tmp_path)
+    assert t.config.reward.weights == {"format": 0.1}
+    assert t.config.reward.components()["format"] == 0.1
+    # a callable goes by its __name__ too, and the run records it under its own name
+    t = Trainer(model="tiny", reward_funcs=[correct, "format"], config={"reward.weights": {"correct": 2.0}},
+                out_dir=tmp_path)
+    (recorded,) = [name for name in t.config.reward.functions if name != "format"]
+    assert t.config.reward.weights == {recorded: 2.0} and recorded.endswith("correct")
+
+
+def test_reward_weights_that_match_no_function_or_come_twice_are_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"reward\.weights names 'accuracy', which matches no reward function of "
+                                         r"reward_funcs; name one of: .*correct.*format"):
+        Trainer(model="tiny", reward_funcs=[correct, "format"], config={"reward.weights": {"accuracy": 1.0}},
+                out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"reward weights are given twice"):
+        Trainer(model="tiny", reward_funcs=[correct, "format"], reward_weights=[1.0, 0.5],
+                config={"reward.weights": {"format": 0.1}}, out_dir=tmp_path)
+
+
+def test_an_unknown_key_in_the_config_argument_names_it(tmp_path):
+    with pytest.raises(ValueError, match=r"^Trainer\(config=\.\.\.\): unknown config key 'train\.learning_rate' "
+                                         r"\(TRL's learning_rate is tandemrl's train\.lr\)"):
+        Trainer(model="tiny", config={"train.learning_rate": 1e-6}, out_dir=tmp_path)
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout]\nnum_generations = 8\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: unknown config key 'rollout\.num_generations'"):
+        Trainer(model="tiny", config=path, out_dir=tmp_path)

@@ -17,12 +17,16 @@ class DataConfig(Section):
                              "`data.path` (both unset: `synthetic:add`, the offline demo)")
     path: str | None = Field(None, description="your dataset: a .jsonl / .json / .parquet / .csv file, a folder of "
                              "`<split>.jsonl`-style files or one saved by `datasets`, or a hub dataset id (the `data` "
-                             "extra); with `data.task = \"gsm8k\"`: where GSM8K is (unset: the hub's `openai/gsm8k`)")
+                             "extra), relative to the working directory; a name that does not exist here is read "
+                             "as a hub id unless it looks like a file (`train.jsonll`): then the error lists the "
+                             "closest names; with "
+                             "`data.task = \"gsm8k\"`: where GSM8K is (unset: the hub's `openai/gsm8k`)")
     test_path: str | None = Field(None, description="the test set, in any form `data.path` takes; unset: the "
                                   "`data.test_split` of a folder or hub dataset, else a held-out `data.test_fraction`")
     prompt_column: str = Field("prompt", min_length=1, description="the column holding the prompt: text, or a list "
                                "of chat messages `[{role, content}]` rendered with the tokenizer's chat template; "
-                               "every other column reaches the reward functions by name")
+                               "every other column reaches the reward functions by name, None in a row that lacks "
+                               "it")
     subset: str | None = Field(None, description="a hub dataset's subset (its config name, e.g. `main`)")
     train_split: str = Field("train", description="the split trained on (folders, saved datasets, hub datasets)")
     test_split: str = Field("test", description="the split evaluated on, when the dataset has it")

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from tandemrl.config.base import section_fields
 from tandemrl.config.data import DataConfig
 from tandemrl.config.root import Config
+from tandemrl.config.trl_names import trl_hint
 
 
 class ConfigError(ValueError):
@@ -44,19 +45,48 @@ def validate_config(raw: dict[str, Any]) -> Config:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """The file's keys, not yet validated; an unknown key is an error naming the file (once merged with overrides
+    and arguments, nothing could say where it came from)."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        return tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    check_keys(raw, str(path))
+    return raw
+
+
+def check_keys(raw: Mapping[str, Any], where: str) -> None:
+    """Raise a ConfigError naming ``where`` (a file, a --set) and every key of ``raw`` that the config lacks."""
+    messages = [_unknown_key_message(loc) for loc in unknown_keys(raw)]
+    if len(messages) == 1:  # one problem, one line
+        raise ConfigError(f"{where}: {messages[0]}")
+    if messages:
+        raise ConfigError(f"{where}:\n  " + "\n  ".join(messages))
+
+
+def unknown_keys(raw: Mapping[str, Any], section: Any = Config, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The keys of ``raw`` (nested dicts) that ``section`` has no field for, each as its path from the root."""
+    fields = _field_names(section)
+    found: list[tuple[str, ...]] = []
+    for key, value in raw.items():
+        if key not in fields:
+            found.append((*prefix, key))
+        elif isinstance(value, Mapping) and _field_names(fields[key]):  # a section, not a dict-valued key
+            found += unknown_keys(value, fields[key], (*prefix, key))
+    return found
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects section.key=value, got {item!r}")
-    set_key(raw, key.strip(), _parse_value(text.strip()), f"--set {item!r}")
+    where = f"--set {item!r}"
+    alone: dict[str, Any] = {}  # the override's key alone, checked before it merges with the rest
+    set_key(alone, key.strip(), _parse_value(text.strip()), where)
+    check_keys(alone, where)
+    set_key(raw, key.strip(), _parse_value(text.strip()), where)
 
 
 def set_key(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
@@ -122,8 +152,10 @@ def _unknown_key_message(loc: tuple[Any, ...]) -> str:
         section = field
     valid = list(_field_names(section))
     key = ".".join(str(p) for p in loc)
-    hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    # TRL's name first: it says the key exactly, where spelling would guess ('beta' is not 'adam_betas')
+    hint = trl_hint(str(loc[-1]))
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+    suggestion = f" ({hint})" if hint else f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown config key {key!r}{suggestion}; valid keys here: {', '.join(valid)}"
 
 

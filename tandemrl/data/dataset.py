@@ -3,7 +3,8 @@
 ``prompt`` is either text (the model continues it as it is, or inside the chat template when
 ``data.use_chat_template`` is set) or a list of chat messages ``[{"role": "user", "content": "..."}]``, rendered
 with the tokenizer's chat template. Every other column reaches the reward functions by name; nothing is added to
-the prompt.
+the prompt. The columns are the dataset's, fixed at load: every key of any row, None in a row that lacks it (as
+``datasets`` gives them to TRL), so that every batch passes the reward functions the same keywords.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def rows_to_samples(rows: list[Row], prompt_column: str, label: str) -> list[Sam
     """One Sample per row; the first bad row stops with its place and what is wrong."""
     if not rows:
         raise DatasetError(f"{label}: the dataset is empty (no rows)")
+    keys = dataset_columns(rows, prompt_column)
     samples = []
     for index, (where, row) in enumerate(rows):
         if prompt_column not in row:
@@ -31,10 +33,20 @@ def rows_to_samples(rows: list[Row], prompt_column: str, label: str) -> list[Sam
         if reserved:
             raise DatasetError(f"{where}: column {reserved[0]!r} has the name of a reward function argument; "
                                "rename it")
-        columns = {k: v for k, v in row.items() if k != prompt_column}
+        columns = {key: row.get(key) for key in keys}
         samples.append(Sample(prompt=check_prompt(row[prompt_column], where, prompt_column), answer=None,
                               index=index, columns=columns, source=where))
     return samples
+
+
+def dataset_columns(rows: list[Row], prompt_column: str) -> list[str]:
+    """The dataset's reward columns: every key of any row but the prompt, in first-seen order. A key only some rows
+    have is still a column (None elsewhere): otherwise a reward's keyword would come and go between batches."""
+    keys: dict[str, None] = {}
+    for _, row in rows:
+        keys.update(dict.fromkeys(row))
+    keys.pop(prompt_column, None)
+    return list(keys)
 
 
 def check_prompt(prompt: Any, where: str, column: str) -> str | list[dict[str, Any]]:

@@ -31,16 +31,16 @@ def gold_from_solution(solution: str, where: str) -> str:
     return gold
 
 
-def load_gsm8k(source: Any, split: str, limit: int | None = None) -> list[Sample]:
+def load_gsm8k(source: Any, split: str, limit: int | None = None, key: str | None = None) -> list[Sample]:
     """Load GSM8K rows as Samples.
 
     ``source`` is anything :func:`tandemrl.data.sources.read_rows` reads (a folder holding ``{split}.jsonl`` or
     ``{split}.parquet``, one file, a folder saved by ``datasets``, or a hub id such as ``"openai/gsm8k"``, loaded with
-    its ``main`` subset). ``limit`` keeps the first ``limit`` rows.
+    its ``main`` subset). ``limit`` keeps the first ``limit`` rows. ``key``: the config key that gave ``source``.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")
-    rows = read_rows(source, split, subset="main")
+    rows = read_rows(source, split, subset="main", key=key)
     if not rows:
         raise DatasetError(f"{describe_source(source)}: the dataset is empty (no rows)")
     return [_row_to_sample(row, where, index=i) for i, (where, row) in enumerate(rows[:limit])]

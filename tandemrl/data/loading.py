@@ -20,7 +20,7 @@ from tandemrl.types import Sample
 
 USER_DATASET = "dataset"  # the task name of a user's own dataset (data.task unset, data.path set)
 GENERATED_TASKS = ("arith2", "synthetic:")
-Reader = Callable[[Any, str], list[Sample]]  # (source, split) -> samples
+Reader = Callable[..., list[Sample]]  # (source, split, key=the config key naming source) -> samples
 
 
 @dataclass
@@ -66,17 +66,17 @@ def load_data(data: Any, seed: int, eval_limit: int | None, train_source: Any = 
     return _limited(split, eval_limit)
 
 
-def _user_samples(source: Any, split: str, *, prompt_column: str, subset: str | None) -> list[Sample]:
-    return rows_to_samples(read_rows(source, split, subset), prompt_column, describe_source(source))
+def _user_samples(source: Any, split: str, key: str, *, prompt_column: str, subset: str | None) -> list[Sample]:
+    return rows_to_samples(read_rows(source, split, subset, key), prompt_column, describe_source(source))
 
 
 def _split_test(data: Any, train_source: Any, test_source: Any, reader: Reader) -> TaskData:
-    train = reader(train_source, data.train_split)
+    train = reader(train_source, data.train_split, key="data.path")
     if test_source is not None:
-        test = reader(test_source, data.test_split)
+        test = reader(test_source, data.test_split, key="data.test_path")
         return TaskData(train, test, f"data.test_path {describe_source(test_source)}", len(test))
     if has_split(train_source, data.test_split):
-        test = reader(train_source, data.test_split)
+        test = reader(train_source, data.test_split, key="data.path")
         return TaskData(train, test, f"split {data.test_split!r} of {describe_source(train_source)}", len(test))
     held = hold_out(train, data.test_fraction, data.split_seed, describe_source(train_source))
     origin = (f"{len(held.test)} rows of {describe_source(train_source)} held out (data.test_fraction = "

@@ -2,12 +2,17 @@
 saved by ``datasets``, a hub dataset id, a list of dicts or a ``datasets.Dataset``.
 
 Every row comes with where it came from (``"train.jsonl, line 12"``), so that a later problem with it names the file
-and the row. Problems with the source itself raise :class:`DatasetError`.
+and the row. Problems with the source itself raise :class:`DatasetError`, naming the config key it came from.
+
+A relative path starts from the working directory (not from the config file's folder). A path that does not exist is
+read as a hub dataset id only when it looks like one: a name with a file suffix (``train.jsonll``) or a folder part
+that exists here (``data/trian``) is a missing local file, and the error lists the closest names beside it.
 """
 
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import os
@@ -19,6 +24,8 @@ from typing import Any
 from tandemrl.extras import MissingExtraError
 
 FILE_TYPES = (".jsonl", ".json", ".parquet", ".csv")
+# Suffixes of files this module does not read: a missing `train.txt` was meant as a file, not as a hub id.
+_OTHER_FILE_SUFFIXES = (".txt", ".tsv", ".arrow", ".gz", ".zip", ".xlsx", ".yaml", ".yml", ".toml")
 # A hub dataset id: "name" or "owner/name", nothing that looks like a filesystem path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # What `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk` leave in their folder.
@@ -31,11 +38,12 @@ class DatasetError(ValueError):
     """A problem with a dataset, phrased for the user: names the file and the row (1-based) or the key."""
 
 
-def read_rows(source: Any, split: str, subset: str | None = None) -> list[Row]:
+def read_rows(source: Any, split: str, subset: str | None = None, key: str | None = None) -> list[Row]:
     """All rows of ``source`` for ``split`` (``split`` picks a file in a folder, a split of a saved ``DatasetDict``
-    or of a hub dataset; a single file ignores it). ``subset``: a hub dataset's config name."""
+    or of a hub dataset; a single file ignores it). ``subset``: a hub dataset's config name. ``key``: the config
+    key that gave ``source`` (``data.path``), for the messages."""
     if isinstance(source, (str, os.PathLike)):
-        return list(_rows_of_path(str(source), split, subset))
+        return list(_rows_of_path(str(source), split, subset, key))
     if isinstance(source, list):
         return [(f"row {i}", _as_dict(row, f"row {i}")) for i, row in enumerate(source, start=1)]
     if hasattr(source, "column_names") and hasattr(source, "__iter__"):  # a datasets.Dataset
@@ -73,17 +81,50 @@ def has_split(source: Any, split: str) -> bool:
         raise DatasetError(f"could not read the splits of hub dataset {source!r}: {err}") from err
 
 
-def _rows_of_path(source: str, split: str, subset: str | None) -> Iterator[Row]:
+def looks_local(source: str) -> bool:
+    """Whether ``source``, which does not exist, was meant as a local file or folder rather than a hub id: it is no
+    hub id (``./x``, ``/x``, ``a/b/c``), has a file suffix (one read here, a near miss such as ``.jsonll``, or another
+    file type) or starts with a folder that exists here (``data/trian``)."""
+    if not _HUB_ID.match(source):
+        return True
+    suffix = Path(source).suffix.lower()
+    if suffix in FILE_TYPES + _OTHER_FILE_SUFFIXES or difflib.get_close_matches(suffix, FILE_TYPES, n=1, cutoff=0.6):
+        return True
+    folder, sep, _ = source.partition("/")
+    return bool(sep) and Path(folder).is_dir()
+
+
+def missing_path(source: str) -> str:
+    """Where ``source`` was looked for, from what a relative path starts, and the closest names in its folder."""
+    given = Path(os.path.expanduser(source))
+    text = str(Path(os.path.abspath(given)))
+    if not given.is_absolute():
+        text += f" (a relative path starts from the working directory, {os.getcwd()}, not from the config file)"
+    folder = given.parent
+    if not folder.is_dir():
+        return f"{text}; the folder {os.path.abspath(folder)} does not exist either"
+    close = difflib.get_close_matches(given.name, sorted(os.listdir(folder)), n=3, cutoff=0.6)
+    if not close:
+        return text
+    return f"{text}; did you mean {' or '.join(repr(str(folder / name)) for name in close)}?"
+
+
+def _named(source: str, key: str | None) -> str:
+    """How a message opens: the key and its value, or the value alone when no key gave it."""
+    return f"{key} = {source!r}" if key else repr(source)
+
+
+def _rows_of_path(source: str, split: str, subset: str | None, key: str | None) -> Iterator[Row]:
     path = Path(os.path.expanduser(source))
     if path.is_dir():
         if any((path / name).is_file() for name in _SAVED_BY_DATASETS):
             yield from _saved_dataset_rows(path, split)
             return
-        path = _file_in_dir(path, split)
+        path = _file_in_dir(path, split, _named(source, key))
     elif not path.exists():
-        if path.suffix in FILE_TYPES or not _HUB_ID.match(source):
-            raise DatasetError(f"no such file or directory: {source}")
-        yield from _hub_rows(source, split, subset)
+        if looks_local(source):
+            raise DatasetError(f"{_named(source, key)}: no such file or directory: {missing_path(source)}")
+        yield from _hub_rows(source, split, subset, key)
         return
     readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows, ".csv": _csv_rows}
     reader = readers.get(path.suffix)
@@ -92,7 +133,7 @@ def _rows_of_path(source: str, split: str, subset: str | None) -> Iterator[Row]:
     yield from reader(path)
 
 
-def _file_in_dir(directory: Path, split: str) -> Path:
+def _file_in_dir(directory: Path, split: str, named: str) -> Path:
     for ext in FILE_TYPES:
         if (directory / f"{split}{ext}").is_file():
             return directory / f"{split}{ext}"
@@ -101,8 +142,8 @@ def _file_in_dir(directory: Path, split: str) -> Path:
         return shards[0]
     if len(shards) > 1:
         raise DatasetError(f"{directory}: several parquet shards for split {split!r}; merge them or pass one file")
-    raise DatasetError(f"no such file: {directory / (split + '.jsonl')} (expected {split}.jsonl, .json, .parquet or "
-                       f".csv in {directory}, or a folder saved by datasets)")
+    raise DatasetError(f"{named}: no such file: {directory / (split + '.jsonl')} (expected {split}.jsonl, .json, "
+                       f".parquet or .csv in {directory}, or a folder saved by datasets)")
 
 
 def _as_dict(row: Any, where: str) -> dict[str, Any]:
@@ -187,12 +228,15 @@ def _saved_dataset_rows(path: Path, split: str) -> Iterator[Row]:
     yield from _enumerated(loaded, f"{path} ({split})")
 
 
-def _hub_rows(name: str, split: str, subset: str | None) -> Iterator[Row]:
-    datasets = _import_datasets(f"{name!r} is not a local file or folder: loading it from the hub")
+def _hub_rows(name: str, split: str, subset: str | None, key: str | None) -> Iterator[Row]:
+    # Said in both errors: the user may have meant a local file, and a hub failure alone would hide that.
+    not_local = f"there is no local file or folder {missing_path(name)}"
+    datasets = _import_datasets(f"{_named(name, key)}: {not_local}; loading it as a hub dataset")
     try:
         dataset = datasets.load_dataset(name, subset, split=split)
     except Exception as err:  # noqa: BLE001
-        raise DatasetError(f"could not load hub dataset {name!r} (subset {subset!r}, split {split!r}): {err}") from err
+        raise DatasetError(f"{_named(name, key)}: could not load hub dataset {name!r} (subset {subset!r}, split "
+                           f"{split!r}): {err}; and {not_local}") from err
     yield from _enumerated(dataset, f"hub dataset {name!r} split {split!r}")
 
 

@@ -75,7 +75,10 @@ def format_prompt(sample: Sample, tokenizer: Any, use_chat_template: bool, syste
 def reward_columns(samples: list[Sample]) -> dict[str, list[Any]]:
     """Columns for reward functions, aligned with ``samples``: every key of ``Sample.columns`` (None where a sample
     lacks a key), and ``answer`` from ``Sample.answer`` for the built-in tasks. Repeat each sample ``group_size``
-    times before calling for grouped rollouts."""
+    times before calling for grouped rollouts.
+
+    A user's dataset gives every sample every column at load (tandemrl/data/dataset.py), so the keys do not depend
+    on which rows a batch holds; the union here covers samples built by hand."""
     keys: dict[str, None] = {}
     for s in samples:
         keys.update(dict.fromkeys(s.columns))

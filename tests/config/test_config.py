@@ -4,6 +4,7 @@ import tomllib
 import pytest
 
 from tandemrl.config import Config, ConfigError, config_to_toml, load_config, validate_config
+from tandemrl.config.loading import set_key
 
 
 def test_defaults_validate_and_round_trip_through_toml(tmp_path):
@@ -30,6 +31,53 @@ def test_unknown_key_names_the_key_and_suggests(tmp_path):
         load_config(None, ["rollout.groupsize=4"])
     with pytest.raises(ConfigError, match="unknown config key 'trian'"):
         validate_config({"trian": {"max_steps": 3}})
+
+
+def test_unknown_key_in_a_toml_file_names_the_file(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout]\ngroupsize = 4\n[train]\nmax_steps = 3\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: unknown config key 'rollout\.groupsize' "
+                                          r"\(did you mean 'group_size'\?\)"):
+        load_config(path)
+    path.write_text("trian = {max_steps = 3}\n[model.lora]\nrnak = 8\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["train.max_steps=2"])
+    lines = str(err.value).splitlines()  # every unknown key, one line each, under the file's name
+    assert lines[0] == f"{path}:" and "unknown config key 'trian'" in lines[1]
+    assert "unknown config key 'model.lora.rnak' (did you mean 'rank'?)" in lines[2]
+
+
+def test_unknown_key_in_a_set_names_the_set():
+    with pytest.raises(ConfigError, match=r"^--set 'rollout\.groupsize=4': unknown config key 'rollout\.groupsize'"):
+        load_config(None, ["rollout.groupsize=4"])
+
+
+def test_a_dict_valued_key_is_not_checked_as_a_section(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[reward.weights]\naccuracy = 1.0\n"my.mod:fn" = 0.5\n')
+    assert load_config(path).reward.weights == {"accuracy": 1.0, "my.mod:fn": 0.5}
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("train.learning_rate=1e-6", "TRL's learning_rate is tandemrl's train.lr"),
+    ("learning_rate=1e-6", "TRL's learning_rate is tandemrl's train.lr"),
+    ("rollout.num_generations=8", "TRL's num_generations is tandemrl's rollout.group_size"),
+    ("num_generations=8", "TRL's num_generations is tandemrl's rollout.group_size"),
+    ("train.per_device_train_batch_size=4", "TRL's per_device_train_batch_size is tandemrl's "
+                                            "rollout.prompts_per_step or train.max_tokens_per_micro_batch"),
+    ("max_completion_length=256", "TRL's max_completion_length is tandemrl's rollout.max_tokens"),
+    ("train.beta=0.04", "TRL's beta is tandemrl's train.kl_beta"),
+    ("train.temperature=0.7", "TRL's temperature is tandemrl's rollout.temperature"),
+    ("train.min_p=0.1", "TRL's min_p has no tandemrl key"),
+])
+def test_a_trl_name_is_told_tandemrls_key(override, hint):
+    with pytest.raises(ConfigError, match=re.escape(f"({hint}")):
+        load_config(None, [override])
+    key = override.partition("=")[0]
+    raw: dict = {}
+    set_key(raw, key, 1, "test")
+    with pytest.raises(ConfigError, match=re.escape(f"unknown config key {key!r} ({hint}")):
+        validate_config(raw)  # the Python API's dicts take this way
 
 
 @pytest.mark.parametrize(

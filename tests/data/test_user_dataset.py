@@ -2,12 +2,15 @@
 
 import csv
 import json
+import sys
+import types
 
 import pytest
 
 from tandemrl.config import DataConfig
 from tandemrl.data.loading import check_batch_fits, load_data
 from tandemrl.data.sources import DatasetError
+from tandemrl.data.tasks import reward_columns
 
 ROWS = [{"prompt": f"{i}+1=", "answer": str(i + 1), "level": i % 3} for i in range(20)]
 
@@ -160,3 +163,74 @@ def test_held_out_keys_with_a_test_path_are_an_error():
         load_config(None, ['data.path="a.jsonl"', 'data.test_path="b.jsonl"', "data.test_fraction=0.2"])
     with pytest.raises(ConfigError, match="data.prompt_column applies to your own dataset"):
         load_config(None, ['data.task="gsm8k"', 'data.prompt_column="question"'])
+
+
+def test_a_column_only_some_rows_have_reaches_the_rewards_on_every_batch(tmp_path):
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(10)]
+    rows[5]["hint"] = "add one"  # only row 5 (line 6) has it, as in a hand-written .jsonl
+    data = load(write_jsonl(tmp_path / "d.jsonl", rows), test_path=str(write_jsonl(tmp_path / "t.jsonl", rows)))
+
+    def reward(completions, hint, **kwargs):  # a TRL reward that takes the column by name
+        return [1.0 if h else 0.0 for h in hint]
+
+    seen = []
+    for start in range(0, len(data.train), 2):  # every batch, whichever rows it holds
+        batch = data.train[start:start + 2]
+        columns = reward_columns(batch)
+        assert sorted(columns) == ["answer", "hint"]
+        seen += reward(["x"] * len(batch), **columns)
+    assert seen == [1.0 if i == 5 else 0.0 for i in range(10)]
+    assert data.train[5].columns["hint"] == "add one" and data.train[0].columns == {"answer": "1", "hint": None}
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """A `datasets` whose hub always fails, as offline; records the names asked for."""
+    asked = []
+
+    def load_dataset(name, subset, split):
+        asked.append(name)
+        raise ConnectionError(f"Couldn't reach {name!r} on the Hub")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    return asked
+
+
+def test_a_missing_local_file_names_the_key_the_full_path_and_close_names(tmp_path, monkeypatch, no_hub):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "train.jsonl", ROWS)
+    with pytest.raises(DatasetError) as err:
+        load("train.jsonll")
+    message = str(err.value)
+    assert message.startswith("data.path = 'train.jsonll': no such file or directory: ")
+    assert str(tmp_path / "train.jsonll") in message
+    assert f"relative path starts from the working directory, {tmp_path}, not from the config file" in message
+    assert "did you mean 'train.jsonl'?" in message
+    (tmp_path / "data").mkdir()
+    with pytest.raises(DatasetError, match=r"^data\.test_path = 'data/tset\.jsonl': no such file or directory: "):
+        load("train.jsonl", test_path="data/tset.jsonl")
+    with pytest.raises(DatasetError, match=r"^data\.path = 'data/trian': no such file or directory: "):
+        load("data/trian")  # its folder exists here: not a hub id
+    with pytest.raises(DatasetError, match=r"no such file or directory: /no/such/x\.csv; the folder /no/such does "
+                                           r"not exist either"):
+        load("/no/such/x.csv")
+    assert no_hub == []  # none of them was looked up on the hub
+
+
+def test_a_name_that_may_be_a_hub_id_says_no_local_file_has_it_either(tmp_path, monkeypatch, no_hub):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "mydata.jsonl", ROWS)
+    with pytest.raises(DatasetError) as err:
+        load("mydata")
+    message = str(err.value)
+    assert no_hub == ["mydata"]
+    assert message.startswith("data.path = 'mydata': could not load hub dataset 'mydata'")
+    assert "Couldn't reach 'mydata' on the Hub" in message
+    assert f"there is no local file or folder {tmp_path / 'mydata'}" in message
+    assert "did you mean 'mydata.jsonl'?" in message
+
+
+def test_a_folder_without_the_split_names_the_key(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", ROWS)
+    with pytest.raises(DatasetError, match=r"^data\.test_path = '.*': no such file: .*test\.jsonl"):
+        load(tmp_path / "train.jsonl", test_path=str(tmp_path))
