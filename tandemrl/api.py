@@ -155,30 +155,6 @@ def _set_rewards(raw: dict[str, Any], inputs: RunInputs, funcs: Sequence[RewardL
     if weights is not None and given:
         raise ConfigError(f"reward weights are given twice, as reward_weights={list(weights)} and as the config's "
                           f"reward.weights = {given}: keep one")
-    section["functions"] = names  # the arguments replace the config's reward functions
-    if weights is not None:
+    section["functions"] = names  # the arguments replace the config's reward functions; the config's weights stay
+    if weights is not None:  # (by name: a callable's name is its __name__, reward.weights's rule in config/reward.py)
         section["weights"] = dict(zip(names, weights))
-    elif isinstance(given, Mapping):
-        section["weights"] = _weights_by_name(given, funcs, names)  # not a table: validation names the key
-
-
-def _weights_by_name(given: Mapping[str, float], funcs: Sequence[RewardLike], names: list[str]) -> dict[str, float]:
-    """The config's ``reward.weights``, keyed by the names the run records. A key may be that name (``format``,
-    ``rewards.py:correct``) or a callable's ``__name__`` (``correct``, as the user knows it); any other key is an
-    error naming it, not a weight silently dropped."""
-    aliases: dict[str, list[str]] = {name: [name] for name in names}
-    for fn, name in zip(funcs, names):
-        if callable(fn) and getattr(fn, "__name__", None) not in (None, name):
-            aliases.setdefault(fn.__name__, []).append(name)
-    weights: dict[str, float] = {}
-    for key, weight in given.items():
-        matches = aliases.get(key, [])
-        if len(matches) != 1:
-            problem = "matches no reward function" if not matches else f"matches {len(matches)} reward functions"
-            raise ConfigError(f"reward.weights names {key!r}, which {problem} of reward_funcs; name one of: "
-                              f"{', '.join(aliases)}")
-        if matches[0] in weights:
-            raise ConfigError(f"reward.weights gives {matches[0]!r} two weights (under {key!r} and another name): "
-                              "keep one")
-        weights[matches[0]] = weight
-    return weights

@@ -162,8 +162,8 @@ def _eval(args: argparse.Namespace) -> int:
         parts = [f"{result.metric} {result.score:.3f}"]
         if result.accuracy is not None and result.metric != "accuracy":
             parts.append(f"accuracy (greedy) {result.accuracy:.3f}")
-        if result.metric != "reward":
-            parts.append(f"reward {result.reward:.3f}")
+        if result.metric != "reward":  # a reward no test prompt got is missing, not 0
+            parts.append(f"reward {result.reward:.3f}" if result.reward is not None else "reward missing")
         if result.pass_at_k is not None:
             parts.append(f"pass@{result.k} {result.pass_at_k:.3f}")
         print(f"{', '.join(parts)} over {result.num_prompts} samples of task {cfg.data.task_name}")
@@ -225,9 +225,10 @@ def _is_user_error(err: Exception) -> bool:
     """Errors caused by input (config, data, paths, disk) print as one line; programming errors keep the traceback."""
     from tandemrl.backends.vllm.errors import WeightSyncError
     from tandemrl.train.checkpoint import CheckpointError
+    from tandemrl.train.evaluate import EvaluationError
     from tandemrl.train.loop import TrainingError
 
-    return isinstance(err, (ValueError, OSError, CheckpointError, TrainingError, WeightSyncError))
+    return isinstance(err, (ValueError, OSError, CheckpointError, TrainingError, EvaluationError, WeightSyncError))
 
 
 if __name__ == "__main__":

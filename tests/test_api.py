@@ -146,12 +146,12 @@ def test_reward_weights_in_the_config_are_kept_by_name(tmp_path):
     t = Trainer(model="tiny", reward_funcs=[correct, "format"], config={"reward.weights": {"correct": 2.0}},
                 out_dir=tmp_path)
     (recorded,) = [name for name in t.config.reward.functions if name != "format"]
-    assert t.config.reward.weights == {recorded: 2.0} and recorded.endswith("correct")
+    assert t.config.reward.components() == {recorded: 2.0, "format": 1.0} and recorded.endswith("correct")
 
 
 def test_reward_weights_that_match_no_function_or_come_twice_are_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"reward\.weights names 'accuracy', which matches no reward function of "
-                                         r"reward_funcs; name one of: .*correct.*format"):
+    with pytest.raises(ValueError, match=r"reward\.weights names 'accuracy', which is neither in reward\.functions "
+                                         r"\(.*correct, format\) nor the short name of one"):
         Trainer(model="tiny", reward_funcs=[correct, "format"], config={"reward.weights": {"accuracy": 1.0}},
                 out_dir=tmp_path)
     with pytest.raises(ValueError, match=r"reward weights are given twice"):

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from tandemrl.config.base import Section
+from tandemrl.rewards.names import find_reward
 
 
 class InferenceRewardConfig(Section):
@@ -28,13 +29,32 @@ class RewardConfig(Section):
                                  "`format`, `length_penalty`, `tool_use`, `tool_errors`), `package.module:function` "
                                  "or `path/to/file.py:function`; unset with `reward.weights` set: the keys of "
                                  "`reward.weights`")
-    weights: dict[str, float] = Field({}, description="weight of each reward function by name (1.0 for a function "
-                                      "not listed here)")
+    weights: dict[str, float] = Field({}, description="weight of each reward function by name: the entry of "
+                                      "`reward.functions` or the short name the metrics show (`correct` for "
+                                      "`rewards.py:correct`); 1.0 for a function not listed here")
     inference: InferenceRewardConfig = InferenceRewardConfig()
 
     def components(self) -> dict[str, float]:
-        """name -> weight of every reward function the run calls."""
-        return {name: self.weights.get(name, 1.0) for name in self.functions}
+        """name -> weight of every reward function the run calls (the names as ``reward.functions`` has them)."""
+        weights = self._weights_by_function()
+        return {name: weights.get(name, 1.0) for name in self.functions}
+
+    def _weights_by_function(self) -> dict[str, float]:
+        """``reward.weights`` keyed by the entry of ``reward.functions`` each key means (its full name or its
+        short name); a key that names no function, a shared short name, or two keys for one function raise."""
+        out: dict[str, float] = {}
+        given: dict[str, str] = {}  # function -> the weights key that set it, for the error on a second one
+        for key, weight in self.weights.items():
+            function = find_reward(key, self.functions, "reward.weights")
+            if function is None:
+                raise ValueError(f"reward.weights names {key!r}, which is neither in reward.functions "
+                                 f"({', '.join(self.functions)}) nor the short name of one: add it there or "
+                                 "remove its weight")
+            if function in given:
+                raise ValueError(f"reward.weights gives {function!r} two weights ({given[function]!r} and {key!r}); "
+                                 "keep one")
+            out[function], given[function] = weight, key
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -46,10 +66,7 @@ class RewardConfig(Section):
 
     @model_validator(mode="after")
     def _check_weights(self) -> RewardConfig:
-        unused = [name for name in self.weights if name not in self.functions]
-        if unused:
-            raise ValueError(f"reward.weights names {unused[0]!r}, which is not in reward.functions "
-                             f"({', '.join(self.functions)}): add it there or remove its weight")
         if not self.functions:
             raise ValueError("no reward function: set reward.functions (e.g. [\"accuracy\"])")
+        self._weights_by_function()  # every weight names one function
         return self

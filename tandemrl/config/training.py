@@ -74,8 +74,9 @@ class EvalConfig(Section):
     """Evaluation on the test set: greedy completions (the metric, reward and accuracy) and pass@k."""
 
     metric: str | None = Field(None, description="what the summary, the progress line, best-checkpoint selection "
-                               "and early stopping use: `accuracy`, `reward` (the weighted total) or the name of a "
-                               "reward function; unset: `accuracy` when the data has an `answer` column, else "
+                               "and early stopping use: `accuracy`, `reward` (the weighted total) or a reward "
+                               "function, by its short name as the metrics show it (`correct`) or its entry in "
+                               "`reward.functions`; unset: `accuracy` when the data has an `answer` column, else "
                                "`reward`")
     every_steps: int = Field(0, ge=0, description="evaluate every N steps; 0: only before the first and after the "
                              "last update")

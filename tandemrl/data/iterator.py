@@ -52,6 +52,11 @@ class PromptIterator:
     def batches_served(self) -> int:
         return self._batches_served
 
+    @property
+    def progress(self) -> float:
+        """Passes over the samples so far, where the next batch starts (1.5: half way through the second epoch)."""
+        return epoch_progress(self._epoch, self._position, self.batch_size, len(self.samples))
+
     def next_batch(self) -> list[Sample]:
         if self._position + self.batch_size > len(self.samples):
             self._epoch += 1
@@ -106,3 +111,12 @@ class PromptIterator:
         self._position = int(state["position"])
         self._batches_served = int(state.get("batches_served", 0))
         self._order = self._epoch_order(self._epoch)
+
+
+def epoch_progress(epoch: int, position: int, batch_size: int, num_samples: int) -> float:
+    """``PromptIterator.progress`` from the numbers its ``state_dict`` saves: the epoch plus the share of its
+    batches served; a finished epoch counts whole (the next batch starts the following one)."""
+    batches = num_samples // batch_size
+    if position + batch_size > num_samples:
+        return float(epoch + 1)
+    return epoch + (position // batch_size) / batches

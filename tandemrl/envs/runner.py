@@ -22,11 +22,11 @@ from tandemrl.backends.server_backend import ServerBackend
 from tandemrl.config import Config
 from tandemrl.data.iterator import PromptIterator
 from tandemrl.models.load import load_tokenizer, resolve_name_or_path
-from tandemrl.rewards.composite import build_reward
+from tandemrl.rewards.state import RewardTrainerState
 from tandemrl.train.agent_setup import run_agent_loop
 from tandemrl.train.async_rollouts import ANY_VERSION
 from tandemrl.train.group_wire import group_to_json
-from tandemrl.train.inputs import RunInputs, reward_spec, run_data
+from tandemrl.train.inputs import RunInputs, run_data, run_reward
 from tandemrl.train.rollouts import ScoredRollouts, generate_and_score, prompt_encoder, rollout_params
 
 POLL_S = 0.05
@@ -53,7 +53,7 @@ def run_environment(cfg: Config, trainer_url: str, name: str = "env", seed: int 
                            backoff_s=r.server_backoff_s, timeout_s=r.server_timeout_s)
     agent = run_agent_loop(cfg, server, tokenizer, eos_token_ids(None, tokenizer))  # tools: multi-turn, turn by turn
     encoder = prompt_encoder(cfg, tokenizer, agent)
-    reward = build_reward(reward_spec(cfg, RunInputs()))
+    reward = run_reward(cfg, RunInputs())
     prompts = PromptIterator(run_data(cfg, RunInputs()).train, 1, seed=seed)
     report = EnvironmentReport()
     try:
@@ -66,11 +66,16 @@ def run_environment(cfg: Config, trainer_url: str, name: str = "env", seed: int 
                 if status["queue_groups"] >= status["capacity_groups"]:
                     time.sleep(POLL_S)  # the trainer has enough; a group sampled now would only age
                     continue
+                # the trainer's step is not told to an environment: its policy version (updates applied) stands
+                # for it, and the epoch is this environment's own pass over the data
+                state = RewardTrainerState(global_step=int(status["trainer_version"]), max_steps=cfg.train.max_steps,
+                                           epoch=prompts.progress)
                 samples = prompts.next_batch()
                 # a group's trajectories send their turns one request each: a shared seed could make them alike
                 turn_seed = None if agent is not None else seed * 1_000_003 + prompts.batches_served
                 scored = generate_and_score(server, encoder, samples, reward, rollout_params(r, turn_seed),
-                                            r.group_size, ANY_VERSION, f"{name}-{prompts.batches_served}", agent=agent)
+                                            r.group_size, ANY_VERSION, f"{name}-{prompts.batches_served}",
+                                            trainer_state=state, agent=agent)
                 if not _push(trainer, scored, name, report, stop):
                     break
     finally:

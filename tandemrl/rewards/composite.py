@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandemrl.rewards.functions import resolve_reward
+from tandemrl.rewards.names import component_names, find_reward
+from tandemrl.rewards.state import RewardTrainerState
+
+TRAINER_STATE = "trainer_state"  # the keyword TRL passes where training stands
 
 
 class RewardComponentError(RuntimeError):
@@ -41,9 +45,11 @@ class CompositeReward:
     """``components``: name -> (fn, weight). Calling it evaluates every component on the batch.
 
     Each function is called as TRL calls reward functions: by keyword, ``fn(prompts=..., completions=...,
-    completion_ids=..., **columns)``; an ``async def`` function is awaited (all of them concurrently). A ``None``
-    value means that function abstains for that sample: its term is left out of that sample's sum, as in TRL. A
-    sample where every function abstains has no reward (None, left out of the update).
+    completion_ids=..., trainer_state=..., **columns)``; ``trainer_state`` (when the caller gives one) only reaches
+    a function that takes ``**kwargs`` or a ``trainer_state`` parameter, so one written before it existed, naming
+    its columns without ``**kwargs``, still works. An ``async def`` function is awaited (all of them
+    concurrently). A ``None`` value means that function abstains for that sample: its term is left out of that
+    sample's sum, as in TRL. A sample where every function abstains has no reward (None, left out of the update).
 
     A component that raises, returns the wrong number of values, or returns a non-number gives None for all its
     samples, counts one error, and (the first time) leaves its traceback in ``first_traceback``; those samples have
@@ -51,7 +57,10 @@ class CompositeReward:
     sample without a reward.
     """
 
-    def __init__(self, components: dict[str, tuple[Callable[..., Any], float]]) -> None:
+    def __init__(self, components: dict[str, tuple[Callable[..., Any], float]],
+                 specs: Mapping[str, str] | None = None) -> None:
+        """``specs``: component name -> what the user wrote for it (``rewards.py:correct``), for the names that
+        ``eval.metric`` accepts; default: the component names themselves."""
         if not components:
             raise ValueError("a composite reward needs at least one component")
         for name, (fn, weight) in components.items():
@@ -60,16 +69,30 @@ class CompositeReward:
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ValueError(f"reward component {name!r} needs a finite numeric weight, got {weight!r}")
         self.components = {name: (fn, float(weight)) for name, (fn, weight) in components.items()}
+        self.specs = {name: (specs or {}).get(name, name) for name in components}
+        self._takes_state = {name: _accepts_keyword(fn, TRAINER_STATE) for name, (fn, _) in components.items()}
 
     @property
     def names(self) -> list[str]:
         return list(self.components)
 
+    def find(self, name: str, what: str) -> str | None:
+        """The component ``name`` means: a component name, a spec as written, or a short name only one spec has
+        (a shared one raises, naming both); None when it names none. ``what`` starts the error (``eval.metric``)."""
+        if name in self.components:
+            return name
+        spec = find_reward(name, list(self.specs.values()), what)
+        return next((n for n, s in self.specs.items() if s == spec), None) if spec is not None else None
+
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list[Any]] | None = None,
-                 completion_ids: Sequence[list[int]] | None = None) -> RewardResult:
+                 completion_ids: Sequence[list[int]] | None = None,
+                 trainer_state: RewardTrainerState | None = None) -> RewardResult:
+        """``trainer_state``: where training stands (TRL's ``trainer_state`` keyword); None: not passed."""
         n = len(completions)
         arguments = _arguments(prompts, completions, columns or {}, completion_ids)
-        outcomes = _call_all({name: fn for name, (fn, _) in self.components.items()}, arguments)
+        state = {TRAINER_STATE: trainer_state} if trainer_state is not None else {}
+        functions = {name: fn for name, (fn, _) in self.components.items()}
+        outcomes = _call_all(functions, arguments, {name: state for name in functions if self._takes_state[name]})
         values: dict[str, list[float | None]] = {}
         errors: dict[str, int] = {}
         first_traceback: str | None = None
@@ -117,7 +140,7 @@ def _arguments(prompts: Sequence[Any], completions: Sequence[Any], columns: dict
     if completion_ids is not None and len(completion_ids) != n:
         raise ValueError(f"{len(completion_ids)} completion_ids for {n} completions")
     for key, column in columns.items():
-        if key in ("prompts", "completions", "completion_ids"):
+        if key in ("prompts", "completions", "completion_ids", TRAINER_STATE):
             raise ValueError(f"column name {key!r} is reserved for the reward function arguments")
         if len(column) != n:
             raise ValueError(f"column {key!r} has {len(column)} values for {n} completions")
@@ -125,9 +148,21 @@ def _arguments(prompts: Sequence[Any], completions: Sequence[Any], columns: dict
     return {"prompts": list(prompts), "completions": list(completions), "completion_ids": ids, **columns}
 
 
-def _call_all(functions: dict[str, Callable[..., Any]], arguments: dict[str, Any]) -> dict[str, Any]:
+def _accepts_keyword(fn: Callable[..., Any], keyword: str) -> bool:
+    """Whether ``fn`` can be called with ``keyword=``: it has ``**kwargs`` or a parameter of that name (a callable
+    whose signature Python cannot read is assumed to, as TRL assumes of every reward function)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD or (p.name == keyword and p.kind is not p.POSITIONAL_ONLY) for p in parameters)
+
+
+def _call_all(functions: dict[str, Callable[..., Any]], arguments: dict[str, Any],
+              extras: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """Each function's return value, or the exception it raised. Every call gets fresh lists, so that a function
-    mutating its inputs cannot affect the next; async functions run concurrently on one event loop."""
+    mutating its inputs cannot affect the next; async functions run concurrently on one event loop. ``extras``:
+    per function, keywords passed as they are (the frozen trainer state)."""
     def fresh() -> dict[str, Any]:
         return {k: list(v) for k, v in arguments.items()}
 
@@ -135,7 +170,7 @@ def _call_all(functions: dict[str, Callable[..., Any]], arguments: dict[str, Any
     pending: dict[str, Any] = {}
     for name, fn in functions.items():
         try:
-            result = fn(**fresh())
+            result = fn(**fresh(), **extras.get(name, {}))
         except Exception as err:  # noqa: BLE001
             result = err
         if inspect.isawaitable(result):
@@ -203,24 +238,21 @@ def metrics(result: RewardResult) -> dict[str, float]:
     return out
 
 
-def build_reward(spec: Mapping[str | Callable[..., Any], float]) -> CompositeReward:
+def build_reward(spec: Mapping[str | Callable[..., Any], float],
+                 functions: Mapping[str, Callable[..., Any]] | None = None) -> CompositeReward:
     """A CompositeReward from reward -> weight. A reward is a registered name, ``package.module:function``,
-    ``path/to/file.py:function`` or a callable. A loaded function is named after itself (``reward/<name>/mean``);
-    the full string where that name is taken."""
+    ``path/to/file.py:function`` or a callable; ``functions`` maps a name to the callable it stands for (the
+    Python API's, recorded as ``inline:<name>``). A reward is named after its function (``reward/<name>/mean``);
+    where two share that name, each is named by its full spec (see ``rewards.names``)."""
     if not spec:
         raise ValueError("no reward function: give at least one, e.g. {'accuracy': 1.0}")
-    taken = {key for key in spec if isinstance(key, str)}
+    labels = [key if isinstance(key, str) else getattr(key, "__name__", type(key).__name__) for key in spec]
     components: dict[str, tuple[Callable[..., Any], float]] = {}
-    for key, weight in spec.items():
-        fn = resolve_reward(key)
-        name = _short_name(key)
-        if name in components or (name in taken and name != key):
-            name = key if isinstance(key, str) else f"{name}_{len(components)}"
-        components[name] = (fn, weight)
-    return CompositeReward(components)
-
-
-def _short_name(key: str | Callable[..., Any]) -> str:
-    if not isinstance(key, str):
-        return getattr(key, "__name__", type(key).__name__)
-    return key.rpartition(":")[2].rpartition(".")[2] if ":" in key else key
+    specs: dict[str, str] = {}
+    for (key, weight), label, name in zip(spec.items(), labels, component_names(labels)):
+        fn = (functions or {}).get(key) if isinstance(key, str) else None
+        if name in components:  # two callables of one __name__ (two lambdas)
+            name = f"{name}_{len(components)}"
+        components[name] = (fn if fn is not None else resolve_reward(key), weight)
+        specs[name] = label
+    return CompositeReward(components, specs)

@@ -7,9 +7,11 @@ A completion may be a string or, in TRL's conversational form, a list of message
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tandemrl.rewards.math import answers_match, boxed_span, extract_answer, parse_number
+from tandemrl.rewards.names import INLINE_REWARD, short_name
 
 RewardFn = Callable[..., list]
 REWARD_FUNCTIONS: dict[str, RewardFn] = {}
@@ -143,18 +146,22 @@ def tool_error_penalty(prompts: list[Any], completions: list[Any], **kwargs: Any
 
 def resolve_reward(name: str | RewardFn) -> RewardFn:
     """A registered reward name, ``"package.module:function"`` (imported; the working directory is searched too) or
-    ``"path/to/file.py:function"`` (loaded from that file); a callable passes through."""
+    ``"path/to/file.py:function"`` (loaded from that file); a callable passes through. ``inline:<name>`` (how a run
+    records a Python API callable) cannot be loaded: the error says how to pass the function again."""
     if callable(name):
         return name
     if not isinstance(name, str):
         raise TypeError(f"a reward is named by a string, got {type(name).__name__}")
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
+    if name.startswith(INLINE_REWARD):
+        raise ValueError(_inline_message(name))
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(
-            f"unknown reward {name!r}; registered rewards: {', '.join(sorted(REWARD_FUNCTIONS))}, "
-            "or give your own as 'package.module:function'"
+            f"unknown reward {name!r}{_did_you_mean(name, REWARD_FUNCTIONS)}; registered rewards: "
+            f"{', '.join(sorted(REWARD_FUNCTIONS))}, or give your own as 'package.module:function' or "
+            "'path/to/file.py:function'"
         )
     try:
         module = _load_reward_file(module_name) if _is_file(module_name) else _import_reward_module(module_name)
@@ -163,11 +170,38 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"reward {name!r}: module {module_name!r} has no attribute {attr!r}")
+            have = _callables(obj)
+            listed = f"; the callables it defines: {', '.join(have)}" if have else "; it defines no functions"
+            raise ValueError(f"reward {name!r}: module {module_name!r} has no attribute {attr!r}"
+                             f"{_did_you_mean(part, have)}{listed}")
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"reward {name!r}: {attr!r} in {module_name!r} is not callable")
     return obj
+
+
+def _inline_message(name: str) -> str:
+    """Why an ``inline:`` reward cannot be loaded, and how to give it again."""
+    function = short_name(name)
+    return (f"reward {name!r} was a Python callable ({function}) given to Trainer(reward_funcs=...); a callable is "
+            "not saved with the run, so it cannot be loaded from the run's config. Give it again: in Python, "
+            f"Trainer(..., reward_funcs=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a "
+            f"file and add --set 'reward.functions=[\"file.py:{function}\"]' (and reward.weights, if the run "
+            "weighted it)")
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _callables(obj: Any) -> list[str]:
+    """The public functions and classes a module defines itself (not those it imports); for any other object, its
+    public callable attributes."""
+    if inspect.ismodule(obj):
+        return sorted(n for n, v in vars(obj).items() if not n.startswith("_") and callable(v)
+                      and getattr(v, "__module__", None) == obj.__name__)
+    return sorted(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))
 
 
 def _is_file(module_name: str) -> bool:

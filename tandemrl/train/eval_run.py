@@ -7,6 +7,7 @@ trained, on the run's own test set.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -14,17 +15,18 @@ from torch import nn
 
 from tandemrl.backends.factory import make_backend
 from tandemrl.config import Config, load_config
+from tandemrl.data.iterator import epoch_progress
 from tandemrl.data.loading import load_data
 from tandemrl.models.load import resolve_device
-from tandemrl.rewards.composite import build_reward
+from tandemrl.rewards.state import RewardTrainerState
 from tandemrl.rollout.setup import build_agent
-from tandemrl.train.checkpoint import find_latest
+from tandemrl.train.checkpoint import TRAINER_STATE, find_latest
 from tandemrl.train.evaluate import EvalResult, evaluate
-from tandemrl.train.inputs import RunInputs, fitting_prompts, has_answer, reward_spec
+from tandemrl.train.inputs import RunInputs, fitting_prompts, has_answer, run_reward
 from tandemrl.train.metric import resolve_metric
 from tandemrl.train.rollouts import prompt_encoder
 from tandemrl.train.setup import load_policy, model_context
-from tandemrl.train.weights_io import prepare_model_load
+from tandemrl.train.weights_io import prepare_model_load, read_json
 
 CONFIG_FILE = "config.toml"
 
@@ -68,15 +70,36 @@ def evaluate_config(cfg: Config, inputs: RunInputs | None = None, source: Path |
     checkpoint = found[1] if found is not None else None
     device = resolve_device(cfg.model.device)
     data = load_data(cfg.data, cfg.train.seed, cfg.eval.limit, inputs.train_dataset, inputs.eval_dataset)
-    reward = build_reward(reward_spec(cfg, inputs))
-    metric = resolve_metric(cfg.eval.metric, reward.names, has_answer(data.test))
+    reward = run_reward(cfg, inputs)
+    metric = resolve_metric(cfg.eval.metric, reward, has_answer(data.test))
     model, tokenizer = load_trained(cfg, checkpoint, device, inputs)
     model.eval()
     backend = make_backend(cfg, model, tokenizer, device)
     agent = build_agent(cfg, backend, tokenizer)
     encoder = prompt_encoder(cfg, tokenizer, agent, context=model_context(model))
     samples, _ = fitting_prompts(encoder, data.test, cfg.data.long_prompts)
-    return evaluate(backend, encoder, samples, reward, cfg, policy_version=0, agent=agent, metric=metric)
+    result = evaluate(backend, encoder, samples, reward, cfg, policy_version=0, agent=agent, metric=metric,
+                      trainer_state=checkpoint_trainer_state(cfg, checkpoint))
+    for line in [*result.reward_problems(), *([result.first_traceback] if result.first_traceback else [])]:
+        print(line, file=sys.stderr)  # stdout may be --json; the counts are in the result too
+    return result
+
+
+def checkpoint_trainer_state(cfg: Config, checkpoint: Path | None) -> RewardTrainerState:
+    """What the rewards get as ``trainer_state`` when ``checkpoint`` is evaluated: its step and epoch as its
+    trainer_state.json saved them (None, a model not trained: step 0)."""
+    if checkpoint is None:
+        return RewardTrainerState(global_step=0, max_steps=cfg.train.max_steps, epoch=0.0)
+    saved = read_json(checkpoint / TRAINER_STATE)
+    if "step" not in saved:
+        raise ValueError(f"{checkpoint / TRAINER_STATE} has no 'step': it was not written by tandemrl train")
+    data = saved.get("data") or {}  # the prompt iterator's state_dict: where the next batch would have started
+    keys = ("epoch", "position", "batch_size", "num_samples")
+    if not all(k in data for k in keys):
+        raise ValueError(f"{checkpoint / TRAINER_STATE} does not say where training was in the data "
+                         f"(its 'data' lacks {', '.join(k for k in keys if k not in data)})")
+    epoch = epoch_progress(*(int(data[k]) for k in keys))
+    return RewardTrainerState(global_step=int(saved["step"]), max_steps=cfg.train.max_steps, epoch=epoch)
 
 
 def load_merged(cfg: Config, checkpoint: Path | None, device: torch.device) -> tuple[nn.Module, object]:

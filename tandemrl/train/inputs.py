@@ -16,10 +16,10 @@ from typing import Any
 
 from tandemrl.config import Config
 from tandemrl.data.loading import TaskData, check_batch_fits, load_data
+from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rewards.names import INLINE_REWARD
 from tandemrl.train.rollouts import PromptEncoder, PromptTooLong
 from tandemrl.types import Sample
-
-INLINE_REWARD = "inline:"  # how a config records a reward callable that no file can bring back
 
 
 @dataclass
@@ -43,12 +43,10 @@ def _train_origin(cfg: Config, inputs: RunInputs) -> str:
     return f"data.path {cfg.data.path}" if cfg.data.path else f"data.task {cfg.data.task_name}"
 
 
-def reward_spec(cfg: Config, inputs: RunInputs) -> dict[str | Callable[..., Any], float]:
-    """reward -> weight: the config's reward functions, with the API's callables standing in for their names."""
-    spec: dict[str | Callable[..., Any], float] = {}
-    for name, weight in cfg.reward.components().items():
-        spec[inputs.reward_funcs.get(name, name)] = weight
-    return spec
+def run_reward(cfg: Config, inputs: RunInputs) -> CompositeReward:
+    """The config's reward functions and weights, with the API's callables standing in for their names
+    (``inline:<name>``, which no file can load)."""
+    return build_reward(cfg.reward.components(), inputs.reward_funcs)
 
 
 def reward_record(fn: Callable[..., Any]) -> str:

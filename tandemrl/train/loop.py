@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import closing, nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from tandemrl.distributed.launch import process_group
 from tandemrl.extras import check_run_extras
 from tandemrl.rewards.composite import RewardResult
 from tandemrl.rewards.composite import metrics as reward_metrics
+from tandemrl.rewards.state import RewardTrainerState
 from tandemrl.rollout.setup import completion_budget
 from tandemrl.telemetry.completions import clipped_ratio
 from tandemrl.telemetry.progress import TrainDisplay, print_summary
@@ -34,7 +36,7 @@ from tandemrl.telemetry.timers import StepTimes, peak_memory_gb, reset_peak_memo
 from tandemrl.telemetry.writers import MultiWriter, make_writers
 from tandemrl.train.batch import TrainBatch, build_batch
 from tandemrl.train.epochs import end_of_epoch
-from tandemrl.train.evaluate import EvalResult, evaluate
+from tandemrl.train.evaluate import EvalResult, EvaluationError, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.learning_signal import flat_reward_streak, flat_reward_warning
 from tandemrl.train.logprobs import batch_logprobs
@@ -90,7 +92,7 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
             log.truncate_after(state.step if state.initial_eval is not None else -1)
     run.sync.push(run.model, state.policy_version)  # a separate server starts from the trainer's weights
     if state.initial_eval is None:
-        initial = run_evaluation(run, state)
+        initial = run_evaluation(run, state, console)
         state.initial_eval = initial.to_dict()
         writers.write(0, initial.metrics())
     if cfg.rollout.mode == "async":  # the rollout worker, from the same weights (tandemrl/train/async_rollouts.py)
@@ -108,9 +110,9 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
             writers.write(state.step, metrics)
             display.log_step(state.step, metrics)
             if run.train_prompts.epoch_complete:
-                end_of_epoch(run, state, writers, display, lambda: run_evaluation(run, state))
+                end_of_epoch(run, state, writers, display, partial(evaluation_or_save, run, state, console, started))
             if _due(state.step, cfg.eval.every_steps, cfg.train.max_steps):
-                result = run_evaluation(run, state)
+                result = evaluation_or_save(run, state, console, started)
                 writers.write(state.step, result.metrics())
                 display.print(f"step {state.step}: eval {result.metric} {result.score:.4f} over "
                               f"{result.num_prompts} test prompts")
@@ -122,7 +124,7 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
                       f"continue with: tandemrl train --resume --out {out_dir}")
         close_logs(run, writers)
         raise KeyboardInterrupt
-    final = run_evaluation(run, state)
+    final = evaluation_or_save(run, state, console, started)
     writers.write(state.step, final.metrics())
     state.final_eval = final.to_dict()  # so that --resume of this run knows it is finished
     checkpoint(run, state, started)
@@ -313,17 +315,37 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
         )
 
 
-def run_evaluation(run: Run, state: TrainerState) -> EvalResult:
+def run_evaluation(run: Run, state: TrainerState, console: Console) -> EvalResult:
+    """Evaluate the current weights; reward failures are reported as a training step's are (the traceback once)."""
     was_training = run.model.training
     asleep_between = run.rollouts is not None  # async: the trainer's engine wakes for evaluations only
     if asleep_between:
         run.backend.wake()
+    trainer_state = RewardTrainerState(global_step=state.step, max_steps=run.cfg.train.max_steps,
+                                       epoch=run.train_prompts.progress)
     result = evaluate(run.backend, run.encoder, run.test_samples, run.reward, run.cfg, state.policy_version,
-                      agent=run.agent, metric=run.metric, parallel=run.parallel)
+                      agent=run.agent, metric=run.metric, parallel=run.parallel, trainer_state=trainer_state)
     if asleep_between:
         run.backend.sleep()
     run.model.train(was_training)
+    for line in result.reward_problems():
+        console.print(f"step {state.step}: {line}", style="yellow", markup=False)
+    if result.first_traceback and not run.reward_traceback_shown:
+        console.print(result.first_traceback, style="yellow", markup=False)
+        run.reward_traceback_shown = True
     return result
+
+
+def evaluation_or_save(run: Run, state: TrainerState, console: Console, started: float) -> EvalResult:
+    """``run_evaluation`` after some steps: one that cannot give its eval.metric saves the steps first, so that
+    fixing the reward loses no training (``--resume`` goes on from there)."""
+    try:
+        return run_evaluation(run, state, console)
+    except EvaluationError:
+        path = checkpoint(run, state, started)
+        console.print(f"the evaluation after step {state.step} failed: saved {path} first; fix the reward (or "
+                      "eval.metric) and continue with --resume", style="yellow", markup=False)
+        raise
 
 
 def build_summary(cfg: Config, state: TrainerState, final: EvalResult, seconds: float) -> dict:

@@ -17,6 +17,7 @@ from tandemrl.data.tasks import format_prompt, reward_columns
 from tandemrl.rewards.composite import CompositeReward, RewardResult
 from tandemrl.rewards.functions import REWARD_FUNCTIONS
 from tandemrl.rewards.inference import InferenceReward
+from tandemrl.rewards.state import RewardTrainerState
 from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.rollout.tools import ToolContext
 from tandemrl.rollout.trajectory import TrajectorySpec
@@ -92,20 +93,23 @@ def generate_and_score(
     samples_per_prompt: int | Sequence[int],
     policy_version: int,
     tag: str,
+    *,
+    trainer_state: RewardTrainerState,
     tandem: bool = True,
     agent: AgentLoop | None = None,
     inference: InferenceReward | None = None,
 ) -> ScoredRollouts:
     """Sample completions and score them. ``samples_per_prompt``: one count for every prompt, or one per prompt
     (the curriculum's). With ``agent`` each completion is a multi-turn trajectory: rewards score its final turn, and
-    get ``trajectory``, ``tool_calls``, ``tool_errors`` and ``tool_records`` columns. ``inference``: add the
-    serving-cost terms of reward.inference to the reward (training; evaluation scores the task alone)."""
+    get ``trajectory``, ``tool_calls``, ``tool_errors`` and ``tool_records`` columns. ``trainer_state``: where
+    training stands, for the rewards (TRL's keyword). ``inference``: add the serving-cost terms of
+    reward.inference to the reward (training; evaluation scores the task alone)."""
     batch = RolloutBatch.encode(encoder, samples, samples_per_prompt)
     if agent is None:
         rollouts = backend.generate(batch.requests(params, tag, tandem), policy_version=policy_version)
-        return batch.score(rollouts, reward, inference)
+        return batch.score(rollouts, reward, trainer_state, inference)
     trajectories = run_agent(backend, agent, samples, batch.encoded, params, batch.counts, policy_version, tag)
-    return batch.score([t.rollout for t in trajectories], reward, inference, trajectories)
+    return batch.score([t.rollout for t in trajectories], reward, trainer_state, inference, trajectories)
 
 
 @dataclass
@@ -131,7 +135,8 @@ class RolloutBatch:
         return [Request(f"{tag}-{i}-{j}", self.encoded[i][1], params, tandem=tandem)
                 for i, n in enumerate(self.counts) for j in range(n)]
 
-    def score(self, rollouts: list[Rollout], reward: CompositeReward, inference: InferenceReward | None = None,
+    def score(self, rollouts: list[Rollout], reward: CompositeReward, trainer_state: RewardTrainerState,
+              inference: InferenceReward | None = None,
               trajectories: list[Trajectory] | None = None) -> ScoredRollouts:
         """Score the batch's rollouts (in request order); with ``trajectories`` rewards see each one's final text."""
         group_ids = self.group_ids
@@ -145,7 +150,8 @@ class RolloutBatch:
         # TRL's contract: the dataset's own prompts, and completions as messages when the prompts are messages
         raw_prompts = [s.prompt for s in expanded]
         completions = [as_completion(text, s.prompt) for text, s in zip(texts, expanded)]
-        result = reward(raw_prompts, completions, columns, completion_ids=[r.completion_ids for r in rollouts])
+        result = reward(raw_prompts, completions, columns, completion_ids=[r.completion_ids for r in rollouts],
+                        trainer_state=trainer_state)
         if inference is not None:
             result = inference(result, rollouts)
         correct = None

@@ -24,14 +24,14 @@ from tandemrl.distributed.parallel import Parallel, SingleProcess
 from tandemrl.models.compile import compile_training_forward
 from tandemrl.models.load import load_model, load_tokenizer, resolve_device, resolve_name_or_path
 from tandemrl.models.lora import LoraSettings, apply_lora
-from tandemrl.rewards.composite import CompositeReward, build_reward
+from tandemrl.rewards.composite import CompositeReward
 from tandemrl.rewards.inference import InferenceReward, InferenceWeights
 from tandemrl.rollout.agent_loop import AgentLoop
 from tandemrl.sync.base import InProcessSync, WeightSync
 from tandemrl.sync.factory import make_weight_sync
 from tandemrl.train.agent_setup import run_agent_loop
 from tandemrl.train.metric import resolve_metric
-from tandemrl.train.inputs import RunInputs, fitting_prompts, has_answer, reward_spec, run_data
+from tandemrl.train.inputs import RunInputs, fitting_prompts, has_answer, run_data, run_reward
 from tandemrl.train.optim import build_optimizer, build_scheduler
 from tandemrl.train.rollouts import PromptEncoder, prompt_encoder
 from tandemrl.train.sample_log import SampleLog
@@ -169,8 +169,8 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     torch.manual_seed(cfg.train.seed)
     device = rank.device if rank is not None else resolve_device(cfg.model.device)
     data = run_data(cfg, inputs)
-    reward = build_reward(reward_spec(cfg, inputs))
-    metric = resolve_metric(cfg.eval.metric, reward.names, has_answer(data.test))
+    reward = run_reward(cfg, inputs)
+    metric = resolve_metric(cfg.eval.metric, reward, has_answer(data.test))
     model, tokenizer = load_policy(cfg.model, device, inputs)
     set_cpu_threads(cfg.model.cpu_threads, model, device)
     model.train()

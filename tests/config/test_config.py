@@ -245,3 +245,26 @@ def test_numbers_that_stay_valid_after_the_strict_check():
     assert again == cfg
     with pytest.raises(ValueError, match=r"lr[\s\S]*boolean"):
         cfg.train.lr = True  # assignment is validated too
+
+
+def test_reward_weights_take_the_short_name_the_metrics_show():
+    cfg = load_config(None, ['reward.functions=["rewards.py:correct", "format"]', "reward.weights={correct = 2.0}"])
+    assert cfg.reward.components() == {"rewards.py:correct": 2.0, "format": 1.0}
+    full = load_config(None, ['reward.functions=["rewards.py:correct"]', 'reward.weights={"rewards.py:correct" = 3}'])
+    assert full.reward.components() == {"rewards.py:correct": 3.0}
+
+
+def test_reward_weights_errors_name_the_functions():
+    shared = 'reward.functions=["a.py:score", "b.py:score"]'
+    with pytest.raises(ConfigError, match=r"reward.weights names 'score', which is the name of more than one reward "
+                                          r"function: 'a.py:score' and 'b.py:score'; use the full name"):
+        load_config(None, [shared, "reward.weights={score = 2.0}"])
+    assert load_config(None, [shared, 'reward.weights={"b.py:score" = 2.0}']).reward.components() == {
+        "a.py:score": 1.0, "b.py:score": 2.0}
+    with pytest.raises(ConfigError, match=r"reward.weights gives 'rewards.py:correct' two weights \('correct' and "
+                                          r"'rewards.py:correct'\)"):
+        load_config(None, ['reward.functions=["rewards.py:correct"]',
+                           'reward.weights={correct = 2.0, "rewards.py:correct" = 1.0}'])
+    with pytest.raises(ConfigError, match=r"reward.weights names 'corect', which is neither in reward.functions "
+                                          r"\(rewards.py:correct\) nor the short name of one"):
+        load_config(None, ['reward.functions=["rewards.py:correct"]', "reward.weights={corect = 2.0}"])

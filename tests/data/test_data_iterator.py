@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tandemrl.data.iterator import PromptIterator
+from tandemrl.data.iterator import PromptIterator, epoch_progress
 from tandemrl.types import Sample
 
 
@@ -83,3 +83,14 @@ def test_constructor_errors():
         PromptIterator(samples(3), 4, seed=0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         PromptIterator(samples(3), 0, seed=0)
+
+
+def test_progress_counts_epochs_served_so_far_and_survives_a_resume():
+    it = PromptIterator(samples(10), batch_size=3, seed=0)  # 3 batches an epoch, one sample left over
+    seen = [it.progress]
+    for _ in range(4):
+        it.next_batch()
+        seen.append(it.progress)
+    assert seen == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0, 1 + 1 / 3])
+    state = it.state_dict()
+    assert epoch_progress(state["epoch"], state["position"], state["batch_size"], state["num_samples"]) == it.progress

@@ -157,3 +157,36 @@ def test_dependency_missing_inside_cwd_module_is_reported(tmp_path, monkeypatch)
             resolve_reward("tandem_cwd_broken:fn")
     finally:
         sys.modules.pop("tandem_cwd_broken", None)
+
+
+def test_a_typo_of_a_registered_reward_suggests_it():
+    with pytest.raises(ValueError, match=r"unknown reward 'acuracy' \(did you mean 'accuracy'\?\); registered"):
+        resolve_reward("acuracy")
+
+
+def test_a_missing_function_lists_the_callables_its_file_defines(tmp_path):
+    file = tmp_path / "rewards2.py"
+    file.write_text("from math import sqrt\n\n\ndef short(completions, **kwargs):\n    return [1.0]\n\n\n"
+                    "async def longer(completions, **kwargs):\n    return [0.0]\n\n\ndef _helper():\n    pass\n")
+    with pytest.raises(ValueError) as err:
+        resolve_reward(f"{file}:shrt")
+    assert str(err.value).endswith(
+        "has no attribute 'shrt' (did you mean 'short'?); the callables it defines: longer, short")
+    with pytest.raises(ValueError, match=r"has no attribute 'zzz'; the callables it defines: longer, short$"):
+        resolve_reward(f"{file}:zzz")  # nothing close: no suggestion; what it imports (sqrt) is not listed
+    empty = tmp_path / "empty.py"
+    empty.write_text("LIMIT = 3\n")
+    with pytest.raises(ValueError, match="has no attribute 'f'; it defines no functions$"):
+        resolve_reward(f"{empty}:f")
+
+
+@pytest.mark.parametrize("recorded", ["inline:correct", "inline:1-correct"])
+def test_an_inline_reward_says_it_was_a_callable_and_how_to_pass_it_again(recorded):
+    """What the Python API records for a callable (tandemrl.train.inputs.reward_record) is not an importable name."""
+    with pytest.raises(ValueError) as err:
+        resolve_reward(recorded)
+    message = str(err.value)
+    assert "cannot import" not in message
+    assert f"reward '{recorded}' was a Python callable (correct)" in message and "not saved with the run" in message
+    assert "Trainer(..., reward_funcs=[correct], out_dir=<the run>).evaluate()" in message
+    assert """--set 'reward.functions=["file.py:correct"]'""" in message

@@ -2,12 +2,14 @@
 functions loaded from a file; TRL's documented example reward functions run unchanged (held verbatim below)."""
 
 import asyncio
+import dataclasses
 import re
 
 import pytest
 
 from tandemrl.rewards.composite import CompositeReward, build_reward, metrics
 from tandemrl.rewards.functions import resolve_reward
+from tandemrl.rewards.state import RewardTrainerState
 
 # --- TRL's documentation, verbatim (GRPOTrainer: quick start and "Using a custom reward function") --------------
 
@@ -147,3 +149,61 @@ def test_reward_from_a_file_and_errors(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         resolve_reward(f"{tmp_path / 'missing.py'}:shout")
     assert build_reward({f"{file}:shout": 1.0}).names == ["shout"]
+
+
+# --- trainer_state: TRL passes `trainer_state` (where training stands) to every reward function ----------------
+
+
+def reward_by_step(completions, **kwargs):
+    """A TRL reward that shapes itself over training (reads kwargs["trainer_state"], as TRL's docs suggest)."""
+    state = kwargs["trainer_state"]
+    return [state.global_step / state.max_steps + state.epoch for _ in completions]
+
+
+def test_trainer_state_reaches_functions_that_take_it():
+    seen = []
+
+    def named(prompts, completions, completion_ids, trainer_state):  # no **kwargs: the parameter itself
+        seen.append(trainer_state)
+        return [0.0] * len(completions)
+
+    state = RewardTrainerState(global_step=3, max_steps=12, epoch=0.5)
+    result = build_reward({reward_by_step: 1.0, named: 1.0})(["p"], ["c"], trainer_state=state)
+    assert result.components["reward_by_step"] == [0.75] and result.errors == {}
+    assert seen == [state]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.global_step = 4  # a reward function cannot move the run
+
+
+def test_a_function_without_kwargs_still_works_and_does_not_get_trainer_state():
+    """Written before trainer_state existed: it names its columns and takes nothing else."""
+    def strict(*, prompts, completions, completion_ids, answer):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    state = RewardTrainerState(global_step=1, max_steps=2)
+    result = build_reward({strict: 1.0})(["p"], ["4"], {"answer": ["4"]}, trainer_state=state)
+    assert result.total == [1.0] and result.errors == {}
+
+
+def test_a_column_named_trainer_state_is_refused():
+    with pytest.raises(ValueError, match="column name 'trainer_state' is reserved"):
+        build_reward({reward_len: 1.0})(["p"], ["c"], {"trainer_state": [1]})
+
+
+# --- names: the metrics' short names, and full names where two functions share one -----------------------------
+
+
+def test_functions_that_share_a_name_are_both_named_in_full(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "r.py").write_text("def score(completions, **kwargs):\n"
+                                                "    return [1.0] * len(completions)\n")
+    a, b = f"{tmp_path}/a/r.py:score", f"{tmp_path}/b/r.py:score"
+    reward = build_reward({a: 1.0, b: 2.0, "accuracy": 1.0})
+    assert reward.names == [a, b, "accuracy"]  # neither takes the short name: it would mean the first silently
+    assert reward.find(b, "eval.metric") == b and reward.find("accuracy", "eval.metric") == "accuracy"
+    with pytest.raises(ValueError, match=f"eval.metric names 'score', which is the name of more than one reward "
+                                         f"function: '{a}' and '{b}'"):
+        reward.find("score", "eval.metric")
+    single = build_reward({a: 1.0})
+    assert single.names == ["score"] and single.find(a, "eval.metric") == "score" and single.find("nope", "x") is None

@@ -9,6 +9,7 @@ from torch import nn
 
 from tandemrl.config import ConfigError, load_config
 from tandemrl.rewards.composite import RewardResult
+from tandemrl.rewards.state import RewardTrainerState
 from tandemrl.train import weight_mirror
 from tandemrl.train.async_rollouts import AsyncRollouts, RolloutWorker
 from tandemrl.train.loop import train
@@ -21,6 +22,10 @@ from tandemrl.types import Rollout, Sample, SamplingParams
 from tests.train.test_loop import comparable, read_rows, small_config
 
 ASYNC_ONLY = "async/"
+
+
+def empty_job(index: int) -> RolloutJob:
+    return RolloutJob(index, [], 2, SamplingParams(), RewardTrainerState())
 
 
 def scored_group(index: int, version: int, size: int = 2, reward: float = 1.0) -> ScoredRollouts:
@@ -88,8 +93,7 @@ def versioned_worker(max_staleness: int) -> tuple[AsyncRollouts, nn.Linear, list
         return scored_group(job.index, version)
 
     worker = RolloutWorker(sample, mirror, RolloutQueue(capacity_groups=16))
-    draw = lambda index: RolloutJob(index, [], 2, SamplingParams())
-    return AsyncRollouts(draw, worker, max_staleness, groups_per_step=1, first_index=0), trainer, seen
+    return AsyncRollouts(empty_job, worker, max_staleness, groups_per_step=1, first_index=0), trainer, seen
 
 
 def update(trainer: nn.Linear, source: AsyncRollouts, version: int) -> None:
@@ -181,7 +185,7 @@ def test_the_batch_worker_that_dies_stops_the_take_with_its_error():
         return scored_group(job.index, 0)  # as a server's version, which the worker does not know (-1)
 
     worker = RolloutWorker(sample, None, RolloutQueue(capacity_groups=4))
-    source = AsyncRollouts(lambda index: RolloutJob(index, [], 2, SamplingParams()), worker, 0, 1, first_index=0)
+    source = AsyncRollouts(empty_job, worker, 0, 1, first_index=0)
     try:
         assert source.next(step=0, trainer_version=0)[0].rollouts[0].request_id == "s0-0"
         with pytest.raises(RolloutProducerError, match="while sampling step 1's batch.*server went away"):
@@ -198,8 +202,7 @@ def test_a_worker_thread_that_ends_without_a_word_stops_the_take():
         def _run(self) -> None:
             return None  # ends at once, nothing on the queue
 
-    source = AsyncRollouts(lambda index: RolloutJob(index, [], 2, SamplingParams()),
-                           Vanishing(None, RolloutQueue(capacity_groups=4)), 0, 1, first_index=0)
+    source = AsyncRollouts(empty_job, Vanishing(None, RolloutQueue(capacity_groups=4)), 0, 1, first_index=0)
     with pytest.raises(RolloutProducerError, match="the rollout worker thread ended"):
         source.next(step=0, trainer_version=0)
 
@@ -363,8 +366,8 @@ def test_the_stepping_worker_runs_the_next_batch_beside_the_last_and_a_push_spli
 
     worker = SteppingWorker(prepare, backend.generating, mirror, RolloutQueue(capacity_groups=8))
     try:
-        worker.submit(RolloutJob(0, [], 2, SamplingParams()))
-        worker.submit(RolloutJob(1, [], 2, SamplingParams()))
+        worker.submit(empty_job(0))
+        worker.submit(empty_job(1))
         both_submitted.set()
         taken = worker.out.take(2, trainer_version=1, max_staleness=1, timeout=120)
     finally:
@@ -429,7 +432,7 @@ def test_the_worker_busy_share_counts_a_busy_period_in_the_windows_it_spans():
             self._busy(False)
 
     worker = OneLongBatch(None, RolloutQueue(capacity_groups=4))
-    source = AsyncRollouts(lambda index: RolloutJob(index, [], 2, SamplingParams()), worker, 0, 1, first_index=0)
+    source = AsyncRollouts(empty_job, worker, 0, 1, first_index=0)
     shares = []
     for _ in range(2):
         time.sleep(0.05)

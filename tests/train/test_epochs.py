@@ -79,7 +79,7 @@ def fake_evaluations(monkeypatch, accuracies):
     seen = []
 
     def evaluate(backend, encoder, samples, reward, cfg, policy_version, agent=None, metric="accuracy",
-                 parallel=None):
+                 parallel=None, trainer_state=None):
         seen.append([s.prompt for s in samples])
         return EvalResult(accuracy=accuracies[len(seen) - 1], reward=0.0, pass_at_k=None, k=0,
                           num_prompts=len(samples), metric=metric)
