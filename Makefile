@@ -3,7 +3,8 @@
 # Each creates or updates its virtual environment on first use.
 VENV   ?= .venv
 PYTHON ?= python3
-# The CPU build of torch; on a GPU machine set TORCH="torch" (or keep the torch you have: TORCH="").
+# The build of torch that pip's index serves (CI's serves the CPU one); TORCH="" keeps the torch you have.
+# `make run ARGS="..."` passes ARGS to `tandemrl train`.
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.tandemrl-installed
