@@ -72,7 +72,8 @@ class CurriculumConfig(Section):
 
     enabled: bool = Field(False, description="spend more rollouts on the prompts the model gets wrong")
     ema_decay: float = Field(0.7, ge=0.0, lt=1.0, description="ema = decay*ema + (1-decay)*epoch mean")
-    unseen_reward: float = Field(0.5, description="the EMA of a sample not yet rolled out")
+    unseen_reward: float = Field(0.5, description="the EMA of a sample not yet rolled out, and its place on the "
+                                 "normalised [0, 1] scale")
     normalize: Literal["minmax", "clip"] = Field("minmax", description="`minmax`: rescale the EMAs to [0, 1]; "
                                                  "`clip`: clamp them to [0, 1]")
     bandwidth: float | Literal["scott", "silverman"] = Field(

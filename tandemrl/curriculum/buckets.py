@@ -23,17 +23,19 @@ class Bucketing:
         return len(self.boundaries) + 1
 
 
-def normalize(values: np.ndarray, mode: Normalize) -> np.ndarray:
-    """``minmax``: rescale to [0, 1] (all equal: 0.5 everywhere); ``clip``: clamp to [0, 1]."""
+def normalize(values: np.ndarray, mode: Normalize, reference: np.ndarray | None = None) -> np.ndarray:
+    """``minmax``: rescale so that ``reference`` (default: ``values``) spans [0, 1], values outside it clamped (a
+    reference of equal values: 0.5 everywhere); ``clip``: clamp to [0, 1]."""
     values = np.asarray(values, dtype=np.float64)
     if mode == "clip":
         return np.clip(values, 0.0, 1.0)
     if mode != "minmax":
         raise ValueError(f"curriculum.normalize must be 'minmax' or 'clip', got {mode!r}")
-    if values.size == 0:
+    scale = values if reference is None else np.asarray(reference, dtype=np.float64)
+    if values.size == 0 or scale.size == 0:
         return values
-    low, span = values.min(), np.ptp(values)
-    return np.full_like(values, 0.5) if span == 0 else (values - low) / span
+    low, span = scale.min(), np.ptp(scale)
+    return np.full_like(values, 0.5) if span == 0 else np.clip((values - low) / span, 0.0, 1.0)
 
 
 def find_boundaries(normalised: np.ndarray, n_buckets: int, bandwidth: float | str, grid_points: int,

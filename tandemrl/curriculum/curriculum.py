@@ -28,7 +28,7 @@ class BucketSummary:
 class EpochReport:
     epoch: int  # 1-based: the report written after the epoch-th pass over the train set
     samples_seen: int  # samples with a reward this epoch
-    global_stats: dict[str, float]  # over every sample's EMA (unseen ones included)
+    global_stats: dict[str, float]  # over the EMAs of samples with a reward so far; `unseen`: the others
     normalize: str
     boundaries: list[float]
     method: str
@@ -67,8 +67,14 @@ class Curriculum:
     def end_epoch(self, epoch: int) -> EpochReport:
         seen = self.ema.end_epoch()
         raw = np.asarray(self.ema.array(self.sample_ids), dtype=np.float64)
-        normalised = normalize(raw, self.cfg.normalize)
-        cut = find_boundaries(normalised, self.cfg.n_buckets, self.cfg.bandwidth, self.cfg.grid_points,
+        # The scale and the valleys come from samples with rewards: a never-drawn sample's `unseen_reward` (0.5)
+        # would otherwise stretch minmax over rewards that all lie near 0 and make every seen prompt look hard.
+        # Such a sample sits at `unseen_reward` on the normalised scale (0.5: the middle), as under `clip`.
+        rated = np.asarray([i in self.ema.values for i in self.sample_ids], dtype=bool)
+        rated = rated if rated.any() else np.ones_like(rated)
+        normalised = normalize(raw, self.cfg.normalize, reference=raw[rated])
+        normalised[~rated] = min(max(self.cfg.unseen_reward, 0.0), 1.0)
+        cut = find_boundaries(normalised[rated], self.cfg.n_buckets, self.cfg.bandwidth, self.cfg.grid_points,
                               self.cfg.min_samples, self.cfg.min_bucket_fraction)
         index = assign(normalised, cut.boundaries)
         buckets = []
@@ -81,8 +87,10 @@ class Curriculum:
         self.boundaries = cut.boundaries
         self.bucket_rollouts = [b.rollouts for b in buckets]
         self._rollouts = {i: self.bucket_rollouts[b] for i, b in zip(self.sample_ids, index.tolist())}
-        stats = {"n": float(raw.size), "mean": float(raw.mean()), "std": float(raw.std()),
-                 "min": float(raw.min()), "max": float(raw.max())}
+        rated_raw = raw[rated]
+        stats = {"n": float(rated_raw.size), "unseen": float(raw.size - rated_raw.size),
+                 "mean": float(rated_raw.mean()), "std": float(rated_raw.std()), "min": float(rated_raw.min()),
+                 "max": float(rated_raw.max())}
         return EpochReport(epoch, seen, stats, self.cfg.normalize, cut.boundaries, cut.method, buckets)
 
     def state_dict(self) -> dict[str, Any]:

@@ -34,8 +34,10 @@ def write_report(run_dir: Path, report: EpochReport) -> Path:
 def report_table(report: EpochReport) -> Table:
     stats = report.global_stats
     bounds = ", ".join(f"{b:.3f}" for b in report.boundaries) or "none"
+    unseen = f", {stats['unseen']:.0f} never drawn" if stats.get("unseen") else ""
     table = Table(title=f"curriculum after epoch {report.epoch}: EMA mean {stats['mean']:.3f} "
-                        f"(min {stats['min']:.3f}, max {stats['max']:.3f}), boundaries {bounds} [{report.method}]")
+                        f"(min {stats['min']:.3f}, max {stats['max']:.3f}{unseen}), boundaries {bounds} "
+                        f"[{report.method}]")
     for column in ("bucket", "n", "%", "mean reward (norm.)", "mean EMA", "rollouts"):
         table.add_column(column, justify="left" if column == "bucket" else "right")
     for b in report.buckets:

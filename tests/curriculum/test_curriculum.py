@@ -88,3 +88,17 @@ def test_resume_with_other_settings_or_data_is_refused():
     fewer = Curriculum(CurriculumConfig(enabled=True), list(range(50)), default_rollouts=8)
     with pytest.raises(ValueError, match="not in the train set"):
         fewer.load_state_dict(cur.state_dict())
+
+
+def test_a_never_drawn_sample_sits_in_the_middle_without_stretching_the_scale():
+    cur = Curriculum(CurriculumConfig(enabled=True), list(range(121)), default_rollouts=8)
+    rng = np.random.default_rng(0)
+    rewards = [float(np.clip(rng.normal(0.01 if i < 40 else 0.05, 0.003), 0, 1)) for i in range(120)]
+    cur.record(list(range(120)), rewards)  # sample 120 is never drawn (its EMA stays unseen_reward, 0.5)
+    report = cur.end_epoch(1)
+    assert [b.n for b in report.buckets] == [40, 81] and report.method == "kde"
+    hard, easy = report.buckets
+    assert hard.rollouts >= 9  # the seen rewards span the whole scale: 0.5 would have squeezed them near 0
+    assert cur.rollouts_for(120) == easy.rollouts  # normalised 0.5: above the hard valley, in the upper bucket
+    assert report.global_stats["unseen"] == 1 and report.global_stats["max"] < 0.1
+    assert "1 never drawn" in report_table(report).title
