@@ -23,7 +23,7 @@ class SpeculativeConfig:
     method: Literal["draft", "ngram"] | None = field(default=None, metadata={
         "description": "unset: off; `draft`: a draft model proposes; `ngram`: prompt lookup in the sequence's own "
                        "earlier tokens (no second model)"})
-    num_tokens: int = field(default=4, metadata={"description": "tokens proposed per sequence per verify round"})
+    num_tokens: int = field(default=4, metadata={"description": "tokens proposed per sequence per verify round, at least 1"})
     draft_model: str | None = field(default=None, metadata={
         "description": "`draft`: the draft's hub id or local directory (`\"tiny\"`: the offline model); it must "
                        "share the target's vocabulary"})

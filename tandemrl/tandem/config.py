@@ -38,7 +38,8 @@ class TandemConfig:
                        "probability `tandem.p`), `chunk` (chunks of `tandem.chunk_tokens`), `alternating`, "
                        "`sentence` / `word` (the writer of each sentence / word is drawn)"})
     p: float = field(default=0.5, metadata={
-        "description": "probability that a position (a chunk, a sentence, a word) is the hot model's"})
+        "description": "probability that a position (a chunk, a sentence, a word) is the hot model's, in "
+                       "[0, 1]"})
     chunk_tokens: int = field(default=8, metadata={"description": "`chunk`: tokens per chunk"})
     max_gap_tokens: int = field(default=32, metadata={
         "description": "`sentence` / `word`: a segment ends after this many tokens without a boundary token"})
