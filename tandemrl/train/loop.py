@@ -40,6 +40,7 @@ from tandemrl.train.evaluate import EvalResult, EvaluationError, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.learning_signal import flat_reward_streak, flat_reward_warning
 from tandemrl.train.logprobs import batch_logprobs
+from tandemrl.train.announce import feature_lines
 from tandemrl.train.async_rollouts import start_async_rollouts
 from tandemrl.train.rollout_jobs import draw_job, run_job
 from tandemrl.train.rollouts import ScoredRollouts, group_advantages, weigh_frozen_tokens
@@ -137,12 +138,15 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
 
 
 def announce_data(run: Run, console: Console) -> None:
-    """Say what the run is scored on, and what it left out: no metric should be read on other data than thought."""
+    """Say what the run is scored on, and what it left out: no metric should be read on other data than thought;
+    then what it trains and which features are on (announce.py)."""
     console.print(f"test set: {run.test_origin}; {len(run.test_samples)} prompts scored by {run.metric} "
                   "(eval.metric)", markup=False, soft_wrap=True)
     if run.skipped_prompts:
         console.print(f"[yellow]left out {run.skipped_prompts} rows whose prompt is over data.max_prompt_tokens = "
                       f"{run.encoder.max_tokens} (data.long_prompts = 'skip')")
+    for line in feature_lines(run.cfg, run.model):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def finished_run(run: Run, state: TrainerState, console: Console) -> dict:
