@@ -1,8 +1,10 @@
 """The FastAPI application: OpenAI routes, /health, /metrics and the weight routes (weights_routes.py).
 
-Every error is an OpenAI-style body ``{"error": {"message", "type", "code"}}`` with a 4xx status for the client's
-mistakes (bad JSON, wrong types, unknown model, too many tokens) and 5xx for the server's; the server keeps
-serving either way. Every response carries the served policy version in the ``x-policy-version`` header; the
+Every error is OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: a 4xx status and type
+``invalid_request_error`` for the client's mistakes (bad JSON, wrong types, unknown or unsupported fields, unknown
+model, too many tokens), a 5xx and ``server_error`` for the server's; ``param`` names the field at fault and
+``code`` is a string (``model_not_found``, ``unknown_parameter``, ...), each null where there is none. The server
+keeps serving either way. Every response carries the served policy version in the ``x-policy-version`` header; the
 completion bodies carry the version that produced them (``policy_version``, per choice too).
 """
 
@@ -22,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandemrl.serve.completions import chat_job, completion_job, respond, stream
 from tandemrl.serve.metrics import prometheus_text
-from tandemrl.serve.protocol import ChatCompletionRequest, CompletionRequest
+from tandemrl.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from tandemrl.serve.state import BadRequest, ServerState
 from tandemrl.serve.weights_routes import add_weight_routes
 
@@ -40,10 +42,9 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if not state.loop.alive:
-            return _error(503, "the engine thread has stopped", "server_error")
+            return _error(503, "the engine thread has stopped")
         if state.loop.last_error is not None:
-            return _error(503, f"the engine's last step failed: {state.loop.last_error.splitlines()[-1]}",
-                          "server_error")
+            return _error(503, f"the engine's last step failed: {state.loop.last_error.splitlines()[-1]}")
         return JSONResponse({"status": "ok", "policy_version": state.policy_version})
 
     @app.get("/metrics")
@@ -142,29 +143,31 @@ class _EngineStream(StreamingResponse):
             self._arrived()
 
 
-def _error(status: int, message: str, kind: str, code: str | int | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code if code is not None else status}},
-                        status_code=status)
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    """OpenAI's error body; the type follows the status (the client's fault or the server's)."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
-        return _error(exc.status, str(exc), exc.code)
+        return _error(exc.status, str(exc), exc.param, exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(400, _describe_validation(exc.errors()), "invalid_request_error")
+        invalid = _invalid(exc.errors())
+        return _error(invalid.status, str(invalid), invalid.param, invalid.code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI says only "There was an error parsing the body"
-            return _error(400, f"the body is not valid UTF-8: {exc.__cause__}", "invalid_request_error")
-        return _error(exc.status_code, str(exc.detail), "invalid_request_error")
+            return _error(400, f"the body is not valid UTF-8: {exc.__cause__}")
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        return _error(500, f"{type(exc).__name__}: {exc}")
 
 
 async def _body(request: Request, model: type[BodyModel]) -> BodyModel:
@@ -180,7 +183,33 @@ async def _body(request: Request, model: type[BodyModel]) -> BodyModel:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise BadRequest(_describe_validation(exc.errors())) from None
+        raise _invalid(exc.errors()) from None
+
+
+# pydantic's error types that have an OpenAI error code of their own
+_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter"}
+
+
+def _invalid(errors: Sequence[Any]) -> BadRequest:
+    """A BadRequest for a body that failed validation: every problem in the message, the first one's field as
+    ``param`` and its OpenAI code."""
+    first = errors[0] if errors else {}
+    return BadRequest(_describe_validation(errors), param=_param(first) or None, code=_CODES.get(first.get("type")))
+
+
+def _param(err: Any) -> str:
+    """OpenAI's spelling of an error's field, ``messages.[0].role``. pydantic adds the union member it tried
+    (``prompt.str``) after a field name: the path stops at a name that follows a name, except for an unknown field,
+    whose path has no such member and whose last name is the point."""
+    path: list[str] = []
+    for part in (p for p in err.get("loc", ()) if p not in ("body", "query")):
+        if isinstance(part, int):
+            path.append(f"[{part}]")
+        elif path and not path[-1].startswith("[") and err.get("type") != "extra_forbidden":
+            break
+        else:
+            path.append(str(part))
+    return ".".join(path)
 
 
 def _describe_validation(errors: Sequence[Any]) -> str:
@@ -192,6 +221,10 @@ def _describe_validation(errors: Sequence[Any]) -> str:
             parts.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
             continue
         where = ".".join(loc) or "body"
+        if err.get("type") == "extra_forbidden":  # pydantic's "Extra inputs are not permitted" does not say why
+            parts.append(f"{where}: unknown parameter (neither an OpenAI field this server knows nor one of its "
+                         "extensions)")
+            continue
         got = f" (got {err['input']!r})" if "input" in err and err.get("type") != "missing" else ""
         parts.append(f"{where}: {err.get('msg')}{got}")
     return "; ".join(parts[:5])

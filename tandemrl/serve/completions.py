@@ -9,7 +9,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from tandemrl.serve.engine_loop import Event, Failed, Finished, TokenDelta
-from tandemrl.serve.protocol import ChatCompletionRequest, CompletionRequest
+from tandemrl.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, error_body
 from tandemrl.serve.state import BadRequest, ServerState
 from tandemrl.serve.stream_text import ChoiceText
 from tandemrl.types import Request, RequestStats, Rollout
@@ -45,26 +45,31 @@ def completion_job(state: ServerState, body: CompletionRequest) -> Job:
 def chat_job(state: ServerState, body: ChatCompletionRequest) -> Job:
     state.check_model(body.model)
     _refuse_unsupported(body)
-    try:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+    messages = [{"role": m.role, "content": _message_text(m, f"messages.[{i}].content")}
+                for i, m in enumerate(body.messages)]
     if getattr(state.tokenizer, "chat_template", None) is None:
-        raise BadRequest(f"model {state.model_name!r} has no chat template; use /v1/completions")
+        raise BadRequest(f"model {state.model_name!r} has no chat template; use /v1/completions", param="messages")
     ids = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return _job(state, body, [list(ids)], chat=True, max_tokens=body.requested_max_tokens())
 
 
+def _message_text(message: ChatMessage, param: str) -> str:
+    try:
+        return message.text()
+    except ValueError as exc:
+        raise BadRequest(str(exc), param=param, code="unsupported_value") from None
+
+
 def _refuse_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
-    problem = body.unsupported()
-    if problem:
-        raise BadRequest(problem)
+    refusal = body.unsupported()
+    if refusal is not None:
+        raise BadRequest(refusal.message, param=refusal.param, code=refusal.code)
     try:
         body.stop_strings()
     except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequest(str(exc), param="stop") from None
 
 
 def _encode(state: ServerState, text: str) -> list[int]:
@@ -75,7 +80,7 @@ def _job(state: ServerState, body: Any, prompts: list[list[int]], chat: bool, ma
     response_id = state.response_id("chatcmpl" if chat else "cmpl")
     per_request, requests = [], []
     for ids in prompts:
-        params = body.sampling_params(state.check_prompt(ids, max_tokens))
+        params = body.sampling_params(state.check_prompt(ids, max_tokens, "messages" if chat else "prompt"))
         for _ in range(body.n):
             per_request.append(ids)
             requests.append(Request(f"{response_id}-{len(requests)}", ids, params))
@@ -191,7 +196,7 @@ async def stream(state: ServerState, job: Job, arrived: Callable[[], None] | Non
         if frames and len(lengths) < len(job.requests):  # the last batch goes out with the end of the stream
             yield "".join(frames)
             frames = []
-    if (job.body.stream_options or {}).get("include_usage"):
+    if job.body.stream_options is not None and job.body.stream_options.include_usage:
         frames.append(_sse({"id": job.response_id, "object": _chunk_object(job), "created": job.created,
                             "model": state.model_name, "choices": [],
                             "usage": _usage(job, [lengths.get(i, 0) for i in range(len(job.requests))]),
@@ -202,9 +207,9 @@ async def stream(state: ServerState, job: Job, arrived: Callable[[], None] | Non
 def _stream_error(event: Event) -> dict | None:
     """The error payload that ends a stream: the engine failed, or a request it refused."""
     if isinstance(event, Failed):
-        return {"error": {"message": event.message, "type": "server_error", "code": 500}}
+        return error_body(event.message, "server_error")
     if isinstance(event, Finished) and event.rollout.finish_reason == "error":
-        return {"error": {"message": event.rollout.error, "type": "invalid_request_error", "code": 400}}
+        return error_body(event.rollout.error)
     return None
 
 

@@ -17,11 +17,13 @@ DISCONNECT_CHECK_S = 0.25  # how often a non-streaming request asks whether its 
 
 
 class BadRequest(ValueError):
-    """The client's request cannot be served; ``status`` is the HTTP status (4xx) it gets."""
+    """The client's request cannot be served; ``status`` is the HTTP status (4xx) it gets, ``param`` the field at
+    fault and ``code`` a machine-readable reason, as in OpenAI's error body (either may be None)."""
 
-    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error") -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param
         self.code = code
 
 
@@ -145,26 +147,29 @@ class ServerState:
     def check_model(self, name: str) -> None:
         if name != self.model_name:
             raise BadRequest(f"model {name!r} does not exist; this server serves {self.model_name!r}", 404,
-                             "model_not_found")
+                             param="model", code="model_not_found")
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def check_prompt(self, ids: list[int], max_tokens: int | None) -> int:
-        """The max_tokens to use (the rest of the context if None); BadRequest for what cannot run."""
+    def check_prompt(self, ids: list[int], max_tokens: int | None, prompt_param: str = "prompt") -> int:
+        """The max_tokens to use (the rest of the context if None); BadRequest for what cannot run. ``prompt_param``:
+        the field the prompt came from (``messages`` for a chat)."""
         if not ids:
-            raise BadRequest("the prompt is empty")
+            raise BadRequest("the prompt is empty", param=prompt_param)
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise BadRequest(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+            raise BadRequest(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}", param=prompt_param)
         room = self.max_model_len - len(ids)
         if room < 1:
-            raise BadRequest(f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len}")
+            raise BadRequest(f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len}",
+                             param=prompt_param, code="context_length_exceeded")
         if max_tokens is None:
             return room
         if max_tokens > room:
             raise BadRequest(f"max_tokens ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this model's context "
-                             f"length ({self.max_model_len}); ask for at most {room}")
+                             f"length ({self.max_model_len}); ask for at most {room}", param="max_tokens",
+                             code="context_length_exceeded")
         return max_tokens
 
     async def run(self, requests: list[Request], is_disconnected: Callable[[], Awaitable[bool]] | None = None,

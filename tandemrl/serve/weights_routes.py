@@ -79,9 +79,9 @@ def add_weight_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/weights/nccl/push")
     async def push_nccl(body: NcclPush) -> dict:
         if not nccl_groups:
-            raise BadRequest("no process group: POST /v1/weights/nccl/init first", 409)
+            raise BadRequest("no process group: POST /v1/weights/nccl/init first", 409, code="no_process_group")
         if body.bucket_bytes < 2**10:
-            raise BadRequest(f"bucket_bytes = {body.bucket_bytes}: at least 1024", 422)
+            raise BadRequest(f"bucket_bytes = {body.bucket_bytes}: at least 1024", 422, param="bucket_bytes")
         group, device = nccl_groups[0], next(receiver.model.parameters()).device
         try:
             return await _apply(lambda: receiver.apply(
@@ -101,7 +101,8 @@ def add_weight_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/weights/ipc")
     async def push_ipc(body: IpcPush) -> dict:
         if receiver.kind != "ipc":  # the handles are pickles
-            raise BadRequest("this server does not accept CUDA IPC handles: start it with --allow-ipc", 403)
+            raise BadRequest("this server does not accept CUDA IPC handles: start it with --allow-ipc", 403,
+                             param="handles", code="ipc_not_allowed")
         if body.handles is None:
             return await _apply(lambda: receiver.set_version("ipc", body.version))
         return await _apply(lambda: receiver.set_version(
@@ -123,5 +124,5 @@ async def _apply(push) -> dict:  # noqa: ANN001 - a callable returning a PushRec
     try:
         record: PushRecord = await run_in_threadpool(push)
     except WeightPushError as exc:
-        raise BadRequest(str(exc), 409, "weight_push_failed") from None
+        raise BadRequest(str(exc), 409, code="weight_push_failed") from None
     return {"policy_version": record.version, "seconds": record.seconds, "bytes": record.bytes}

@@ -19,9 +19,12 @@ def post(server, path: str, **kwargs) -> httpx.Response:
 
 
 def error_message(response: httpx.Response) -> str:
-    body = response.json()
-    assert set(body["error"]) >= {"message", "type", "code"}
-    return body["error"]["message"]
+    """The message of OpenAI's error body, after checking its shape: a string code or null, not the status."""
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["type"] == ("server_error" if response.status_code >= 500 else "invalid_request_error"), error
+    assert error["code"] is None or isinstance(error["code"], str), error
+    return error["message"]
 
 
 @pytest.mark.parametrize("body, status, words", [

@@ -138,5 +138,7 @@ def test_checkpoint_push_and_a_damaged_checkpoint(tiny_dir, tmp_path):
 
 def test_ipc_handles_are_refused_unless_allowed(server):
     response = httpx.post(server.url + "/v1/weights/ipc", json={"version": 3, "handles": "gASVAAAA"})
-    assert response.status_code == 403 and "--allow-ipc" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert response.status_code == 403 and "--allow-ipc" in error["message"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "ipc_not_allowed"
     assert server.state.policy_version == 0
