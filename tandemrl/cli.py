@@ -10,7 +10,12 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # bare `tandemrl`: the commands, not an argparse complaint about a missing one
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.command(args)
     except KeyboardInterrupt:
@@ -43,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(command=_eval)
 
-    config = commands.add_parser("config", help="print the resolved config (defaults, file, overrides) as TOML")
+    config = commands.add_parser("config", help="print the resolved config (defaults, files, overrides) as TOML")
     _add_config_args(config)
     config.set_defaults(command=_config)
 
@@ -68,13 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     export.set_defaults(command=_export)
 
     tiny = commands.add_parser("make-tiny-model", help="build the small offline Qwen2-architecture model")
-    tiny.add_argument("dir", type=Path)
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument("--overwrite", action="store_true")
+    tiny.add_argument("dir", type=Path, help="the model directory to write (config, weights, tokenizer)")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    tiny.add_argument("--overwrite", action="store_true", help="replace DIR if it already holds files")
     tiny.set_defaults(command=_make_tiny_model)
 
     plot = commands.add_parser("plot", help="draw a run's curves to PNG files in DIR/plots")
-    plot.add_argument("dir", type=Path)
+    plot.add_argument("dir", type=Path, help="a run directory (reads its metrics.jsonl)")
     plot.set_defaults(command=_plot)
     return parser
 
@@ -92,7 +97,10 @@ def _version() -> str:
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="TOML config file")
+    # append, not store: a second --config used to replace the first silently
+    parser.add_argument("--config", dest="configs", type=Path, action="append", default=[], metavar="FILE",
+                        help="TOML config file; repeatable: files merge in order (a later file's keys win, section by "
+                             "section), then --set on top")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value (repeatable)")
 
@@ -108,12 +116,11 @@ def _train(args: argparse.Namespace) -> int:
     from tandemrl.api import Trainer
     from tandemrl.config import load_config
 
-    config_path = args.config
-    if args.resume:
-        if args.out is None:
-            raise ValueError("--resume needs --out DIR: the run directory to continue")
-        config_path = config_path or args.out / "config.toml"
-    cfg = load_config(config_path, args.overrides)
+    configs = args.configs
+    if args.resume:  # checked with --config too: a directory without config.toml never held a run
+        run_config = _run_to_resume(args.out)
+        configs = configs or [run_config]
+    cfg = load_config(configs, args.overrides)
     _quiet_transformers()
     from tandemrl.distributed.env import launched_by_torchrun
 
@@ -130,6 +137,18 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_to_resume(out: Path | None) -> Path:
+    """The config.toml of the run in ``out``; an error naming the directory (not a --config) when there is none."""
+    if out is None:
+        raise ValueError("--resume needs --out DIR: the run directory to continue")
+    config = out / "config.toml"
+    if not config.is_file():
+        why = "no such directory" if not out.exists() else "no config.toml there"
+        raise FileNotFoundError(f"--resume: {out} holds no run to resume ({why}); to start a new run there, "
+                                "drop --resume")
+    return config
+
+
 def _eval(args: argparse.Namespace) -> int:
     from tandemrl.config import load_config
     from tandemrl.train.eval_run import evaluate_config, find_run, run_config
@@ -139,7 +158,7 @@ def _eval(args: argparse.Namespace) -> int:
     if target is not None and found is None:
         raise FileNotFoundError(f"{target} is not a run directory (no config.toml) or a checkpoint inside one")
     if found is not None:
-        if args.config is not None:
+        if args.configs:
             raise ValueError("eval RUN uses the run's own config.toml; drop --config (use --set to change a key)")
         run, checkpoint = found
         if checkpoint is None:
@@ -148,7 +167,7 @@ def _eval(args: argparse.Namespace) -> int:
         what = f"run {run}, checkpoint {checkpoint.name}"
     else:
         overrides = list(args.overrides) + ([f'model.name_or_path="{args.model}"'] if args.model else [])
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.configs, overrides)
         # Say what is scored: without --model it is the config's default, easy to mistake for a trained run.
         name = cfg.model.name_or_path
         what = f"model {name} ({cfg.model.tiny_dir})" if name == "tiny" else f"model {name}"
@@ -183,7 +202,7 @@ def _config(args: argparse.Namespace) -> int:
     from tandemrl.config import config_to_toml, load_config
 
     # Same resolution as train/eval, so what prints is what a run would use.
-    print(config_to_toml(load_config(args.config, args.overrides)), end="")
+    print(config_to_toml(load_config(args.configs, args.overrides)), end="")
     return 0
 
 
@@ -195,11 +214,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     found = find_run(Path(args.model))
     if found is not None:  # a run (its config; LoRA merged) or a checkpoint inside one
-        if args.config is not None:
+        if args.configs:
             raise ValueError("serve RUN uses the run's own config.toml; drop --config (use --set to change a key)")
         cfg = run_config(found[0], args.overrides)
     else:
-        cfg = load_config(args.config, list(args.overrides) + [f'model.name_or_path="{args.model}"'])
+        cfg = load_config(args.configs, list(args.overrides) + [f'model.name_or_path="{args.model}"'])
     _quiet_transformers()
     serve(cfg, ServeOptions(args.host, args.port, args.served_model_name or (args.model if found else None),
                             args.log_level, args.allow_ipc, args.warmup), checkpoint=found[1] if found else None)

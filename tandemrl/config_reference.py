@@ -30,8 +30,10 @@ _INTRO = f"""# Configuration reference
 <!-- Generated from the config models by `{REGENERATE}`. Do not edit by hand:
      change the field's description in the code and regenerate. -->
 
-A run is configured by one TOML file (`tandemrl train --config FILE`) plus `--set section.key=value` overrides,
-applied in that order over the defaults below. Values are TOML literals: `3`, `1e-4`, `true`, `"text"`,
+A run is configured by TOML files (`tandemrl train --config FILE`) plus `--set section.key=value` overrides,
+applied in that order over the defaults below. `--config` may be given several times: the files merge in order,
+section by section, so a later file changes only the keys it names (`--config base.toml --config big-gpu.toml`); a
+key's value, a list or a table-valued key such as `reward.weights`, is replaced whole; `--set` applies on top. Values are TOML literals: `3`, `1e-4`, `true`, `"text"`,
 `["a", "b"]`, `{{accuracy = 1.0}}`; a bare word is read as a string. In the Python API, `config=` takes a `Config`,
 a dict of dotted overrides (`{{"train.max_steps": 20}}`) or a TOML path.
 
@@ -39,7 +41,7 @@ An unknown key, a wrong type or an impossible value fails before any work starts
 choices; an unknown key also names the TOML file or the `--set` it came from, and the closest valid key, or, for a
 TRL `GRPOConfig` name such as `learning_rate`, tandemrl's key for it (see [coming from TRL](coming-from-trl.md)).
 Paths in a config (`data.path`, `data.test_path`, ...) are relative to the working directory, not to the config
-file. `tandemrl config [--config FILE] [--set ...]` prints the resolved config as TOML, and every run writes it
+file. `tandemrl config [--config FILE ...] [--set ...]` prints the resolved config as TOML, and every run writes it
 to `config.toml` in its directory. A task may bring defaults of its own (e.g. `data.task = "synthetic:peek"` sets
 its tools); they fill only the keys you leave out.
 

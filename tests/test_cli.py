@@ -121,3 +121,42 @@ def test_eval_names_the_model_it_scores(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out[0] == f"scoring model tiny ({tmp_path / 'tiny'}) on task synthetic:add"
+
+
+def test_several_configs_merge_in_order_then_set(tmp_path, capsys):
+    """A second --config used to replace the first silently; now a later file overrides only the keys it names."""
+    import tomllib
+
+    (tmp_path / "a.toml").write_text("[rollout]\ngroup_size = 4\nprompts_per_step = 3\n[train]\nmax_steps = 5\n")
+    (tmp_path / "b.toml").write_text("[rollout]\ngroup_size = 6\n")
+    assert main(["config", "--config", str(tmp_path / "a.toml"), "--config", str(tmp_path / "b.toml"),
+                 "--set", "train.max_steps=7"]) == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["rollout"]["group_size"] == 6 and printed["rollout"]["prompts_per_step"] == 3
+    assert printed["train"]["max_steps"] == 7
+
+
+def test_an_unknown_key_in_a_second_config_names_that_file(tmp_path, capsys):
+    (tmp_path / "a.toml").write_text("[rollout]\ngroup_size = 4\n")
+    (tmp_path / "b.toml").write_text("[rollout]\ngroupsize = 6\n")
+    assert main(["config", "--config", str(tmp_path / "a.toml"), "--config", str(tmp_path / "b.toml")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'b.toml'}: unknown config key 'rollout.groupsize'" in err, err
+
+
+def test_bare_tandemrl_prints_the_help(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: tandemrl") and "make-tiny-model" in err and "required" not in err
+
+
+@pytest.mark.parametrize("command, words", [
+    ("plot", ["a run directory"]),
+    ("make-tiny-model", ["the model directory to write", "seed of the random weights", "replace DIR"]),
+    ("train", ["repeatable: files merge in order"]),
+])
+def test_every_argument_has_help(capsys, command, words):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    assert all(word in out for word in words), out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -19,11 +19,16 @@ class ConfigError(ValueError):
     """A config problem, phrased for the user: names the key and what would be valid."""
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a TOML file (optional), apply `a.b=c` overrides, validate everything."""
+ConfigPaths = str | Path | Sequence[str | Path] | None
+
+
+def load_config(path: ConfigPaths = None, overrides: list[str] | None = None) -> Config:
+    """Read TOML files (none, one, or several merged in order: a later file's keys win), apply `a.b=c` overrides on
+    top, validate everything."""
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     raw: dict[str, Any] = {}
-    if path is not None:
-        raw = read_toml(Path(path))
+    for one in paths:
+        merge_sections(raw, read_toml(Path(one)))
     for item in overrides or []:
         _apply_override(raw, item)
     return validate_config(raw)
@@ -55,6 +60,24 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
     check_keys(raw, str(path))
     return raw
+
+
+def merge_sections(raw: dict[str, Any], top: Mapping[str, Any], section: Any = Config) -> None:
+    """Merge ``top`` into ``raw`` in place: a config section merges key by key (so a second --config changes only
+    the keys it names); a key's value, a list or a table-valued key such as reward.weights, is replaced whole (a
+    merged weights table could keep a weight for a function the later file no longer lists)."""
+    fields = _field_names(section)
+    for key, value in top.items():
+        inner = fields.get(key)
+        if isinstance(value, Mapping) and isinstance(raw.get(key), dict) and inner is not None and _field_names(inner):
+            merge_sections(raw[key], value, inner)
+        else:
+            raw[key] = _copy(value)
+
+
+def _copy(value: Any) -> Any:
+    # a later merge writes into raw's tables: they must not be the file's own (a caller may reuse those)
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def check_keys(raw: Mapping[str, Any], where: str) -> None:

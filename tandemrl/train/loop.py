@@ -122,7 +122,7 @@ def train_rank(cfg: Config, out_dir: Path, resume: bool, console: Console | None
     if run.parallel.any(interrupt.requested):
         path = checkpoint(run, state, started)
         console.print(f"[yellow]interrupted after step {state.step} by {interrupt.signal_name}: saved {path}; "
-                      f"continue with: tandemrl train --resume --out {out_dir}")
+                      f"continue with: tandemrl train --resume --out {out_dir}", soft_wrap=True)
         close_logs(run, writers)
         raise KeyboardInterrupt
     final = evaluation_or_save(run, state, console, started)

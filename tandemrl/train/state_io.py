@@ -19,8 +19,10 @@ def check_out_dir(out_dir: Path, resume: bool) -> None:
     that fails later in setup leaves no run directory behind)."""
     # only a complete checkpoint counts: a kill during the first save leaves just a .tmp-* folder
     if not resume and find_latest(out_dir / "checkpoints") is not None:
+        # state_io serves the CLI and the Python API alike: the message names both ways
         raise FileExistsError(
-            f"{out_dir} already holds a run with checkpoints; pass --resume to continue it or choose another --out"
+            f"{out_dir} already holds a run with checkpoints; to continue it pass --resume (Python: "
+            "Trainer(...).train(resume=True)), or choose another run directory (--out; Python: out_dir=)"
         )
 
 
@@ -58,19 +60,86 @@ class ResumeRefused(ValueError):
     """--resume with a config the checkpoint does not fit; raised before anything in the run directory changes."""
 
 
+# Keys whose new value a resume applies without touching what the checkpoint must fit: a longer run, another
+# learning rate or schedule (re-applied over the optimizer's saved one in _apply_optimizer_settings), evaluation,
+# logging and checkpointing. A prefix ending in "." covers its whole section.
+RESUMABLE_KEYS = ("train.max_steps", "train.max_minutes", "train.lr", "train.lr_schedule", "train.warmup_steps",
+                  "train.adam_betas", "train.weight_decay", "eval.", "log.", "checkpoint.")
+
+Change = tuple[str, object, object]  # (dotted key, value in the run's config.toml, value now)
+
+
 def restore_run(run: Run) -> TrainerState | None:
     """The state of the latest complete checkpoint, loaded into `run`; None if no save ever finished. A checkpoint
-    that does not fit the config raises ResumeRefused, naming the keys that differ from the run's config.toml."""
+    that does not fit the config raises ResumeRefused, naming the changed keys that may block it (and, apart, the
+    changed keys a resume allows). A resume says which checkpoint it continues from and what changed."""
     path = find_latest(run.out_dir / "checkpoints")
     if path is None:
         return None
+    changes = changed_keys(run.out_dir / "config.toml", run.cfg)
     try:
-        return _restore(run, path)
+        state = _restore(run, path)
     except (ValueError, CheckpointError) as exc:
-        changed = changed_keys(run.out_dir / "config.toml", run.cfg)
-        differs = f"; keys that differ from {run.out_dir / 'config.toml'}: {changed}" if changed else ""
-        raise ResumeRefused(f"cannot resume {run.out_dir} from {path.name}: {exc}{differs}; nothing was changed "
-                            "(resume without the --set/--config that changed them)") from exc
+        raise ResumeRefused(refusal_message(run.out_dir, path, exc, changes)) from exc
+    _apply_optimizer_settings(run)
+    if run.parallel.is_main and not _finished(run.cfg, state):  # a finished run says so in its own single line
+        from rich.console import Console
+
+        Console().print(resume_message(run.out_dir, path, state.step, changes), markup=False, highlight=False,
+                        soft_wrap=True)
+    return state
+
+
+def _finished(cfg: Config, state: TrainerState) -> bool:
+    """Whether the resumed run has no step left (the loop's own test, at the checkpoint's clock)."""
+    limit = cfg.train.max_minutes
+    out_of_time = limit is not None and state.seconds >= 60 * limit
+    return state.final_eval is not None and (state.step >= cfg.train.max_steps or state.stopped_early or out_of_time)
+
+
+def resumable(key: str) -> bool:
+    """Whether a resume may change ``key`` (see RESUMABLE_KEYS)."""
+    return any(key.startswith(k) if k.endswith(".") else key == k for k in RESUMABLE_KEYS)
+
+
+def refusal_message(out_dir: Path, path: Path, exc: Exception, changes: list[Change]) -> str:
+    """Why the checkpoint does not fit: the error, the changed keys that may block it, the allowed ones apart."""
+    blocking = [c for c in changes if not resumable(c[0])]
+    allowed = [c for c in changes if resumable(c[0])]
+    text = f"cannot resume {out_dir} from {path.name}: {exc}"
+    if blocking:
+        text += f"; keys that differ from {out_dir / 'config.toml'} and may block it: {format_changes(blocking)}"
+    text += "; nothing was changed"
+    if blocking:
+        text += " (resume without the --set/--config that changed those keys"
+        text += f"; these may change on resume: {format_changes(allowed)})" if allowed else ")"
+    return text
+
+
+def resume_message(out_dir: Path, path: Path, step: int, changes: list[Change]) -> str:
+    """What a resume continues from, and every key that differs from the run's config.toml (nothing silently)."""
+    text = f"resuming {out_dir} from step {step} ({path})"
+    if changes:
+        text += f"; changed since its config.toml: {format_changes(changes, show=len(changes))}"
+    return text
+
+
+def _apply_optimizer_settings(run: Run) -> None:
+    """The config's learning rate, betas and weight decay over the ones the optimizer and scheduler states brought
+    back from the checkpoint (loading them would otherwise keep the old values: a changed train.lr would be
+    silently ignored). Values already equal leave the restored state untouched, so an unchanged resume is exact."""
+    train = run.cfg.train
+    scheduler = run.scheduler
+    for index, group in enumerate(run.optimizer.param_groups):
+        if group.get("betas") is not None and tuple(group["betas"]) != tuple(train.adam_betas):
+            group["betas"] = tuple(train.adam_betas)
+        if group.get("weight_decay") != train.weight_decay:
+            group["weight_decay"] = train.weight_decay
+        if group.get("initial_lr", train.lr) != train.lr:
+            group["initial_lr"] = train.lr
+            scheduler.base_lrs[index] = train.lr
+            group["lr"] = train.lr * scheduler.lr_lambdas[index](scheduler.last_epoch)
+            scheduler._last_lr = [g["lr"] for g in run.optimizer.param_groups]  # what get_last_lr() reports
 
 
 def _restore(run: Run, path: Path) -> TrainerState:
@@ -90,16 +159,21 @@ def _restore(run: Run, path: Path) -> TrainerState:
     return state
 
 
-def changed_keys(saved: Path, cfg: Config, show: int = 5) -> str:
-    """'data.task ('synthetic:add' -> 'synthetic:copy'), ...': where `cfg` differs from the config file `saved`."""
+def changed_keys(saved: Path, cfg: Config) -> list[Change]:
+    """Where `cfg` differs from the config file `saved`, key by key (sorted); [] if the file cannot be read."""
     try:
         before = _flatten(tomllib.loads(saved.read_text(encoding="utf-8")))
     except (OSError, ValueError):
-        return ""
+        return []
     now = _flatten(tomllib.loads(config_to_toml(cfg)))
-    diffs = [f"{key} ({before.get(key, 'unset')!r} -> {now.get(key, 'unset')!r})"
-             for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]
-    return ", ".join(diffs[:show]) + (f" and {len(diffs) - show} more" if len(diffs) > show else "")
+    return [(key, before.get(key, "unset"), now.get(key, "unset"))
+            for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]
+
+
+def format_changes(changes: list[Change], show: int = 5) -> str:
+    """'data.task ('synthetic:add' -> 'synthetic:copy'), ...', the first ``show`` of them."""
+    text = ", ".join(f"{key} ({old!r} -> {new!r})" for key, old, new in changes[:show])
+    return text + (f" and {len(changes) - show} more" if len(changes) > show else "")
 
 
 def _flatten(table: dict, prefix: str = "") -> dict:

@@ -268,3 +268,28 @@ def test_reward_weights_errors_name_the_functions():
     with pytest.raises(ConfigError, match=r"reward.weights names 'corect', which is neither in reward.functions "
                                           r"\(rewards.py:correct\) nor the short name of one"):
         load_config(None, ['reward.functions=["rewards.py:correct"]', "reward.weights={corect = 2.0}"])
+
+
+def test_several_files_merge_section_by_section_and_values_whole(tmp_path):
+    from tandemrl.config.loading import merge_sections, read_toml
+
+    first, second = tmp_path / "first.toml", tmp_path / "second.toml"
+    first.write_text('[train]\nmax_steps = 5\n[rollout]\ngroup_size = 4\ntemperature = 0.7\n'
+                     '[reward.weights]\naccuracy = 1.0\nformat = 0.5\n')
+    second.write_text('[rollout]\ngroup_size = 6\n[reward.weights]\naccuracy = 2.0\n')
+    cfg = load_config([first, second], ["rollout.temperature=0.9"])
+    assert (cfg.rollout.group_size, cfg.rollout.temperature) == (6, 0.9)  # later file, then --set, win
+    assert cfg.train.max_steps == 5  # a key only the first file names stays
+    assert cfg.reward.weights == {"accuracy": 2.0}  # a table-valued key is a value: replaced, not merged
+    assert load_config([first]) == load_config(first)  # one file: the same as before
+    table = read_toml(first)
+    merged: dict = {}
+    merge_sections(merged, table)
+    merge_sections(merged, read_toml(second))
+    assert table == read_toml(first)  # the first file's tables were copied, not written into
+
+
+def test_a_missing_second_file_is_named(tmp_path):
+    (tmp_path / "a.toml").write_text("[train]\nmax_steps = 3\n")
+    with pytest.raises(ConfigError, match=re.escape(f"config file not found: {tmp_path / 'b.toml'}")):
+        load_config([tmp_path / "a.toml", tmp_path / "b.toml"])
