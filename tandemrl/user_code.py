@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 
+INLINE = "inline:"  # how a config records a Python API callable (a reward, a tool), which no file can bring back
+
+
 class UserCodeError(ValueError):
     """A spec that names no loadable callable; the message names the spec, the module or file, and what it has."""
 
