@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import operator
-import re
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -104,7 +103,7 @@ def _build_tool(name: str, limits: SandboxLimits, callables: Mapping[str, Callab
 
 def _inline_message(name: str) -> str:
     """Why an ``inline:`` tool cannot be loaded, and how to give it again."""
-    function = re.sub(r"^\d+-", "", name[len(INLINE):])  # the API numbers a second callable of one name: 1-fn
+    function = name[len(INLINE):]
     return (f"tools.names: tool {name!r} was a Python callable ({function}) given to Trainer(tools=...); a callable "
             "is not saved with the run, so it cannot be loaded from the run's config. Give it again: in Python, "
             f"Trainer(..., tools=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a file "

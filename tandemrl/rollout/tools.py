@@ -117,8 +117,10 @@ class ToolRegistry:
         self.tools: dict[str, Tool] = {}
         self._traceback_logged = threading.Event()  # a user tool's failure: its traceback once, not every call
         for tool in tools:
-            if tool.name in self.tools:
-                raise ValueError(f"two tools are named {tool.name!r}")
+            if tool.name in self.tools:  # the model calls a tool by its name: one name, one tool
+                sources = [t.source or t.name for t in (self.tools[tool.name], tool)]
+                raise ValueError(f"two tools are named {tool.name!r} ({' and '.join(sources)}); rename your "
+                                 "function")
             self.tools[tool.name] = tool
 
     def describe(self) -> list[dict[str, Any]]:

@@ -174,3 +174,14 @@ def test_the_config_takes_specs_and_checks_plain_names():
     with pytest.raises(ValueError, match=re.escape("unknown tool 'lookup'; built-in tools: python, calculator, peek; "
                                                    "or your own as 'package.module:function'")):
         load_config(None, ['tools.names=["lookup"]'])
+
+
+def test_a_tool_of_yours_may_not_take_a_built_in_tools_name(tmp_path):
+    path = write(tmp_path / "mytools.py", '''
+        def calculator(expression: str) -> str:
+            """My own calculator."""
+            return expression
+    ''')
+    with pytest.raises(ValueError, match=re.escape(f"two tools are named 'calculator' (calculator and "
+                                                   f"{path}:calculator); rename your function")):
+        tools("calculator", f"{path}:calculator")
