@@ -6,6 +6,7 @@ in one process do not see each other.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from tandemrl.train.inputs import INLINE_REWARD, RunInputs, inline_data_path, re
 
 ConfigLike = Config | Mapping[str, Any] | str | os.PathLike | None
 RewardLike = str | Callable[..., Any]
+ToolLike = str | Callable[..., Any]
 
 
 class Trainer:
@@ -36,6 +38,9 @@ class Trainer:
             ``"accuracy"``, ``"module:function"`` or ``"path/to/file.py:function"``. None: ``reward.functions``.
         reward_weights: one weight per reward function (default 1.0 each), as TRL's ``reward_weights``. Or give
             the config's ``reward.weights``, by name: a callable's name is its ``__name__``.
+        tools: tools the model may call in multi-turn rollouts, as TRL's ``tools``: typed Python functions whose
+            docstring describes them (``async def`` allowed), built-in names such as ``"calculator"``,
+            ``"module:function"`` or ``"path/to/file.py:function"`` (docs/tools.md). None: ``tools.names``.
         eval_dataset: the test set, in any form ``train_dataset`` takes. None: the dataset's test split, else a
             held-out ``data.test_fraction`` of ``train_dataset``.
         config: a :class:`Config`, a dict of settings (nested ``{"train": {"lr": 1e-5}}`` or dotted
@@ -44,7 +49,8 @@ class Trainer:
     """
 
     def __init__(self, model: Any = None, train_dataset: Any = None, reward_funcs: Sequence[RewardLike] | None = None,
-                 *, reward_weights: Sequence[float] | None = None, eval_dataset: Any = None,
+                 *, reward_weights: Sequence[float] | None = None, tools: Sequence[ToolLike] | None = None,
+                 eval_dataset: Any = None,
                  config: ConfigLike = None, out_dir: str | os.PathLike | None = None, tokenizer: Any = None) -> None:
         from tandemrl.train.setup import default_out_dir
 
@@ -57,6 +63,7 @@ class Trainer:
                                default_out_dir(self.config))
         _set_data(raw, self.inputs, train_dataset, eval_dataset, self.out_dir)
         _set_rewards(raw, self.inputs, reward_funcs, reward_weights)
+        _set_tools(raw, self.inputs, tools)
         self.config = validate_config(raw)
 
     def train(self, resume: bool = False) -> dict:
@@ -75,7 +82,7 @@ class Trainer:
 
         inputs = self.inputs
         if dataset is not None:
-            inputs = RunInputs(inputs.model, inputs.tokenizer, inputs.train_dataset, dataset, inputs.reward_funcs)
+            inputs = dataclasses.replace(inputs, eval_dataset=dataset)
         source = Path(checkpoint) if checkpoint is not None else self.out_dir
         return evaluate_config(self.config, inputs, source).to_dict()
 
@@ -158,3 +165,23 @@ def _set_rewards(raw: dict[str, Any], inputs: RunInputs, funcs: Sequence[RewardL
     section["functions"] = names  # the arguments replace the config's reward functions; the config's weights stay
     if weights is not None:  # (by name: a callable's name is its __name__, reward.weights's rule in config/reward.py)
         section["weights"] = dict(zip(names, weights))
+
+
+def _set_tools(raw: dict[str, Any], inputs: RunInputs, tools: Sequence[ToolLike] | None) -> None:
+    """The tools replace the config's ``tools.names``; a callable is recorded as its file's ``file.py:function``
+    or as ``inline:<name>`` (as a reward callable is) and travels in ``inputs.tools``."""
+    if tools is None:
+        return
+    if isinstance(tools, (str, bytes)) or callable(tools):
+        tools = [tools]  # type: ignore[list-item]
+    names = []
+    for tool in tools:
+        if not isinstance(tool, str) and not callable(tool):
+            raise TypeError(f"tools: each tool is a function or a name, got {type(tool).__name__} ({tool!r})")
+        name = tool if isinstance(tool, str) else reward_record(tool)
+        if name in names:
+            raise ValueError(f"tools: {name!r} is given twice")
+        if not isinstance(tool, str):
+            inputs.tools[name] = tool
+        names.append(name)
+    raw.setdefault("tools", {})["names"] = names

@@ -74,7 +74,9 @@ class ToolsConfig(Section):
 
     enabled: bool | None = Field(None, description="multi-turn tool calling; unset: on when `tools.names` lists "
                                  "tools (a task's defaults may name them)")
-    names: list[str] = Field([], description="built-in tools the model may call: `python`, `calculator`, `peek`")
+    names: list[str] = Field([], description="tools the model may call: built in (`python`, `calculator`, `peek`) "
+                             "or your own typed, documented function as `package.module:function` or "
+                             "`path/to/file.py:function` (docs/tools.md)")
     format: Literal["hermes", "plain"] = Field(
         "hermes", description="`hermes`: `<tool_call>{json}</tool_call>` blocks (Qwen2.5/Qwen3/Hermes chat "
         "templates); `plain`: `call_open name arguments call_close`, for base models")

@@ -57,11 +57,12 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_tools(self) -> Config:
-        from tandemrl.rollout.catalog import BUILTIN_TOOLS  # stdlib and pydantic only
+        from tandemrl.rollout.catalog import BUILTIN_TOOLS, tool_name_error  # stdlib and pydantic only
 
-        unknown = [name for name in self.tools.names if name not in BUILTIN_TOOLS]
-        if unknown:
-            raise ValueError(f"tools.names: unknown tool {unknown[0]!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
+        for name in self.tools.names:
+            error = tool_name_error(name)
+            if error is not None:
+                raise ValueError(error)
         if not self.tools.active:
             return self
         if not self.tools.names:

@@ -7,20 +7,13 @@ A completion may be a string or, in TRL's conversational form, a list of message
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib
-import importlib.util
-import inspect
-import os
 import re
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tandemrl.rewards.math import answers_match, boxed_span, extract_answer, parse_number
 from tandemrl.rewards.names import INLINE_REWARD, short_name
+from tandemrl.user_code import did_you_mean, is_user_spec, load_callable
 
 RewardFn = Callable[..., list]
 REWARD_FUNCTIONS: dict[str, RewardFn] = {}
@@ -156,28 +149,13 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
         return REWARD_FUNCTIONS[name]
     if name.startswith(INLINE_REWARD):
         raise ValueError(_inline_message(name))
-    module_name, sep, attr = name.partition(":")
-    if not sep or not module_name or not attr:
+    if not is_user_spec(name):
         raise ValueError(
-            f"unknown reward {name!r}{_did_you_mean(name, REWARD_FUNCTIONS)}; registered rewards: "
+            f"unknown reward {name!r}{did_you_mean(name, REWARD_FUNCTIONS)}; registered rewards: "
             f"{', '.join(sorted(REWARD_FUNCTIONS))}, or give your own as 'package.module:function' or "
             "'path/to/file.py:function'"
         )
-    try:
-        module = _load_reward_file(module_name) if _is_file(module_name) else _import_reward_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {err}") from err
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            have = _callables(obj)
-            listed = f"; the callables it defines: {', '.join(have)}" if have else "; it defines no functions"
-            raise ValueError(f"reward {name!r}: module {module_name!r} has no attribute {attr!r}"
-                             f"{_did_you_mean(part, have)}{listed}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"reward {name!r}: {attr!r} in {module_name!r} is not callable")
-    return obj
+    return load_callable(name, "reward")
 
 
 def _inline_message(name: str) -> str:
@@ -188,59 +166,3 @@ def _inline_message(name: str) -> str:
             f"Trainer(..., reward_funcs=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a "
             f"file and add --set 'reward.functions=[\"file.py:{function}\"]' (and reward.weights, if the run "
             "weighted it)")
-
-
-def _did_you_mean(name: str, choices: Any) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _callables(obj: Any) -> list[str]:
-    """The public functions and classes a module defines itself (not those it imports); for any other object, its
-    public callable attributes."""
-    if inspect.ismodule(obj):
-        return sorted(n for n, v in vars(obj).items() if not n.startswith("_") and callable(v)
-                      and getattr(v, "__module__", None) == obj.__name__)
-    return sorted(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))
-
-
-def _is_file(module_name: str) -> bool:
-    return module_name.endswith(".py") or "/" in module_name or os.sep in module_name
-
-
-def _load_reward_file(path_text: str) -> Any:
-    """A user's reward file, loaded as a module of its own (its name cannot shadow an installed module)."""
-    path = Path(os.path.expanduser(path_text)).resolve()
-    if not path.is_file():
-        raise ImportError(f"no such file: {path_text}")
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(f"tandemrl_user_reward_{path.stem}_{digest}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path_text} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # noqa: BLE001 - the user's file raised while loading: say where
-        raise ImportError(f"{path_text} raised {type(err).__name__}: {err}") from err
-    return module
-
-
-def _import_reward_module(module_name: str) -> Any:
-    """Import a user's reward module, looking in the working directory too (as TRL users expect: the console
-    script's sys.path does not include it); sys.path is restored afterwards so nothing else is shadowed."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        # Only retry when the missing module is the user's own (or its package), not a dependency it imports.
-        if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
-            raise
-        cwd = os.getcwd()
-        if cwd in sys.path or "" in sys.path:
-            raise
-    sys.path.insert(0, cwd)
-    try:
-        importlib.invalidate_caches()
-        return importlib.import_module(module_name)
-    finally:
-        if cwd in sys.path:
-            sys.path.remove(cwd)

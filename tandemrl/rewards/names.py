@@ -8,7 +8,9 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-INLINE_REWARD = "inline:"  # how a config records a Python API reward callable, which no file can bring back
+from tandemrl.user_code import INLINE
+
+INLINE_REWARD = INLINE  # how a config records a Python API reward callable, which no file can bring back
 
 
 def short_name(spec: str) -> str:

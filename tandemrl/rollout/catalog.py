@@ -3,16 +3,22 @@
 - ``python``: model-written code in the sandbox (sandbox.py); returns what it prints.
 - ``calculator``: one arithmetic expression (+ - * / // % **, parentheses, numbers), evaluated from its syntax tree.
 - ``peek``: the synthetic tool task's only tool: returns the trajectory's hidden answer (from its sample).
+
+Beside them, ``tools.names`` takes a user's own tools as ``package.module:function`` or ``path/to/file.py:function``
+(loaded as reward functions are, tandemrl/user_code.py), and the Python API's callables (``Trainer(tools=[fn])``,
+recorded as ``inline:<name>``).
 """
 
 from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from tandemrl.rollout.sandbox import Sandbox, SandboxLimits, python_tool
 from tandemrl.rollout.tools import Tool, ToolContext, make_tool
+from tandemrl.user_code import INLINE, did_you_mean, is_user_spec, load_callable
 
 _OPERATORS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -58,9 +64,47 @@ BUILTIN_TOOLS: dict[str, Callable[[SandboxLimits], Tool]] = {
 }
 
 
-def build_tools(names: list[str], sandbox_limits: SandboxLimits) -> list[Tool]:
-    """Tools by name; an unknown name is an error naming the valid ones."""
-    unknown = [name for name in names if name not in BUILTIN_TOOLS]
-    if unknown:
-        raise ValueError(f"tools.names: unknown tool {unknown[0]!r}; built-in tools: {', '.join(BUILTIN_TOOLS)}")
-    return [BUILTIN_TOOLS[name](sandbox_limits) for name in names]
+def tool_name_error(name: str) -> str | None:
+    """Why ``name`` cannot be a ``tools.names`` entry (None: it can): neither built in nor a user's spec. A spec's
+    file is only read when the tools are built, as a reward function's is."""
+    if name in BUILTIN_TOOLS or name.startswith(INLINE) or is_user_spec(name):
+        return None
+    return (f"tools.names: unknown tool {name!r}{did_you_mean(name, BUILTIN_TOOLS)}; built-in tools: "
+            f"{', '.join(BUILTIN_TOOLS)}; or your own as 'package.module:function' or 'path/to/file.py:function'")
+
+
+def build_tools(names: list[str], sandbox_limits: SandboxLimits,
+                callables: Mapping[str, Callable[..., Any]] | None = None) -> list[Tool]:
+    """Tools by name: built in, a user's spec, or one of ``callables`` (the Python API's, by the name the config
+    records); an unknown name is an error naming the valid ones."""
+    return [_build_tool(name, sandbox_limits, callables or {}) for name in names]
+
+
+def _build_tool(name: str, limits: SandboxLimits, callables: Mapping[str, Callable[..., Any]]) -> Tool:
+    if name in BUILTIN_TOOLS:
+        return BUILTIN_TOOLS[name](limits)
+    if name in callables:
+        fn = callables[name]
+    elif name.startswith(INLINE):
+        raise ValueError(_inline_message(name))
+    else:
+        error = tool_name_error(name)
+        if error is not None:
+            raise ValueError(error)
+        try:
+            fn = load_callable(name, "tool")
+        except ValueError as err:
+            raise ValueError(f"tools.names: {err}") from None
+    try:
+        return make_tool(fn, source=name)
+    except ValueError as err:
+        raise ValueError(f"tools.names: {err}") from None
+
+
+def _inline_message(name: str) -> str:
+    """Why an ``inline:`` tool cannot be loaded, and how to give it again."""
+    function = name[len(INLINE):]
+    return (f"tools.names: tool {name!r} was a Python callable ({function}) given to Trainer(tools=...); a callable "
+            "is not saved with the run, so it cannot be loaded from the run's config. Give it again: in Python, "
+            f"Trainer(..., tools=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a file "
+            f"and add --set 'tools.names=[\"file.py:{function}\"]' (with the run's other tools, if any)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tandemrl.rollout.catalog import build_tools
@@ -35,22 +36,25 @@ def sandbox_limits(tools: ToolsConfig) -> SandboxLimits:
                          max_output_chars=tools.sandbox_max_output_chars, isolation=tools.sandbox)
 
 
-def build_agent(cfg: Config, backend: Any, tokenizer: Any) -> AgentLoop | None:
-    """The agent loop over the engine backend's engine, or None when tools are off."""
+def build_agent(cfg: Config, backend: Any, tokenizer: Any,
+                tools: Mapping[str, Callable[..., Any]] | None = None) -> AgentLoop | None:
+    """The agent loop over the engine backend's engine, or None when tools are off. ``tools``: the Python API's
+    tool callables, by the name ``tools.names`` records them under."""
     if not cfg.tools.active:
         return None
     engine = getattr(backend, "engine", None)
     if engine is None:
         raise ValueError(f"tools need the engine backend; {type(backend).__name__} has no request-level API "
                          "(the model's architecture is not supported by the engine, or rollout.backend = 'hf')")
-    return agent_over(cfg, engine, tokenizer)
+    return agent_over(cfg, engine, tokenizer, tools)
 
 
-def agent_over(cfg: Config, engine: LLMEngine | TurnEngine, tokenizer: Any) -> AgentLoop:
+def agent_over(cfg: Config, engine: LLMEngine | TurnEngine, tokenizer: Any,
+               tools: Mapping[str, Callable[..., Any]] | None = None) -> AgentLoop:
     """The config's agent loop over ``engine``: an ``LLMEngine``, or a server's turns (backends/server_turns.py)."""
     from tandemrl.rollout.agent_loop import AgentLoop
 
-    registry = ToolRegistry(build_tools(cfg.tools.names, sandbox_limits(cfg.tools)))
+    registry = ToolRegistry(build_tools(cfg.tools.names, sandbox_limits(cfg.tools), tools))
     limits = AgentLimits(cfg.tools.max_turns, cfg.tools.max_tool_calls, cfg.tools.max_total_tokens)
     return AgentLoop(engine, tokenizer, build_format(cfg.tools, registry), registry, limits,
                      max_concurrent_tools=cfg.tools.max_concurrent_calls)

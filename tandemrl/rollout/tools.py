@@ -7,14 +7,19 @@ trajectory's own data (e.g. the task sample's hidden columns).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+import logging
+import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 MAX_ERROR_CHARS = 300
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,14 +44,18 @@ class Tool:
     description: str
     arguments: type[BaseModel]  # validates the model's arguments
     context_parameter: str | None  # the parameter that receives the ToolContext, if any
+    source: str | None = None  # a user's tool: its spec (``file.py:fn``); its failures' first traceback is logged
+    parameter_docs: dict[str, str] = field(default_factory=dict)  # parameter -> description (the docstring's Args)
 
     @property
     def schema(self) -> dict[str, Any]:
         """JSON schema of the arguments (OpenAI "parameters" style)."""
         schema = self.arguments.model_json_schema()
         schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
+        for key, prop in schema.get("properties", {}).items():
             prop.pop("title", None)
+            if key in self.parameter_docs:
+                prop["description"] = self.parameter_docs[key]
         return schema
 
     def describe(self) -> dict[str, Any]:
@@ -55,17 +64,22 @@ class Tool:
                 "function": {"name": self.name, "description": self.description, "parameters": self.schema}}
 
 
-def make_tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> Tool:
-    """A Tool from a typed callable; every parameter needs a type hint (its schema comes from it)."""
+def make_tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None,
+              source: str | None = None) -> Tool:
+    """A Tool from a typed callable; every parameter needs a type hint (its schema comes from it). ``source``: a
+    user's tool (its spec), which also needs a docstring: its first paragraph is what the model reads, and a
+    Google-style ``Args:`` section describes the parameters (as transformers' ``get_json_schema`` reads it)."""
     name = name or fn.__name__
+    label = f"tool {name!r}" + (f" ({source})" if source and source != name else "")
     hints = get_type_hints(fn)
     fields: dict[str, Any] = {}
     context_parameter = None
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ValueError(f"tool {name!r}: *args/**kwargs have no schema; name every parameter")
+            raise ValueError(f"{label}: *args/**kwargs have no schema; name every parameter")
         if param.name not in hints:
-            raise ValueError(f"tool {name!r}: parameter {param.name!r} needs a type hint")
+            raise ValueError(f"{label}: parameter {param.name!r} needs a type hint (the model's arguments are "
+                             f"checked against it), e.g. `{param.name}: str`")
         if hints[param.name] is ToolContext:
             context_parameter = param.name
             continue
@@ -73,7 +87,27 @@ def make_tool(fn: Callable[..., Any], name: str | None = None, description: str 
         fields[param.name] = (hints[param.name], default)
     model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     doc = description or inspect.getdoc(fn) or ""
-    return Tool(name, fn, doc.strip().split("\n\n")[0], model, context_parameter)
+    if source is not None and not doc.strip():
+        raise ValueError(f"{label} needs a docstring: its first line is the description the model reads "
+                         "(add an 'Args:' section to describe the parameters)")
+    summary, parameter_docs = _docstring_parts(fn) if source is not None else ("", {})
+    return Tool(name, fn, description or summary or doc.strip().split("\n\n")[0], model, context_parameter, source,
+                parameter_docs)
+
+
+def _docstring_parts(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    """(description, parameter -> description) from a Google-style docstring, parsed as transformers does for
+    TRL's tools; ("", {}) where its parser does not take the docstring (the caller falls back to the first
+    paragraph)."""
+    from transformers.utils import chat_template_utils as templates  # deferred: only user tools need it
+
+    # public from transformers 5, private before; neither: the first paragraph still describes the tool
+    parse = getattr(templates, "parse_google_format_docstring", None) or getattr(
+        templates, "_parse_google_format_docstring", None)
+    if parse is None:
+        return "", {}
+    description, args, _ = parse(inspect.getdoc(fn) or "")
+    return (description or "").strip(), {k: v.strip() for k, v in (args or {}).items()}
 
 
 class ToolRegistry:
@@ -81,9 +115,12 @@ class ToolRegistry:
 
     def __init__(self, tools: list[Tool]) -> None:
         self.tools: dict[str, Tool] = {}
+        self._traceback_logged = threading.Event()  # a user tool's failure: its traceback once, not every call
         for tool in tools:
-            if tool.name in self.tools:
-                raise ValueError(f"two tools are named {tool.name!r}")
+            if tool.name in self.tools:  # the model calls a tool by its name: one name, one tool
+                sources = [t.source or t.name for t in (self.tools[tool.name], tool)]
+                raise ValueError(f"two tools are named {tool.name!r} ({' and '.join(sources)}); rename your "
+                                 "function")
             self.tools[tool.name] = tool
 
     def describe(self) -> list[dict[str, Any]]:
@@ -106,11 +143,24 @@ class ToolRegistry:
             kwargs[tool.context_parameter] = context or ToolContext()
         try:
             result = tool.fn(**kwargs)
+            if inspect.iscoroutine(result):  # an async def tool: its own event loop, in this tool thread
+                result = asyncio.run(result)
         except Exception as exc:  # the model sees the failure; the rollout goes on
+            if tool.source is not None:
+                self._log_first_failure(tool)
             return ToolResult(f"error: {name} raised {type(exc).__name__}: {_short(str(exc))}", error=True)
         if isinstance(result, ToolResult):
             return result
         return ToolResult(result if isinstance(result, str) else json.dumps(result, default=str))
+
+
+    def _log_first_failure(self, tool: Tool) -> None:
+        """The first traceback of a user's tool, so that a bug in it shows (the model only reads one line)."""
+        if not self._traceback_logged.is_set():
+            self._traceback_logged.set()
+            logger.warning("tool %r (%s) raised; the model reads the error and the rollout goes on (later "
+                           "failures are counted in tools/errors, not printed):\n%s", tool.name, tool.source,
+                           traceback.format_exc())
 
 
 def _bind_raw(tool: Tool, arguments: Any) -> Any:

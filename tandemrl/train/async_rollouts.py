@@ -194,7 +194,7 @@ def start_async_rollouts(run: Run, first_step: int, version: int) -> AsyncRollou
         backend = EngineBackend(mirror.target, run.tokenizer, cfg.engine, device=device)
         follow_pushes(backend.engine, mirror)
     # tools: the agent loop over the worker's engine, or turn by turn over the server
-    agent = run_agent_loop(cfg, backend, run.tokenizer, eos_token_ids(run.model, run.tokenizer))
+    agent = run_agent_loop(cfg, backend, run.tokenizer, eos_token_ids(run.model, run.tokenizer), run.tool_funcs)
     worker: Producer
     if mirror is not None and agent is None:  # batches join the running engine as they come
         assert isinstance(backend, EngineBackend)

@@ -75,7 +75,7 @@ def evaluate_config(cfg: Config, inputs: RunInputs | None = None, source: Path |
     model, tokenizer = load_trained(cfg, checkpoint, device, inputs)
     model.eval()
     backend = make_backend(cfg, model, tokenizer, device)
-    agent = build_agent(cfg, backend, tokenizer)
+    agent = build_agent(cfg, backend, tokenizer, inputs.tools)
     encoder = prompt_encoder(cfg, tokenizer, agent, context=model_context(model))
     samples, _ = fitting_prompts(encoder, data.test, cfg.data.long_prompts)
     result = evaluate(backend, encoder, samples, reward, cfg, policy_version=0, agent=agent, metric=metric,

@@ -29,6 +29,7 @@ class RunInputs:
     train_dataset: Any = None  # a list of dicts or a datasets.Dataset (config: data.path)
     eval_dataset: Any = None
     reward_funcs: dict[str, Callable[..., Any]] = field(default_factory=dict)  # name -> callable
+    tools: dict[str, Callable[..., Any]] = field(default_factory=dict)  # tools.names entry -> callable
 
 
 def run_data(cfg: Config, inputs: RunInputs) -> TaskData:
@@ -50,7 +51,7 @@ def run_reward(cfg: Config, inputs: RunInputs) -> CompositeReward:
 
 
 def reward_record(fn: Callable[..., Any]) -> str:
-    """How a config names a reward callable: ``path/to/file.py:function`` when it lives in an importable file of
+    """How a config names a reward (or tool) callable: ``path/to/file.py:function`` when it lives in an importable file of
     its own (not the running script, which loading would run again), else ``inline:<name>``."""
     name = getattr(fn, "__name__", type(fn).__name__)
     module = inspect.getmodule(fn)

@@ -81,6 +81,7 @@ class Run:
     engine_model: nn.Module | None = None  # torchrun: what the engine reads (model itself, or the shards' replica)
     engine_weights: Any = None  # torchrun: WeightGather (sharded: refreshes engine_model) or NoGather (replicated)
     reduce_gradients: Callable[[], None] | None = None  # torchrun, replicated: averages gradients over the ranks
+    tool_funcs: dict[str, Callable[..., Any]] = field(default_factory=dict)  # the Python API's tools (async worker)
     reward_traceback_shown: bool = False  # a failing reward's traceback prints once per process, not every step
     sync: WeightSync = field(default_factory=InProcessSync)  # how new weights reach the rollout process
     test_origin: str = ""  # where the test samples come from, in words (the run says so at its start)
@@ -201,7 +202,7 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
     optimizer = build_optimizer(model, cfg.train)  # over the shards when sharded
     backend = make_backend(cfg, engine_model, tokenizer, device, draft_model=load_draft(cfg, device),
                            frozen_model=load_frozen(cfg, device), tensor_parallel=tensor_parallel)
-    agent = run_agent_loop(cfg, backend, tokenizer, eos_token_ids(model, tokenizer))
+    agent = run_agent_loop(cfg, backend, tokenizer, eos_token_ids(model, tokenizer), inputs.tools)
     encoder = prompt_encoder(cfg, tokenizer, agent, context=model_context(model))
     train_samples, skipped = fitting_prompts(encoder, data.train, cfg.data.long_prompts)
     test_samples, skipped_test = fitting_prompts(encoder, data.test, cfg.data.long_prompts)
@@ -217,7 +218,7 @@ def build_run(cfg: Config, out_dir: Path, rank: RankInfo | None = None, inputs: 
         backend=backend, sync=sync,
         reward=reward, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg.train),
         train_prompts=PromptIterator(train_samples, cfg.rollout.prompts_per_step, seed=cfg.train.seed),
-        test_samples=test_samples, ref_model=ref_model, agent=agent,
+        test_samples=test_samples, ref_model=ref_model, agent=agent, tool_funcs=inputs.tools,
         inference=InferenceReward(InferenceWeights.from_config(cfg.reward.inference),
                                   speculative=cfg.rollout.speculative.enabled),
         curriculum=(Curriculum(cfg.curriculum, [s.index for s in train_samples], cfg.rollout.group_size)

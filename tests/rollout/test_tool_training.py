@@ -64,7 +64,9 @@ def test_inserted_tokens_are_out_of_the_loss():
     (["tools.enabled=true", 'tools.format="xml"'], "tools.format"),
     (['tools.names=["peek"]', 'tools.call_open=""'], "tools.call_open"),
     (["tools.enabled=true"], "tools.enabled = true but tools.names is empty"),
-    (['tools.names=["calc"]'], "tools.names: unknown tool 'calc'; built-in tools: python, calculator, peek"),
+    (['tools.names=["calc"]'], "tools.names: unknown tool 'calc'; built-in tools: python, calculator, peek; or your "
+     "own as 'package.module:function' or 'path/to/file.py:function'"),
+    (['tools.names=["calculater"]'], "unknown tool 'calculater' (did you mean 'calculator'?)"),
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
