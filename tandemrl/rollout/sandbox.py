@@ -191,8 +191,11 @@ def python_tool(sandbox: Sandbox):
     def python(code: str) -> ToolResult:
         """Run Python code in a sandbox and return what it prints (use print for results)."""
         run = sandbox.run(code)
-        if run.error is None:
-            return ToolResult(run.stdout if run.stdout.strip() else "(no output; use print)")
+        if run.error is None:  # what went to stderr (warnings, print(file=sys.stderr)) is the code's output too
+            said = [run.stdout] if run.stdout.strip() else []
+            if run.stderr.strip():
+                said.append(f"stderr:\n{run.stderr}")
+            return ToolResult("\n".join(said) or "(no output; use print)")
         shown = f"{run.stdout}\n" if run.stdout.strip() else ""
         return ToolResult(f"{shown}error: {run.error}", error=True)
 

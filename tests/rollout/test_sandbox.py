@@ -110,6 +110,8 @@ def test_python_tool_reports_errors_to_the_model(sandbox):
     failed = tool("print('partial')\nimport os; os.system('ls')")
     assert failed.error and failed.text == "partial\n\nerror: SandboxViolation: sandbox: os.system is not allowed"
     assert tool("x = 1").text == "(no output; use print)"
+    assert tool("import sys; sys.stderr.write('careful')").text == "stderr:\ncareful"
+    assert tool("import sys; print(1); sys.stderr.write('careful')").text == "1\n\nstderr:\ncareful"
 
 
 def test_a_sandbox_failure_is_a_tool_message_and_the_trajectory_goes_on(sandbox):
