@@ -6,6 +6,8 @@ from __future__ import annotations
 from torch import nn
 
 from tandemrl.config import Config
+from tandemrl.train.rollouts import PromptEncoder
+from tandemrl.types import Sample
 
 
 def feature_lines(cfg: Config, model: nn.Module) -> list[str]:
@@ -38,3 +40,21 @@ def parameter_line(cfg: Config, model: nn.Module) -> str:
 
 def _millions(count: int) -> str:
     return f"{count / 1e6:.1f}M" if count >= 100_000 else f"{count:,}"
+
+
+def unseen_tools_warning(cfg: Config, encoder: PromptEncoder, sample: Sample) -> str | None:
+    """A warning when the hermes tool format is on but ``sample``'s prompt, as the model reads it, names none of
+    the tools: their descriptions reach the model only through a chat template that renders ``tools=``, so with
+    data.use_chat_template = false on text prompts, or a template that ignores them, the model is never told."""
+    if cfg.tools.format != "hermes" or not encoder.tools:
+        return None
+    names = [tool["function"]["name"] for tool in encoder.tools]
+    text, _ = encoder.encode(sample)
+    if any(name in text for name in names):
+        return None
+    how = ("data.use_chat_template = false: text prompts are not rendered by the chat template"
+           if not (encoder.use_chat_template or isinstance(sample.prompt, list))
+           else "the tokenizer's chat template does not render `tools`")
+    return (f"tools {', '.join(names)} are never described to the model: the prompt it reads names none of them "
+            f"({how}). Set data.use_chat_template = true with a template that renders tools (Qwen2.5's, Hermes'), "
+            "describe them in data.system_prompt, or use tools.format = 'plain' with your own instructions.")

@@ -40,7 +40,7 @@ from tandemrl.train.evaluate import EvalResult, EvaluationError, evaluate
 from tandemrl.train.interrupt import GracefulInterrupt
 from tandemrl.train.learning_signal import flat_reward_streak, flat_reward_warning
 from tandemrl.train.logprobs import batch_logprobs
-from tandemrl.train.announce import feature_lines
+from tandemrl.train.announce import feature_lines, unseen_tools_warning
 from tandemrl.train.async_rollouts import start_async_rollouts
 from tandemrl.train.rollout_jobs import draw_job, run_job
 from tandemrl.train.rollouts import ScoredRollouts, group_advantages, weigh_frozen_tokens
@@ -147,6 +147,9 @@ def announce_data(run: Run, console: Console) -> None:
                       f"{run.encoder.max_tokens} (data.long_prompts = 'skip')")
     for line in feature_lines(run.cfg, run.model):
         console.print(line, markup=False, soft_wrap=True)
+    unseen = unseen_tools_warning(run.cfg, run.encoder, run.test_samples[0]) if run.test_samples else None
+    if unseen is not None:
+        console.print(unseen, style="yellow", markup=False, soft_wrap=True)
 
 
 def finished_run(run: Run, state: TrainerState, console: Console) -> dict:

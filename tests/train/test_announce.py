@@ -33,3 +33,44 @@ def test_a_run_prints_its_parameters_before_the_first_step(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "parameters: " in out and "(100.00 %)" in out
     assert out.index("parameters: ") < out.index("step 1")
+
+
+class TemplateTokenizer:
+    """A chat template that renders the tools it is given, or ignores them."""
+
+    chat_template = "fake"
+
+    def __init__(self, renders_tools: bool) -> None:
+        self.renders_tools = renders_tools
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, tools=None):
+        listed = " ".join(t["function"]["name"] for t in tools or []) if self.renders_tools else ""
+        return f"<tools>{listed}</tools>" + "".join(m["content"] for m in messages)
+
+    def __call__(self, text, add_special_tokens):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def encoder_with_calculator(tokenizer, use_chat_template: bool):
+    from tandemrl.rollout.catalog import build_tools
+    from tandemrl.rollout.sandbox import SandboxLimits
+    from tandemrl.rollout.tools import ToolRegistry
+    from tandemrl.train.rollouts import PromptEncoder
+
+    tools = ToolRegistry(build_tools(["calculator"], SandboxLimits())).describe()
+    return PromptEncoder(tokenizer, use_chat_template, None, tools)
+
+
+def test_tools_the_prompt_never_names_are_warned_about():
+    from tandemrl.train.announce import unseen_tools_warning
+    from tandemrl.types import Sample
+
+    sample = Sample(prompt="2+2=", answer=None, index=0)
+    cfg = load_config(None, ['tools.names=["calculator"]'])
+    text_only = unseen_tools_warning(cfg, encoder_with_calculator(TemplateTokenizer(True), False), sample)
+    assert "tools calculator are never described" in text_only and "data.use_chat_template = false" in text_only
+    ignored = unseen_tools_warning(cfg, encoder_with_calculator(TemplateTokenizer(False), True), sample)
+    assert "does not render `tools`" in ignored
+    assert unseen_tools_warning(cfg, encoder_with_calculator(TemplateTokenizer(True), True), sample) is None
+    plain = load_config(None, ['tools.names=["calculator"]', 'tools.format="plain"'])
+    assert unseen_tools_warning(plain, encoder_with_calculator(TemplateTokenizer(False), True), sample) is None
