@@ -89,6 +89,8 @@ class ToolsConfig(Section):
     max_tool_calls: int = Field(8, ge=1, description="tool calls per trajectory")
     max_total_tokens: int = Field(1024, ge=1, description="completion tokens per trajectory, tool output included")
     max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once (threads)")
+    max_result_chars: int = Field(4000, ge=1, description="a tool result longer than this is cut to its start, "
+                                  "with a note saying so")
     sandbox: Literal["bwrap", "none"] = Field(
         "bwrap", description="the Python sandbox's isolation: bwrap = bubblewrap namespaces, a read-only root, no "
         "network (needs the bubblewrap package and user namespaces); none = unsandboxed, logged as a warning "

@@ -54,7 +54,8 @@ def agent_over(cfg: Config, engine: LLMEngine | TurnEngine, tokenizer: Any,
     """The config's agent loop over ``engine``: an ``LLMEngine``, or a server's turns (backends/server_turns.py)."""
     from tandemrl.rollout.agent_loop import AgentLoop
 
-    registry = ToolRegistry(build_tools(cfg.tools.names, sandbox_limits(cfg.tools), tools))
+    registry = ToolRegistry(build_tools(cfg.tools.names, sandbox_limits(cfg.tools), tools),
+                            max_result_chars=cfg.tools.max_result_chars)
     limits = AgentLimits(cfg.tools.max_turns, cfg.tools.max_tool_calls, cfg.tools.max_total_tokens)
     return AgentLoop(engine, tokenizer, build_format(cfg.tools, registry), registry, limits,
                      max_concurrent_tools=cfg.tools.max_concurrent_calls)

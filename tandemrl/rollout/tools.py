@@ -113,8 +113,9 @@ def _docstring_parts(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
 class ToolRegistry:
     """Tools by name; ``call`` turns every failure (unknown tool, bad arguments, an exception) into a ToolResult."""
 
-    def __init__(self, tools: list[Tool]) -> None:
+    def __init__(self, tools: list[Tool], max_result_chars: int | None = None) -> None:
         self.tools: dict[str, Tool] = {}
+        self.max_result_chars = max_result_chars  # None: results are inserted whole
         self._traceback_logged = threading.Event()  # a user tool's failure: its traceback once, not every call
         for tool in tools:
             if tool.name in self.tools:  # the model calls a tool by its name: one name, one tool
@@ -127,6 +128,16 @@ class ToolRegistry:
         return [t.describe() for t in self.tools.values()]
 
     def call(self, name: str, arguments: Any, context: ToolContext | None = None) -> ToolResult:
+        """The tool's result, its text cut to ``max_result_chars`` (a result over the trajectory's token budget
+        would otherwise end it, the result unread)."""
+        result = self._call(name, arguments, context)
+        limit = self.max_result_chars
+        if limit is None or len(result.text) <= limit:
+            return result
+        note = f"[result truncated: {len(result.text):,} characters in all, the first {limit:,} shown]"
+        return ToolResult(f"{result.text[:limit]}\n{note}", result.error)
+
+    def _call(self, name: str, arguments: Any, context: ToolContext | None) -> ToolResult:
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(self.tools) or "none"

@@ -82,3 +82,17 @@ def test_calculator():
 def test_unknown_builtin_tool_names_the_valid_ones():
     with pytest.raises(ValueError, match="unknown tool 'shell'; built-in tools: python, calculator, peek"):
         build_tools(["shell"], SandboxLimits())
+
+
+def shout(word: str, times: int) -> str:
+    """The word, repeated."""
+    return word * times
+
+
+def test_a_long_result_is_cut_with_a_note():
+    capped = ToolRegistry([make_tool(shout), make_tool(broken)], max_result_chars=10)
+    assert capped.call("shout", {"word": "ab", "times": 5}).text == "ababababab"
+    cut = capped.call("shout", {"word": "ab", "times": 600})
+    assert cut.text == "ababababab\n[result truncated: 1,200 characters in all, the first 10 shown]"
+    assert not cut.error and capped.call("broken", {"x": 1.0}).error  # an error stays one when cut
+    assert len(ToolRegistry([make_tool(shout)]).call("shout", {"word": "ab", "times": 600}).text) == 1200
