@@ -167,3 +167,10 @@ def test_an_unknown_key_in_the_config_argument_names_it(tmp_path):
     path.write_text("[rollout]\nnum_generations = 8\n")
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: unknown config key 'rollout\.num_generations'"):
         Trainer(model="tiny", config=path, out_dir=tmp_path)
+
+
+def test_resuming_a_directory_that_holds_no_run_is_an_error(tmp_path):
+    trainer = Trainer(model="tiny", config=SMALL, out_dir=tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"nowhere holds no run to resume \(no such directory\)"):
+        trainer.train(resume=True)
+    assert not (tmp_path / "nowhere").exists()

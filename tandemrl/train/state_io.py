@@ -17,6 +17,9 @@ from tandemrl.train.setup import Run, TrainerState
 def check_out_dir(out_dir: Path, resume: bool) -> None:
     """Refuse to start a new run over one that has checkpoints; writes nothing (so a bad config, dataset or model
     that fails later in setup leaves no run directory behind)."""
+    if resume and not out_dir.is_dir():  # (a directory without a checkpoint yet: a kill in the first save)
+        raise FileNotFoundError(f"resume: {out_dir} holds no run to resume (no such directory); to start a new run "
+                                "there, drop --resume (Python: train() without resume=True)")
     # only a complete checkpoint counts: a kill during the first save leaves just a .tmp-* folder
     if not resume and find_latest(out_dir / "checkpoints") is not None:
         # state_io serves the CLI and the Python API alike: the message names both ways
