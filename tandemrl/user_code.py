@@ -49,6 +49,16 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
     return obj
 
 
+def inline_message(spec: str, function: str, what: str, argument: str, key: str, also: str) -> str:
+    """Why ``spec`` (``inline:<name>``, a Python API callable) cannot be loaded from a run's config, and how to give
+    ``function`` again: ``what`` (reward, tool), the Trainer ``argument`` that took it, the config ``key``, and
+    ``also``, what else to pass beside it."""
+    return (f"{what} {spec!r} was a Python callable ({function}) given to Trainer({argument}=...); a callable is not "
+            "saved with the run, so it cannot be loaded from the run's config. Give it again: in Python, "
+            f"Trainer(..., {argument}=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a "
+            f"file and add --set '{key}=[\"file.py:{function}\"]' ({also})")
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -13,7 +13,7 @@ from typing import Any
 
 from tandemrl.rewards.math import answers_match, boxed_span, extract_answer, parse_number
 from tandemrl.rewards.names import INLINE_REWARD, short_name
-from tandemrl.user_code import did_you_mean, is_user_spec, load_callable
+from tandemrl.user_code import did_you_mean, inline_message, is_user_spec, load_callable
 
 RewardFn = Callable[..., list]
 REWARD_FUNCTIONS: dict[str, RewardFn] = {}
@@ -148,7 +148,8 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
     if name.startswith(INLINE_REWARD):
-        raise ValueError(_inline_message(name))
+        raise ValueError(inline_message(name, short_name(name), "reward", "reward_funcs", "reward.functions",
+                                        "and reward.weights, if the run weighted it"))
     if not is_user_spec(name):
         raise ValueError(
             f"unknown reward {name!r}{did_you_mean(name, REWARD_FUNCTIONS)}; registered rewards: "
@@ -156,13 +157,3 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
             "'path/to/file.py:function'"
         )
     return load_callable(name, "reward")
-
-
-def _inline_message(name: str) -> str:
-    """Why an ``inline:`` reward cannot be loaded, and how to give it again."""
-    function = short_name(name)
-    return (f"reward {name!r} was a Python callable ({function}) given to Trainer(reward_funcs=...); a callable is "
-            "not saved with the run, so it cannot be loaded from the run's config. Give it again: in Python, "
-            f"Trainer(..., reward_funcs=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a "
-            f"file and add --set 'reward.functions=[\"file.py:{function}\"]' (and reward.weights, if the run "
-            "weighted it)")

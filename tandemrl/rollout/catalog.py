@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from tandemrl.rollout.sandbox import Sandbox, SandboxLimits, python_tool
 from tandemrl.rollout.tools import Tool, ToolContext, make_tool
-from tandemrl.user_code import INLINE, did_you_mean, is_user_spec, load_callable
+from tandemrl.user_code import INLINE, did_you_mean, inline_message, is_user_spec, load_callable
 
 _OPERATORS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -86,7 +86,9 @@ def _build_tool(name: str, limits: SandboxLimits, callables: Mapping[str, Callab
     if name in callables:
         fn = callables[name]
     elif name.startswith(INLINE):
-        raise ValueError(_inline_message(name))
+        message = inline_message(name, name[len(INLINE):], "tool", "tools", "tools.names",
+                                 "with the run's other tools, if any")
+        raise ValueError(f"tools.names: {message}")
     else:
         error = tool_name_error(name)
         if error is not None:
@@ -99,12 +101,3 @@ def _build_tool(name: str, limits: SandboxLimits, callables: Mapping[str, Callab
         return make_tool(fn, source=name)
     except ValueError as err:
         raise ValueError(f"tools.names: {err}") from None
-
-
-def _inline_message(name: str) -> str:
-    """Why an ``inline:`` tool cannot be loaded, and how to give it again."""
-    function = name[len(INLINE):]
-    return (f"tools.names: tool {name!r} was a Python callable ({function}) given to Trainer(tools=...); a callable "
-            "is not saved with the run, so it cannot be loaded from the run's config. Give it again: in Python, "
-            f"Trainer(..., tools=[{function}], out_dir=<the run>).evaluate(); on the command line, put it in a file "
-            f"and add --set 'tools.names=[\"file.py:{function}\"]' (with the run's other tools, if any)")
