@@ -105,11 +105,11 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects section.key=value, got {item!r}")
-    where = f"--set {item!r}"
+    where, value = f"--set {item!r}", _parse_value(text.strip())
     alone: dict[str, Any] = {}  # the override's key alone, checked before it merges with the rest
-    set_key(alone, key.strip(), _parse_value(text.strip()), where)
+    set_key(alone, key.strip(), value, where)
     check_keys(alone, where)
-    set_key(raw, key.strip(), _parse_value(text.strip()), where)
+    set_key(raw, key.strip(), value, where)
 
 
 def set_key(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
