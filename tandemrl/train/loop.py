@@ -13,6 +13,7 @@ import time
 from contextlib import closing, nullcontext
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 from rich.console import Console
@@ -307,9 +308,7 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
     if reward.errors or reward.nonfinite_by:
         display.print(f"step {state.step + 1}: reward calls that raised {reward.errors}, "
                       f"NaN/inf values {reward.nonfinite_by}", style="yellow", markup=False)
-    if reward.first_traceback and not run.reward_traceback_shown:
-        display.print(reward.first_traceback, style="yellow", markup=False)
-        run.reward_traceback_shown = True
+    show_traceback_once(run, reward.first_traceback, display.print)
     invalid = all(total is None for total in reward.total)
     state.consecutive_invalid_reward = state.consecutive_invalid_reward + 1 if invalid else 0
     limit = run.cfg.train.max_invalid_reward_steps
@@ -320,6 +319,13 @@ def check_rewards(run: Run, state: TrainerState, reward: RewardResult, display: 
             f"(train.max_invalid_reward_steps = {limit}); stopping. Reward function(s) that gave no usable value: "
             f"{', '.join(culprits)} (raised: {reward.errors}, NaN/inf: {reward.nonfinite_by})"
         )
+
+
+def show_traceback_once(run: Run, traceback: str | None, print_: Callable[..., None]) -> None:
+    """A failing reward's traceback, the first time any (step or evaluation) has one: later ones repeat it."""
+    if traceback and not run.reward_traceback_shown:
+        print_(traceback, style="yellow", markup=False)
+        run.reward_traceback_shown = True
 
 
 def run_evaluation(run: Run, state: TrainerState, console: Console) -> EvalResult:
@@ -337,9 +343,7 @@ def run_evaluation(run: Run, state: TrainerState, console: Console) -> EvalResul
     run.model.train(was_training)
     for line in result.reward_problems():
         console.print(f"step {state.step}: {line}", style="yellow", markup=False)
-    if result.first_traceback and not run.reward_traceback_shown:
-        console.print(result.first_traceback, style="yellow", markup=False)
-        run.reward_traceback_shown = True
+    show_traceback_once(run, result.first_traceback, console.print)
     return result
 
 
